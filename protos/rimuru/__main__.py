@@ -1,0 +1,3 @@
+from rimuru.cli import main
+
+raise SystemExit(main())
