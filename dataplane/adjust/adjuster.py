@@ -1,0 +1,154 @@
+"""The adjuster: where the boundary between expert pages and KV pages goes next round.
+
+`decide` is a pure function of (shortfall, free expert pages, hotness ranking, current
+residency, expert_offload_limit, tunables) -> which experts to evict and which to load.
+Rules (the Rimuru paper; ppe = pages per expert = 3 by default):
+
+    short by R expert pages          -> evict ceil((R + 1) / ppe) experts
+    not short, F < shrink_threshold  -> evict 1 expert (keep headroom for new KV blocks)
+    F > grow_threshold               -> load min(max_grow_per_round,
+                                                 floor((F - grow_threshold) / ppe)) experts
+
+  worked examples: short 8 -> evict 3;  20 free -> load 3.
+
+Shrinking: every layer nominates its coldest resident expert; the lowest routing
+probability goes first, then that layer nominates its next one. Layers that already have
+`expert_offload_limit` experts offloaded are left out. Growing mirrors it: every layer
+nominates its hottest offloaded expert; the highest probability goes first.
+
+`reserve` then turns a decision into a ChangeList with page ids from the allocator.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rimuru.dataplane.adjust.hotness import HotnessRanking
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.memory.allocator import PageAllocator
+from rimuru.dataplane.memory.geometry import PageType
+
+ExpertKey = tuple[int, int]  # (layer, expert)
+
+
+@dataclass(frozen=True)
+class AdjusterDecision:
+    evict: tuple[ExpertKey, ...] = ()
+    load: tuple[ExpertKey, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExpertLoad:
+    layer: int
+    expert: int
+    pages: tuple[int, ...]  # (w1, w3, w2) page ids reserved for the copy
+
+
+@dataclass(frozen=True)
+class ChangeList:
+    evict: tuple[ExpertKey, ...] = ()
+    load: tuple[ExpertLoad, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.evict or self.load)
+
+
+def num_to_evict(shortfall: int, num_free: int, tunables: Tunables) -> int:
+    if shortfall > 0:
+        return math.ceil((shortfall + 1) / tunables.pages_per_expert)
+    if num_free < tunables.shrink_threshold:
+        return 1
+    return 0
+
+
+def num_to_load(shortfall: int, num_free: int, tunables: Tunables) -> int:
+    if shortfall > 0 or num_free <= tunables.grow_threshold:
+        return 0
+    extra = (num_free - tunables.grow_threshold) // tunables.pages_per_expert
+    return min(tunables.max_grow_per_round, extra)
+
+
+def decide(
+    shortfall: int,
+    num_free_expert_pages: int,
+    ranking: HotnessRanking,
+    resident: Sequence[frozenset[int] | set[int]],
+    tunables: Tunables,
+) -> AdjusterDecision:
+    """Pure: what to evict or load this round (see the module docstring)."""
+    if shortfall < 0 or num_free_expert_pages < 0:
+        raise ValueError("shortfall and free page counts must be >= 0")
+    if len(resident) != ranking.num_layers:
+        raise ValueError(f"residency has {len(resident)} layers, ranking {ranking.num_layers}")
+    if tunables.mode != "elastic":
+        return AdjusterDecision()
+    n_evict = num_to_evict(shortfall, num_free_expert_pages, tunables)
+    if n_evict:
+        return AdjusterDecision(evict=_coldest(n_evict, ranking, resident, tunables))
+    n_load = num_to_load(shortfall, num_free_expert_pages, tunables)
+    if n_load:
+        return AdjusterDecision(load=_hottest(n_load, ranking, resident))
+    return AdjusterDecision()
+
+
+def _coldest(
+    n: int, ranking: HotnessRanking, resident: Sequence[frozenset[int] | set[int]], t: Tunables
+) -> tuple[ExpertKey, ...]:
+    num_experts = ranking.num_experts
+    # per layer: resident experts coldest first
+    queues = [
+        [e for e in reversed(ranking.order[layer]) if e in resident[layer]]
+        for layer in range(ranking.num_layers)
+    ]
+    offloaded = [num_experts - len(resident[layer]) for layer in range(ranking.num_layers)]
+    heap: list[tuple[float, int, int]] = []  # (probability, layer, position in queue)
+    for layer, queue in enumerate(queues):
+        if queue and offloaded[layer] < t.expert_offload_limit:
+            heap.append((ranking.probability(layer, queue[0]), layer, 0))
+    heapq.heapify(heap)
+    chosen: list[ExpertKey] = []
+    while heap and len(chosen) < n:
+        _, layer, pos = heapq.heappop(heap)
+        chosen.append((layer, queues[layer][pos]))
+        offloaded[layer] += 1
+        if pos + 1 < len(queues[layer]) and offloaded[layer] < t.expert_offload_limit:
+            heapq.heappush(
+                heap, (ranking.probability(layer, queues[layer][pos + 1]), layer, pos + 1)
+            )
+    return tuple(chosen)
+
+
+def _hottest(
+    n: int, ranking: HotnessRanking, resident: Sequence[frozenset[int] | set[int]]
+) -> tuple[ExpertKey, ...]:
+    queues = [
+        [e for e in ranking.order[layer] if e not in resident[layer]]
+        for layer in range(ranking.num_layers)
+    ]
+    heap = [(-ranking.probability(layer, q[0]), layer, 0) for layer, q in enumerate(queues) if q]
+    heapq.heapify(heap)
+    chosen: list[ExpertKey] = []
+    while heap and len(chosen) < n:
+        _, layer, pos = heapq.heappop(heap)
+        chosen.append((layer, queues[layer][pos]))
+        if pos + 1 < len(queues[layer]):
+            heapq.heappush(
+                heap, (-ranking.probability(layer, queues[layer][pos + 1]), layer, pos + 1)
+            )
+    return tuple(chosen)
+
+
+def reserve(decision: AdjusterDecision, allocator: PageAllocator, tunables: Tunables) -> ChangeList:
+    """Reserve expert pages for each load (as many loads as fit, in decision order)."""
+    loads = []
+    for layer, expert in decision.load:
+        pages = allocator.allocate(
+            PageType.EXPERT, tunables.pages_per_expert, owner=("expert", layer, expert)
+        )
+        if pages is None:
+            break
+        loads.append(ExpertLoad(layer, expert, tuple(pages)))
+    return ChangeList(evict=decision.evict, load=tuple(loads))

@@ -1,0 +1,132 @@
+"""Hotness ranking: per layer, experts ordered hottest first with routing probabilities.
+
+File format (JSON, `rimuru.hotness/v1`):
+
+    {"format": "rimuru.hotness/v1", "num_layers": L, "num_experts": E,
+     "source": "free text: how it was measured",
+     "layers": [{"order": [e0, e1, ...], "prob": [p(e0), p(e1), ...]}, ...]}
+
+`order` is a permutation of 0..E-1, hottest first; `prob[i]` is the mean routing
+probability of expert `order[i]` (non-increasing, each in [0, 1]).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+FORMAT = "rimuru.hotness/v1"
+
+
+@dataclass(frozen=True)
+class HotnessRanking:
+    order: tuple[tuple[int, ...], ...]  # [L][E] expert ids, hottest first
+    prob: tuple[tuple[float, ...], ...]  # [L][E] probability of order[l][i]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.order) != len(self.prob) or not self.order:
+            raise ValueError("a ranking needs the same number (>= 1) of layers in order and prob")
+        num_experts = len(self.order[0])
+        for layer, (order, prob) in enumerate(zip(self.order, self.prob, strict=True)):
+            if sorted(order) != list(range(num_experts)):
+                raise ValueError(
+                    f"layer {layer}: order must be a permutation of 0..{num_experts - 1}"
+                )
+            if len(prob) != num_experts:
+                raise ValueError(
+                    f"layer {layer}: {len(prob)} probabilities for {num_experts} experts"
+                )
+            if any(not 0.0 <= p <= 1.0 for p in prob):
+                raise ValueError(f"layer {layer}: probabilities must lie in [0, 1]")
+            if any(a < b for a, b in itertools.pairwise(prob)):
+                raise ValueError(
+                    f"layer {layer}: probabilities must be non-increasing (hottest first)"
+                )
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.order)
+
+    @property
+    def num_experts(self) -> int:
+        return len(self.order[0])
+
+    @classmethod
+    def from_counts(cls, counts: Sequence[Sequence[float]], source: str = "") -> HotnessRanking:
+        """Rank from per-layer routing counts (or probability mass) [L][E]; ties by id."""
+        order, prob = [], []
+        for layer_counts in counts:
+            total = float(sum(layer_counts)) or 1.0
+            ranked = sorted(range(len(layer_counts)), key=lambda e: (-layer_counts[e], e))
+            order.append(tuple(ranked))
+            prob.append(tuple(layer_counts[e] / total for e in ranked))
+        return cls(tuple(order), tuple(prob), source)
+
+    @classmethod
+    def uniform(cls, num_layers: int, num_experts: int) -> HotnessRanking:
+        return cls.from_counts([[1.0] * num_experts] * num_layers, source="uniform")
+
+    def probability(self, layer: int, expert: int) -> float:
+        return self._prob_by_expert[layer][expert]
+
+    @property
+    def _prob_by_expert(self) -> list[list[float]]:
+        cached = self.__dict__.get("_cache")
+        if cached is None:
+            cached = []
+            for order, prob in zip(self.order, self.prob, strict=True):
+                row = [0.0] * len(order)
+                for e, p in zip(order, prob, strict=True):
+                    row[e] = p
+                cached.append(row)
+            object.__setattr__(self, "_cache", cached)
+        return cached
+
+    def rank_of(self, layer: int) -> list[int]:
+        """rank_of(layer)[e] = position of expert e in the layer's order (0 = hottest)."""
+        ranks = [0] * self.num_experts
+        for position, e in enumerate(self.order[layer]):
+            ranks[e] = position
+        return ranks
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            "num_layers": self.num_layers,
+            "num_experts": self.num_experts,
+            "source": self.source,
+            "layers": [
+                {"order": list(o), "prob": list(p)}
+                for o, p in zip(self.order, self.prob, strict=True)
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> HotnessRanking:
+        if data.get("format") != FORMAT:
+            raise ValueError(
+                f"not a hotness ranking: format is {data.get('format')!r}, want {FORMAT!r}"
+            )
+        layers = data["layers"]
+        if len(layers) != data["num_layers"]:
+            raise ValueError("num_layers does not match the number of layers")
+        return cls(
+            tuple(tuple(int(e) for e in layer["order"]) for layer in layers),
+            tuple(tuple(float(p) for p in layer["prob"]) for layer in layers),
+            data.get("source", ""),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> HotnessRanking:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read hotness ranking {path}: {exc}") from exc
+        return cls.from_json(data)

@@ -1,0 +1,40 @@
+"""Adjuster tunables: data, validated on construction, pushed live by the control plane."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+MODES = ("resident", "fixed", "elastic")
+
+
+@dataclass(frozen=True)
+class Tunables:
+    mode: str = "elastic"
+    expert_offload_limit: int = 8  # at most this many experts per layer off the device
+    shrink_threshold: int = 2  # nothing short but fewer free expert pages than this -> evict 1
+    grow_threshold: int = 9  # more free expert pages than this -> bring experts back
+    max_grow_per_round: int = 5
+    pages_per_expert: int = 3  # w1, w3, w2
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        for name, low in (
+            ("expert_offload_limit", 0),
+            ("shrink_threshold", 0),
+            ("grow_threshold", 0),
+            ("max_grow_per_round", 0),
+            ("pages_per_expert", 1),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+        if self.grow_threshold < self.shrink_threshold:
+            raise ValueError(
+                f"grow_threshold ({self.grow_threshold}) must be >= shrink_threshold "
+                f"({self.shrink_threshold}), otherwise the adjuster would grow and shrink "
+                f"in the same state"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,317 @@
+"""Multi-level page allocator over integer page ids. No torch here.
+
+Every page type numbers its pages in its own unit across the whole pool: page `p` of a
+type with page size `S` covers bytes [p*S, (p+1)*S). So the parent of KV page `k` is
+expert page `k // kv_per_expert`, and a page id times its page size is its byte offset
+in the pool (what the kernels compute).
+
+Levels (see geometry.py):
+
+    huge page ──split──> expert pages ──split──> KV pages
+              └─split──> SSM pages     └─split──> conv pages
+
+Rules (the Rimuru paper's multi-level allocator):
+  * A request for pages of type T first takes free T pages already carved out of a split
+    parent (the caller's own parents first: same-request affinity, so a request's KV
+    pages share parent expert pages and free together), then splits one free parent page,
+    recursively; a huge page is never cut directly into KV pages.
+  * Freeing runs the other way: when every child of a split page is free, the children
+    merge back into their parent, recursively up to the huge page.
+  * Exhaustion is expected: `allocate` returns None and changes nothing. Misuse (double
+    free, freeing a page one does not own, unknown types) raises ValueError and changes
+    nothing either: every call validates fully before it mutates.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+from rimuru.dataplane.memory.geometry import PARENT, PageGeometry, PageType
+
+Owner = Hashable
+PageKey = tuple[PageType, int]
+
+
+@dataclass
+class _Split:
+    """A parent page cut into `child_type` children."""
+
+    child_type: PageType
+    free_children: list[int]  # min-heap of free child ids
+    num_free: int
+
+
+@dataclass
+class _Stats:
+    splits: int = 0
+    merges: int = 0
+    allocations: int = 0
+    frees: int = 0
+    by_type: dict[PageType, int] = field(default_factory=dict)
+
+
+class PageAllocator:
+    """Hands out page ids of every type from `num_huge_pages` huge pages."""
+
+    def __init__(self, geometry: PageGeometry, num_huge_pages: int):
+        if num_huge_pages < 1:
+            raise ValueError(
+                f"the pool must hold at least one huge page ({geometry.huge_page_bytes} B); "
+                f"got {num_huge_pages}: raise the memory budget"
+            )
+        self.geometry = geometry
+        self.num_huge_pages = num_huge_pages
+        self._free_huge: list[int] = list(range(num_huge_pages))  # min-heap
+        self._free_huge_set: set[int] = set(self._free_huge)
+        self._splits: dict[PageKey, _Split] = {}
+        # Per child type: heap of parent ids that are split into that type and have a free
+        # child. Lazy: entries are re-validated when popped; `_in_partial` avoids duplicates.
+        self._partial: dict[PageType, list[int]] = {t: [] for t in PARENT}
+        self._in_partial: dict[PageType, set[int]] = {t: set() for t in PARENT}
+        self._num_free_children: dict[PageType, int] = {t: 0 for t in PARENT}
+        self._owner: dict[PageKey, Owner] = {}
+        # owner -> child type -> parent id -> number of that owner's pages under it
+        self._affinity: dict[Owner, dict[PageType, dict[int, int]]] = {}
+        self.stats = _Stats()
+
+    # ------------------------------------------------------------------ queries
+    def num_free(self, page_type: PageType) -> int:
+        """Pages of this type that `allocate` could hand out right now."""
+        self._check_type(page_type)
+        if page_type is PageType.HUGE:
+            return len(self._free_huge)
+        parent = PARENT[page_type]
+        return self._num_free_children[page_type] + self.num_free(parent) * self.geometry.ratio(
+            page_type
+        )
+
+    def can_allocate(self, page_type: PageType, n: int) -> bool:
+        return n <= self.num_free(page_type)
+
+    def owner_of(self, page_type: PageType, page_id: int) -> Owner | None:
+        return self._owner.get((page_type, page_id))
+
+    def num_owned(self, page_type: PageType) -> int:
+        return sum(1 for (t, _) in self._owner if t is page_type)
+
+    # ------------------------------------------------------------------ allocate
+    def allocate(self, page_type: PageType, n: int, owner: Owner) -> list[int] | None:
+        """All-or-nothing: n pages of `page_type` for `owner`, or None if they don't fit."""
+        self._check_type(page_type)
+        if page_type is PageType.HUGE:
+            raise ValueError("huge pages are never handed out whole; allocate expert/SSM pages")
+        if n < 0:
+            raise ValueError(f"cannot allocate a negative number of pages ({n})")
+        if owner is None:
+            raise ValueError("owner must not be None")
+        if n > self.num_free(page_type):
+            return None
+        pages = [self._take_one(page_type, owner) for _ in range(n)]
+        self.stats.allocations += n
+        return pages
+
+    def _take_one(self, page_type: PageType, owner: Owner) -> int:
+        parent_id = self._pick_parent(page_type, owner)
+        split = self._splits[(PARENT[page_type], parent_id)]
+        page_id = heapq.heappop(split.free_children)
+        split.num_free -= 1
+        self._num_free_children[page_type] -= 1
+        self._owner[(page_type, page_id)] = owner
+        by_parent = self._affinity.setdefault(owner, {}).setdefault(page_type, {})
+        by_parent[parent_id] = by_parent.get(parent_id, 0) + 1
+        return page_id
+
+    def _pick_parent(self, page_type: PageType, owner: Owner) -> int:
+        """A split parent with a free child of `page_type`; splits a new one if needed."""
+        parent_type = PARENT[page_type]
+        # 1. affinity: a parent this owner already has pages under
+        for parent_id in self._affinity.get(owner, {}).get(page_type, {}):
+            split = self._splits.get((parent_type, parent_id))
+            if split is not None and split.num_free > 0:
+                return parent_id
+        # 2. the lowest already-split parent with a free child
+        heap, members = self._partial[page_type], self._in_partial[page_type]
+        while heap:
+            parent_id = heap[0]
+            split = self._splits.get((parent_type, parent_id))
+            if split is not None and split.child_type is page_type and split.num_free > 0:
+                return parent_id
+            heapq.heappop(heap)
+            members.discard(parent_id)
+        # 3. split a free parent page (taking it from its own parent first)
+        if parent_type is PageType.HUGE:
+            parent_id = heapq.heappop(self._free_huge)
+            self._free_huge_set.discard(parent_id)
+        else:
+            parent_id = self._take_one(parent_type, owner=_SPLIT)
+        self._split(parent_type, parent_id, page_type)
+        return parent_id
+
+    def _split(self, parent_type: PageType, parent_id: int, child_type: PageType) -> None:
+        ratio = self.geometry.ratio(child_type)
+        first = parent_id * ratio
+        # range() is already a valid min-heap
+        self._splits[(parent_type, parent_id)] = _Split(
+            child_type, list(range(first, first + ratio)), ratio
+        )
+        self._num_free_children[child_type] += ratio
+        self._mark_partial(child_type, parent_id)
+        self.stats.splits += 1
+
+    def _mark_partial(self, child_type: PageType, parent_id: int) -> None:
+        if parent_id not in self._in_partial[child_type]:
+            heapq.heappush(self._partial[child_type], parent_id)
+            self._in_partial[child_type].add(parent_id)
+
+    # ------------------------------------------------------------------ free
+    def free(self, page_type: PageType, page_ids: Iterable[int], owner: Owner) -> None:
+        """Return pages; merges parents whose children are all free. Validates first."""
+        ids = self._validated(page_type, page_ids, owner)
+        for page_id in ids:
+            self._release_one(page_type, page_id, owner)
+        self.stats.frees += len(ids)
+
+    def transfer(
+        self, page_type: PageType, page_ids: Iterable[int], owner: Owner, new_owner: Owner
+    ) -> None:
+        """Hand owned pages to another owner (e.g. a deferred-reclaim pending list)."""
+        if new_owner is None:
+            raise ValueError("new_owner must not be None")
+        ids = self._validated(page_type, page_ids, owner)
+        for page_id in ids:
+            self._owner[(page_type, page_id)] = new_owner
+            parent_id = page_id // self.geometry.ratio(page_type)
+            self._drop_affinity(owner, page_type, parent_id)
+            by_parent = self._affinity.setdefault(new_owner, {}).setdefault(page_type, {})
+            by_parent[parent_id] = by_parent.get(parent_id, 0) + 1
+
+    def _validated(self, page_type: PageType, page_ids: Iterable[int], owner: Owner) -> list[int]:
+        self._check_type(page_type)
+        ids = list(page_ids)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"the same {page_type.value} page appears twice in one call: {ids}")
+        for page_id in ids:
+            held_by = self._owner.get((page_type, page_id), _FREE)
+            if held_by is _FREE:
+                raise ValueError(
+                    f"{page_type.value} page {page_id} is not allocated (double free or a page "
+                    f"id that was never handed out)"
+                )
+            if held_by != owner:
+                raise ValueError(
+                    f"{page_type.value} page {page_id} belongs to {held_by!r}, not {owner!r}"
+                )
+        return ids
+
+    def _release_one(self, page_type: PageType, page_id: int, owner: Owner) -> None:
+        del self._owner[(page_type, page_id)]
+        parent_type = PARENT[page_type]
+        parent_id = page_id // self.geometry.ratio(page_type)
+        self._drop_affinity(owner, page_type, parent_id)
+        split = self._splits[(parent_type, parent_id)]
+        heapq.heappush(split.free_children, page_id)
+        split.num_free += 1
+        self._num_free_children[page_type] += 1
+        if split.num_free == self.geometry.ratio(page_type):
+            self._merge(parent_type, parent_id, page_type)
+        else:
+            self._mark_partial(page_type, parent_id)
+
+    def _merge(self, parent_type: PageType, parent_id: int, child_type: PageType) -> None:
+        """All children free: the parent page is whole again and itself freed upward."""
+        del self._splits[(parent_type, parent_id)]
+        self._num_free_children[child_type] -= self.geometry.ratio(child_type)
+        self.stats.merges += 1
+        if parent_type is PageType.HUGE:
+            heapq.heappush(self._free_huge, parent_id)
+            self._free_huge_set.add(parent_id)
+        else:
+            self._release_one(parent_type, parent_id, _SPLIT)
+
+    def _drop_affinity(self, owner: Owner, page_type: PageType, parent_id: int) -> None:
+        per_type = self._affinity[owner]
+        by_parent = per_type[page_type]
+        by_parent[parent_id] -= 1
+        if by_parent[parent_id] == 0:
+            del by_parent[parent_id]
+            if not by_parent:
+                del per_type[page_type]
+                if not per_type:
+                    del self._affinity[owner]
+
+    def _check_type(self, page_type: PageType) -> None:
+        if not isinstance(page_type, PageType) or not self.geometry.has(page_type):
+            known = ", ".join(t.value for t in self.geometry.page_bytes)
+            raise ValueError(f"unknown page type {page_type!r} for this pool (known: {known})")
+
+    # ------------------------------------------------------------------ invariants
+    def check_invariants(self) -> None:
+        """Every byte of the pool is in exactly one state: free, owned, or split further."""
+        g = self.geometry
+        total = 0
+        seen_free_huge = set()
+        for h in range(self.num_huge_pages):
+            is_free = h in self._free_huge_set
+            is_split = (PageType.HUGE, h) in self._splits
+            if is_free == is_split:
+                raise AssertionError(f"huge page {h}: free={is_free} split={is_split}")
+            if is_free:
+                seen_free_huge.add(h)
+                total += g.huge_page_bytes
+            else:
+                total += self._check_subtree(PageType.HUGE, h)
+        if total != self.num_huge_pages * g.huge_page_bytes:
+            raise AssertionError(f"bytes not conserved: {total}")
+        if set(self._free_huge) != seen_free_huge:
+            raise AssertionError("free huge heap disagrees with the free set")
+        owned_splits = {k for k, v in self._owner.items() if v is _SPLIT}
+        split_children = {k for k in self._splits if k[0] is not PageType.HUGE}
+        if owned_splits != split_children:
+            raise AssertionError("split marks disagree with split pages")
+        counts: dict[tuple[Owner, PageType, int], int] = {}
+        for (t, p), o in self._owner.items():
+            key = (o, t, p // g.ratio(t))
+            counts[key] = counts.get(key, 0) + 1
+        flat = {
+            (o, t, parent): n
+            for o, per_type in self._affinity.items()
+            for t, by_parent in per_type.items()
+            for parent, n in by_parent.items()
+        }
+        if flat != counts:
+            raise AssertionError("affinity counts disagree with page owners")
+
+    def _check_subtree(self, page_type: PageType, page_id: int) -> int:
+        split = self._splits[(page_type, page_id)]
+        ratio = self.geometry.ratio(split.child_type)
+        children = range(page_id * ratio, (page_id + 1) * ratio)
+        free = set(split.free_children)
+        if len(free) != len(split.free_children) or len(free) != split.num_free:
+            raise AssertionError(f"{page_type.value} page {page_id}: free list corrupt")
+        if not free <= set(children) or split.num_free == ratio:
+            raise AssertionError(f"{page_type.value} page {page_id}: should have merged or bad ids")
+        total = 0
+        for c in children:
+            key = (split.child_type, c)
+            owned = key in self._owner
+            if owned == (c in free):
+                raise AssertionError(f"{split.child_type.value} page {c}: free and owned disagree")
+            if self._owner.get(key) is _SPLIT:
+                total += self._check_subtree(split.child_type, c)
+            else:
+                total += self.geometry.bytes_of(split.child_type)
+        return total
+
+
+class _Marker:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_FREE = _Marker("<free>")
+_SPLIT = _Marker("<split>")  # owner of a page that is itself cut into children

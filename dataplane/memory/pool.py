@@ -1,0 +1,89 @@
+"""The unified pool: one contiguous uint8 tensor and typed views of its bytes.
+
+Nothing of the KV cache or of resident expert weights lives outside this tensor. Each
+page type sees the same bytes through its own view, made with `.view(dtype).view(shape)`
+(no copies), indexed by that type's page id:
+
+    bytes   [ huge 0                          | huge 1                          | ...
+    expert  [ e0        | e1        | e2      | e3 ...                  (I*D elems each)
+    kv      [ k0|k1|k2|...                                     ([2, 16, H_kv, Dh] each)
+
+A page id times its page size is its byte offset, so expert page 5 and KV pages
+5*r .. 5*r+r-1 (r = KV pages per expert page) are the same bytes. The allocator makes
+sure no two live users ever hold overlapping pages.
+"""
+
+from __future__ import annotations
+
+import torch
+from rimuru.dataplane.memory.geometry import PageGeometry, PageType
+
+
+class UnifiedPool:
+    def __init__(
+        self,
+        geometry: PageGeometry,
+        num_huge_pages: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ):
+        if num_huge_pages < 1:
+            raise ValueError(
+                f"the pool must hold at least one huge page of {geometry.huge_page_bytes} B"
+            )
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if itemsize != geometry.shape.dtype_bytes:
+            raise ValueError(
+                f"dtype {dtype} has {itemsize} B per element but the geometry was computed "
+                f"for {geometry.shape.dtype_bytes} B"
+            )
+        self.geometry = geometry
+        self.dtype = dtype
+        self.num_huge_pages = num_huge_pages
+        self.num_bytes = num_huge_pages * geometry.huge_page_bytes
+        self.device = torch.device(device)
+        self.buffer = torch.empty(self.num_bytes, dtype=torch.uint8, device=self.device)
+        self._views: dict[PageType, torch.Tensor] = {}
+
+    @classmethod
+    def from_budget(
+        cls,
+        geometry: PageGeometry,
+        budget_bytes: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> UnifiedPool:
+        num_huge = budget_bytes // geometry.huge_page_bytes
+        if num_huge < 1:
+            raise ValueError(
+                f"a pool budget of {budget_bytes} B cannot hold one huge page of "
+                f"{geometry.huge_page_bytes} B: raise --memory-budget"
+            )
+        return cls(geometry, num_huge, dtype, device)
+
+    def num_pages(self, page_type: PageType) -> int:
+        return self.num_bytes // self.geometry.bytes_of(page_type)
+
+    def view(self, page_type: PageType) -> torch.Tensor:
+        """The whole pool seen as pages of `page_type` (a view: writes go to the pool)."""
+        if page_type not in self._views:
+            self._views[page_type] = self._make_view(page_type)
+        return self._views[page_type]
+
+    def _make_view(self, page_type: PageType) -> torch.Tensor:
+        shape = self.geometry.shape
+        n = self.num_pages(page_type)
+        typed = self.buffer.view(self.dtype)
+        if page_type is PageType.KV:
+            # [P, 2, block, H_kv, Dh]: K then V of one layer's 16-token block
+            return typed.view(n, 2, shape.block_size, shape.num_kv_heads, shape.head_dim)
+        if page_type is PageType.EXPERT:
+            # [P, I*D]: one expert matrix per page; w1/w3 read it as [I, D], w2 as [D, I]
+            return typed.view(n, shape.moe_intermediate_size * shape.hidden_size)
+        if page_type in (PageType.SSM, PageType.CONV, PageType.HUGE):
+            return self.buffer.view(n, self.geometry.bytes_of(page_type))
+        raise ValueError(f"no view for page type {page_type!r}")
+
+    def expert_matrix(self, page_id: int, rows: int, cols: int) -> torch.Tensor:
+        """One expert page as a [rows, cols] matrix (rows*cols must be I*D)."""
+        return self.view(PageType.EXPERT)[page_id].view(rows, cols)

@@ -1,0 +1,64 @@
+"""Deferred reclaim: pages released while a forward pass may still read them.
+
+An evicted expert's pages or a finished request's KV pages can still be read by the
+forward pass that is in flight (on CUDA the host runs ahead of the device). They are
+handed to a pending owner tagged with the step that last used them, and become free only
+once that step is marked complete — on CUDA when the event recorded after its forward
+has fired, on CPU right after the forward returns (same code path, just synchronous).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rimuru.dataplane.memory.allocator import Owner, PageAllocator
+from rimuru.dataplane.memory.geometry import PageType
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Owner of pages waiting for `step` to complete."""
+
+    step: int
+
+
+class DeferredReclaim:
+    def __init__(self, allocator: PageAllocator):
+        self.allocator = allocator
+        self._pending: dict[int, list[tuple[PageType, list[int]]]] = {}
+        self.last_completed_step = -1
+
+    def release(
+        self, page_type: PageType, page_ids: Iterable[int], owner: Owner, step: int
+    ) -> None:
+        """Pages stop belonging to `owner` now and become free after `step` completes."""
+        ids = list(page_ids)
+        if not ids:
+            return
+        if step <= self.last_completed_step:
+            # Nothing in flight can read them any more.
+            self.allocator.free(page_type, ids, owner)
+            return
+        self.allocator.transfer(page_type, ids, owner, Pending(step))
+        self._pending.setdefault(step, []).append((page_type, ids))
+
+    def complete(self, step: int) -> int:
+        """Mark every step <= `step` complete; returns how many pages became free."""
+        if step < self.last_completed_step:
+            raise ValueError(f"step {step} completed after step {self.last_completed_step}")
+        freed = 0
+        for s in sorted(k for k in self._pending if k <= step):
+            for page_type, ids in self._pending.pop(s):
+                self.allocator.free(page_type, ids, Pending(s))
+                freed += len(ids)
+        self.last_completed_step = step
+        return freed
+
+    def num_pending(self, page_type: PageType | None = None) -> int:
+        return sum(
+            len(ids)
+            for batches in self._pending.values()
+            for t, ids in batches
+            if page_type is None or t is page_type
+        )

@@ -1,0 +1,78 @@
+"""Integer tables the kernels read: expert page tables and per-request block tables.
+
+Expert page table, per layer: int32 [E, 3] = page ids of (w1, w3, w2).
+    id >= 0        the matrix lies in pool expert page `id`
+    id <  0        it lies in loading-buffer slot `-id - 1` (just copied for this step)
+    NOT_PRESENT    neither: the expert must be copied before any kernel reads it
+"""
+
+from __future__ import annotations
+
+import torch
+
+NOT_PRESENT = -(2**31)
+
+
+def buffer_slot_id(slot: int) -> int:
+    return -slot - 1
+
+
+class ExpertPageTable:
+    """[L, E, 3] int32 on the engine's device; rows change only between forwards."""
+
+    def __init__(self, num_layers: int, num_experts: int, device: torch.device | str = "cpu"):
+        self.host = torch.full((num_layers, num_experts, 3), NOT_PRESENT, dtype=torch.int32)
+        self.device = torch.device(device)
+        self._device_copy: torch.Tensor | None = None
+        self._dirty = True
+
+    def set_pages(self, layer: int, expert: int, pages: tuple[int, int, int]) -> None:
+        self.host[layer, expert] = torch.tensor(pages, dtype=torch.int32)
+        self._dirty = True
+
+    def set_slot(self, layer: int, expert: int, slot_ids: tuple[int, int, int]) -> None:
+        self.host[layer, expert] = torch.tensor([buffer_slot_id(s) for s in slot_ids])
+        self._dirty = True
+
+    def clear(self, layer: int, expert: int) -> None:
+        self.host[layer, expert] = NOT_PRESENT
+        self._dirty = True
+
+    def pages(self, layer: int, expert: int) -> tuple[int, int, int] | None:
+        row = self.host[layer, expert].tolist()
+        return None if row[0] == NOT_PRESENT else tuple(row)
+
+    def on_device(self) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return self.host
+        if self._dirty or self._device_copy is None:
+            self._device_copy = self.host.to(self.device, non_blocking=False)
+            self._dirty = False
+        return self._device_copy
+
+
+class BlockTable:
+    """One request's KV pages: per logical 16-token block, one page per layer."""
+
+    def __init__(self, num_layers: int):
+        self.num_layers = num_layers
+        self.blocks: list[list[int]] = []  # [num_blocks][num_layers]
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def append_block(self, layer_pages: list[int]) -> None:
+        if len(layer_pages) != self.num_layers:
+            raise ValueError(f"a block needs {self.num_layers} pages, got {len(layer_pages)}")
+        self.blocks.append(layer_pages)
+
+    def pop_blocks(self) -> list[int]:
+        pages = [p for block in self.blocks for p in block]
+        self.blocks = []
+        return pages
+
+    def all_pages(self) -> list[int]:
+        return [p for block in self.blocks for p in block]
+
+    def layer(self, layer: int) -> list[int]:
+        return [block[layer] for block in self.blocks]

@@ -1,0 +1,93 @@
+import pytest
+from rimuru.dataplane.adjust.adjuster import ChangeList, decide, num_to_evict, num_to_load, reserve
+from rimuru.dataplane.adjust.hotness import HotnessRanking
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.memory.allocator import PageAllocator
+from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
+
+# layer 0: expert 2 hottest ... expert 1 coldest; layer 1: expert 0 hottest ... expert 3 coldest
+RANKING = HotnessRanking.from_counts([[30, 5, 40, 25], [50, 20, 20, 10]])
+ALL = [frozenset(range(4)), frozenset(range(4))]
+
+
+def test_paper_worked_examples():
+    t = Tunables()
+    assert num_to_evict(8, 0, t) == 3  # short 8 -> evict 3
+    assert num_to_load(0, 20, t) == 3  # 20 free -> add 3
+    assert num_to_evict(0, 1, t) == 1  # nothing short, F < 2 -> evict 1
+    assert num_to_evict(0, 2, t) == 0
+    assert num_to_load(0, 9, t) == 0 and num_to_load(0, 12, t) == 1
+    assert num_to_load(0, 100, t) == 5  # capped by max_grow_per_round
+
+
+def test_shrink_takes_lowest_probability_first_across_layers():
+    d = decide(8, 0, RANKING, ALL, Tunables(expert_offload_limit=4))
+    # probabilities: L0 e1=.05, L1 e3=.10, L0 e3=.25, L1 e1/e2=.20 (tie -> id order: e2 ranked later)
+    assert d.evict == ((0, 1), (1, 3), (1, 2))
+    assert d.load == ()
+
+
+def test_offload_limit_leaves_layers_out():
+    d = decide(8, 0, RANKING, ALL, Tunables(expert_offload_limit=1))
+    assert d.evict == ((0, 1), (1, 3))  # one per layer, then no candidates remain
+    resident = [frozenset({0, 2, 3}), frozenset({0, 1, 2})]
+    assert decide(8, 0, RANKING, resident, Tunables(expert_offload_limit=1)).evict == ()
+
+
+def test_grow_takes_highest_probability_first():
+    resident = [frozenset({2}), frozenset({0})]
+    d = decide(0, 20, RANKING, resident, Tunables())
+    # offloaded: L0 e0=.30 e3=.25 e1=.05; L1 e1=.2 e2=.2 e3=.1 -> top 3
+    assert d.load == ((0, 0), (0, 3), (1, 1))
+
+
+def test_resident_and_fixed_modes_never_move():
+    for mode in ("resident", "fixed"):
+        assert decide(8, 0, RANKING, ALL, Tunables(mode=mode)) == decide(
+            0, 50, RANKING, ALL, Tunables(mode=mode)
+        )
+        assert not decide(8, 0, RANKING, ALL, Tunables(mode=mode)).evict
+
+
+def test_reserve_assigns_pages_until_full():
+    g = PageGeometry.from_shape(MemoryShape(2, 4, 16, 16, 1, 2, 4))
+    a = PageAllocator(g, 7)
+    d = decide(0, 20, RANKING, [frozenset({2}), frozenset({0})], Tunables())
+    changes = reserve(d, a, Tunables())
+    assert isinstance(changes, ChangeList)
+    assert [(x.layer, x.expert, x.pages) for x in changes.load] == [
+        (0, 0, (0, 1, 2)),
+        (0, 3, (3, 4, 5)),
+    ]
+    assert a.num_free(PageType.EXPERT) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "turbo"}, "mode must be one of"),
+        ({"expert_offload_limit": -1}, "expert_offload_limit must be an integer >= 0"),
+        ({"pages_per_expert": 0}, "pages_per_expert must be an integer >= 1"),
+        ({"grow_threshold": 1, "shrink_threshold": 2}, "must be >= shrink_threshold"),
+        ({"max_grow_per_round": 2.5}, "max_grow_per_round must be an integer"),
+    ],
+)
+def test_tunables_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Tunables(**kwargs)
+
+
+def test_ranking_roundtrip_and_validation(tmp_path):
+    path = tmp_path / "hot.json"
+    RANKING.save(path)
+    again = HotnessRanking.load(path)
+    assert again == RANKING
+    assert again.order[0] == (2, 0, 3, 1)
+    assert again.probability(1, 3) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="permutation"):
+        HotnessRanking(((0, 0),), ((0.5, 0.5),))
+    with pytest.raises(ValueError, match="non-increasing"):
+        HotnessRanking(((0, 1),), ((0.2, 0.8),))
+    (tmp_path / "bad.json").write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match="not a hotness ranking"):
+        HotnessRanking.load(tmp_path / "bad.json")

@@ -1,0 +1,116 @@
+import pytest
+from rimuru.dataplane.memory.allocator import PageAllocator
+from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
+from rimuru.dataplane.memory.reclaim import DeferredReclaim
+
+KV, EXPERT, HUGE = PageType.KV, PageType.EXPERT, PageType.HUGE
+
+
+def snapshot(a: PageAllocator):
+    return (
+        {t: a.num_free(t) for t in a.geometry.page_bytes},
+        dict(a._owner),
+        {k: (s.child_type, sorted(s.free_children)) for k, s in a._splits.items()},
+    )
+
+
+def test_exact_ids_split_and_merge(geometry):
+    a = PageAllocator(geometry, num_huge_pages=3)
+    assert a.num_free(KV) == 12
+    assert a.allocate(KV, 2, "r1") == [0, 1]  # huge 0 -> expert 0 -> KV 0..3
+    assert a.allocate(KV, 1, "r2") == [2]
+    assert a.allocate(EXPERT, 1, ("e", 0, 0)) == [1]  # a fresh huge page, not a KV parent
+    assert a.allocate(KV, 3, "r3") == [3, 8, 9]  # fills expert 0, then splits expert 2
+    assert a.num_free(HUGE) == 0 and a.num_free(KV) == 2
+    a.check_invariants()
+    a.free(KV, [0, 1], "r1")
+    a.free(KV, [2], "r2")
+    assert a.num_free(HUGE) == 0  # KV 3 still holds expert 0
+    a.free(KV, [3, 8, 9], "r3")
+    assert a.num_free(HUGE) == 2  # expert pages 0 and 2 merged back into huge pages
+    assert a.stats.merges == 4 and a.stats.splits == 5
+    a.free(EXPERT, [1], ("e", 0, 0))
+    assert a.num_free(HUGE) == 3
+    a.check_invariants()
+
+
+def test_same_request_affinity(geometry):
+    a = PageAllocator(geometry, num_huge_pages=2)
+    assert a.allocate(KV, 4, "r1") == [0, 1, 2, 3]  # fills expert page 0
+    assert a.allocate(KV, 2, "r2") == [4, 5]  # expert page 1
+    a.free(KV, [1], "r1")
+    # r2 holds pages under expert page 1: it stays there rather than take the lower hole
+    assert a.allocate(KV, 1, "r2") == [6]
+    # a newcomer takes the lowest free page
+    assert a.allocate(KV, 1, "r3") == [1]
+    a.check_invariants()
+
+
+def test_huge_page_never_cut_directly_into_kv():
+    shape = MemoryShape(2, 4, 16, 16, 1, 2, 4, ssm_state_bytes=768)
+    g = PageGeometry.from_shape(shape)  # huge = 3072 B = 3 expert pages = 12 KV pages
+    a = PageAllocator(g, num_huge_pages=2)
+    assert a.allocate(KV, 1, "r") == [0]
+    assert a._splits[(HUGE, 0)].child_type is EXPERT  # huge -> expert -> KV
+    assert a._splits[(EXPERT, 0)].child_type is KV
+    assert a.allocate(PageType.SSM, 1, "s") == [4]  # huge 1 split into SSM pages 4..7
+    assert a.allocate(EXPERT, 2, "e") == [1, 2]  # the rest of huge 0
+    assert a.allocate(EXPERT, 1, "e2") is None  # huge 1 is SSM now
+    a.check_invariants()
+
+
+def test_exhaustion_returns_none_and_changes_nothing(geometry):
+    a = PageAllocator(geometry, num_huge_pages=1)
+    before = snapshot(a)
+    assert a.allocate(KV, 5, "r") is None
+    assert snapshot(a) == before
+    assert a.allocate(KV, 4, "r") == [0, 1, 2, 3]
+    assert a.allocate(EXPERT, 1, "e") is None
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda a: a.free(KV, [0], "r1"), "double free"),
+        (lambda a: a.free(KV, [1], "other"), "belongs to 'r1', not 'other'"),
+        (lambda a: a.free(KV, [1, 1], "r1"), "appears twice"),
+        (lambda a: a.free(KV, [1, 7], "r1"), "page 7 is not allocated"),
+        (lambda a: a.allocate(PageType.SSM, 1, "r1"), "unknown page type"),
+        (lambda a: a.allocate("kv", 1, "r1"), "unknown page type"),
+        (lambda a: a.allocate(HUGE, 1, "r1"), "never handed out whole"),
+        (lambda a: a.allocate(KV, -1, "r1"), "negative"),
+        (lambda a: a.transfer(KV, [1], "nobody", "x"), "belongs to 'r1'"),
+    ],
+)
+def test_misuse_raises_and_leaves_state_unchanged(geometry, call, message):
+    a = PageAllocator(geometry, num_huge_pages=2)
+    a.allocate(KV, 2, "r1")
+    a.free(KV, [0], "r1")
+    before = snapshot(a)
+    with pytest.raises(ValueError, match=message):
+        call(a)
+    assert snapshot(a) == before
+    a.check_invariants()
+
+
+def test_deferred_reclaim_frees_after_step_completes(geometry):
+    a = PageAllocator(geometry, num_huge_pages=2)
+    reclaim = DeferredReclaim(a)
+    pages = a.allocate(KV, 4, "r1")
+    expert = a.allocate(EXPERT, 1, ("e", 0, 3))
+    reclaim.release(KV, pages, "r1", step=5)
+    reclaim.release(EXPERT, expert, ("e", 0, 3), step=6)
+    assert a.num_free(KV) == 0 and reclaim.num_pending() == 5
+    assert reclaim.complete(4) == 0
+    assert a.num_free(HUGE) == 0
+    assert reclaim.complete(5) == 4
+    assert a.num_free(HUGE) == 1
+    assert reclaim.complete(6) == 1
+    assert a.num_free(HUGE) == 2 and reclaim.num_pending() == 0
+    # release after the step already completed frees at once
+    more = a.allocate(KV, 1, "r2")
+    reclaim.release(KV, more, "r2", step=6)
+    assert a.num_free(HUGE) == 2
+    with pytest.raises(ValueError, match="completed after"):
+        reclaim.complete(3)
+    a.check_invariants()

@@ -1,0 +1,70 @@
+import pytest
+from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
+from rimuru.dataplane.memory.units import parse_bytes
+
+
+def qwen15_moe() -> MemoryShape:
+    return MemoryShape(24, 60, 2048, 1408, num_kv_heads=16, head_dim=128, dtype_bytes=2)
+
+
+def test_qwen15_per_layer_kv_page_divides_expert_page():
+    g = PageGeometry.from_shape(qwen15_moe())
+    assert g.expert_page_bytes == 1408 * 2048 * 2 == 5_767_168
+    assert g.kv_page_bytes == 2 * 16 * 16 * 128 * 2 == 131_072
+    assert g.kv_pages_per_expert_page == 44
+    assert g.huge_page_bytes == g.expert_page_bytes
+    # a 16-token page of all 24 layers would not divide the expert page
+    assert g.expert_page_bytes % (24 * g.kv_page_bytes) != 0
+
+
+@pytest.mark.parametrize(
+    ("shape", "ratio"),
+    [
+        (MemoryShape(48, 128, 2048, 768, num_kv_heads=4, head_dim=128, dtype_bytes=2), 96),
+        (MemoryShape(32, 8, 4096, 14336, num_kv_heads=8, head_dim=128, dtype_bytes=2), 1792),
+    ],
+    ids=["qwen3-30b-a3b", "mixtral-8x7b"],
+)
+def test_supported_models_fit(shape, ratio):
+    assert PageGeometry.from_shape(shape).kv_pages_per_expert_page == ratio
+
+
+def test_ssm_makes_huge_page_the_lcm():
+    shape = MemoryShape(2, 4, 16, 16, 1, 2, 4, ssm_state_bytes=768, conv_state_bytes=128)
+    g = PageGeometry.from_shape(shape)
+    assert g.huge_page_bytes == 3072  # lcm(1024, 768)
+    assert g.ratio(PageType.EXPERT) == 3
+    assert g.ratio(PageType.SSM) == 4
+    assert g.ratio(PageType.CONV) == 8
+
+
+def test_refuses_kv_page_that_does_not_divide():
+    shape = MemoryShape(2, 4, 16, 16, num_kv_heads=3, head_dim=2, dtype_bytes=4)
+    with pytest.raises(
+        ValueError, match=r"kv page of 768 B does not divide the expert page of 1024 B"
+    ):
+        PageGeometry.from_shape(shape)
+
+
+def test_refuses_bad_sizes():
+    with pytest.raises(ValueError, match="hidden_size must be > 0"):
+        PageGeometry.from_shape(MemoryShape(2, 4, 0, 16, 1, 2, 4))
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("28.8GiB", int(28.8 * 2**30)),
+        ("512MiB", 512 * 2**20),
+        ("4e9", 4_000_000_000),
+        ("1024", 1024),
+        ("2 GB", 2 * 10**9),
+    ],
+)
+def test_parse_bytes(text, value):
+    assert parse_bytes(text) == value
+
+
+def test_parse_bytes_error_says_what_to_write():
+    with pytest.raises(ValueError, match="e.g. '28.8GiB'"):
+        parse_bytes("lots")
