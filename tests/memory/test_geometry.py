@@ -66,5 +66,5 @@ def test_parse_bytes(text, value):
 
 
 def test_parse_bytes_error_says_what_to_write():
-    with pytest.raises(ValueError, match="e.g. '28.8GiB'"):
+    with pytest.raises(ValueError, match=r"e\.g\. '28\.8GiB'"):
         parse_bytes("lots")
