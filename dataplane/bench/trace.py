@@ -1,0 +1,168 @@
+"""Request traces: pre-tokenized prompts with the number of tokens to generate for each.
+
+A trace is what the benchmark replays: the same requests, in the same order, for every
+policy. Traces are derived once from ShareGPT (bench/derive_sharegpt_trace.py) and committed
+as compact .npz files, so loading one needs neither a tokenizer nor the network.
+
+File format (numpy .npz, no pickled objects; N = requests, T = total prompt tokens):
+
+    prompt_token_ids  uint32 [T]      every prompt's token ids, concatenated in request order
+    prompt_offsets    int64  [N + 1]  request i's prompt is prompt_token_ids[off[i]:off[i + 1]]
+    output_lens       uint32 [N]      tokens to generate for request i
+    metadata          str    []       one JSON object: source, rules, tokenizer, seed, caps, ...
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+TRACE_SUFFIX = ".npz"
+_MAX_TOKEN_ID = np.iinfo(np.uint32).max
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace: the prompt's token ids and how many tokens to generate."""
+
+    prompt_token_ids: tuple[int, ...]
+    output_len: int
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_token_ids) == 0:
+            raise ValueError("a trace request needs at least one prompt token")
+        if self.output_len < 1:
+            raise ValueError(f"output_len must be >= 1, got {self.output_len}")
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """An ordered list of requests plus the metadata that says how it was derived.
+
+    `metadata` is read-only (a mapping proxy); copy it with dict() to change it.
+    """
+
+    name: str
+    requests: tuple[TraceRequest, ...]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "requests", tuple(self.requests))
+        object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def prompt_lens(self) -> list[int]:
+        return [r.prompt_len for r in self.requests]
+
+    @property
+    def output_lens(self) -> list[int]:
+        return [r.output_len for r in self.requests]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(self.prompt_lens)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+    def head(self, num_requests: int) -> Trace:
+        """The first `num_requests` requests, in trace order (the order is already shuffled)."""
+        if not 0 <= num_requests <= len(self.requests):
+            raise ValueError(
+                f"trace {self.name!r} has {len(self.requests)} requests; ask for 0 to "
+                f"{len(self.requests)}, not {num_requests}"
+            )
+        return Trace(self.name, self.requests[:num_requests], self.metadata)
+
+
+def save_trace(trace: Trace, path: str | Path) -> Path:
+    """Write `trace` in the compact .npz format above; returns the path written."""
+    path = Path(path)
+    if path.suffix != TRACE_SUFFIX:
+        raise ValueError(f"trace files end in {TRACE_SUFFIX}; got {path}")
+    ids = [t for r in trace.requests for t in r.prompt_token_ids]
+    if ids and (min(ids) < 0 or max(ids) > _MAX_TOKEN_ID):
+        raise ValueError("token ids must fit in uint32")
+    offsets = np.zeros(len(trace.requests) + 1, dtype=np.int64)
+    np.cumsum(trace.prompt_lens, out=offsets[1:])
+    np.savez_compressed(
+        path,
+        prompt_token_ids=np.asarray(ids, dtype=np.uint32),
+        prompt_offsets=offsets,
+        output_lens=np.asarray(trace.output_lens, dtype=np.uint32),
+        metadata=np.asarray(json.dumps(dict(trace.metadata), sort_keys=True)),
+    )
+    return path
+
+
+def available_traces() -> list[str]:
+    """Names of the traces bundled with the package (dataplane/data/*.npz)."""
+    data = resources.files("rimuru.dataplane") / "data"
+    return sorted(
+        p.name.removesuffix(TRACE_SUFFIX) for p in data.iterdir() if p.name.endswith(TRACE_SUFFIX)
+    )
+
+
+def load_trace(name_or_path: str | Path) -> Trace:
+    """Load a bundled trace by name (e.g. "sharegpt_qwen_cpu") or any trace file by path."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return _read(path, name=path.name.removesuffix(TRACE_SUFFIX))
+    name = str(name_or_path)
+    if name in available_traces():
+        resource = resources.files("rimuru.dataplane") / "data" / f"{name}{TRACE_SUFFIX}"
+        with resources.as_file(resource) as bundled:
+            return _read(bundled, name=name)
+    raise ValueError(
+        f"no trace file {str(name_or_path)!r} and no bundled trace of that name; bundled traces: "
+        f"{', '.join(available_traces()) or 'none'}"
+    )
+
+
+def _read(path: Path, name: str) -> Trace:
+    with np.load(path, allow_pickle=False) as npz:
+        missing = {"prompt_token_ids", "prompt_offsets", "output_lens", "metadata"} - set(npz.files)
+        if missing:
+            raise ValueError(f"{path} is not a trace file: it lacks {sorted(missing)}")
+        ids = npz["prompt_token_ids"]
+        offsets = npz["prompt_offsets"]
+        output_lens = npz["output_lens"]
+        metadata = json.loads(str(npz["metadata"][()]))
+    _check_layout(path, ids, offsets, output_lens)
+    bounds = offsets.tolist()
+    requests = [
+        TraceRequest(tuple(ids[start:end].tolist()), int(out))
+        for start, end, out in zip(bounds[:-1], bounds[1:], output_lens.tolist(), strict=True)
+    ]
+    return Trace(name, requests, metadata)
+
+
+def _check_layout(
+    path: Path, ids: np.ndarray, offsets: np.ndarray, output_lens: Sequence[int]
+) -> None:
+    if (
+        offsets.ndim != 1
+        or len(offsets) != len(output_lens) + 1
+        or offsets[0] != 0
+        or offsets[-1] != len(ids)
+        or np.any(np.diff(offsets) <= 0)
+    ):
+        raise ValueError(
+            f"{path} is corrupt: prompt_offsets must start at 0, rise strictly and end at "
+            f"len(prompt_token_ids); re-derive it with bench/derive_sharegpt_trace.py"
+        )

