@@ -164,6 +164,11 @@ class SubscriberRegistry:
             connected=True,
             last_seen_unix_seconds=self.clock(),
         )
+        # An older stream of this node (not yet seen broken) wakes, finds it lost the
+        # record and ends.
+        for old in self._watches.get(deployment, ()):
+            if old.node_id == node_id:
+                old.wake()
         watch = Watch(self, key, record.generation, current_policy)
         self._watches.setdefault(deployment, set()).add(watch)
         return watch

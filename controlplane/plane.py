@@ -1,0 +1,120 @@
+"""The control plane's domain object: policy store + subscriber registry + online hotness.
+
+Every accepted version goes through `_publish`, which wakes the watches of its
+deployment; the servicers only translate protos and call in here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from rimuru.controlplane.errors import NotFound
+from rimuru.controlplane.hotness import HotnessAggregator, HotnessConfig
+from rimuru.controlplane.policy import Policy, Tunables, check_deployment
+from rimuru.controlplane.ranking import LayerRanking, Ranking, check_layers, check_ranking_id
+from rimuru.controlplane.store import PolicyStore
+from rimuru.controlplane.subscribers import Subscriber, SubscriberRegistry, Watch
+
+ONLINE_RANKING_ID = "online"
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        store: PolicyStore,
+        hotness: HotnessAggregator | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.hotness = hotness or HotnessAggregator()
+        self.subscribers = SubscriberRegistry(clock)
+        self._clock = clock
+
+    @classmethod
+    def open(
+        cls, data_dir: Path | None, hotness_config: HotnessConfig | None = None
+    ) -> ControlPlane:
+        return cls(PolicyStore.open(data_dir), HotnessAggregator(hotness_config or HotnessConfig()))
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- policies ------------------------------------------------------------------------
+
+    def get_policy(self, deployment: str) -> Policy:
+        check_deployment(deployment)
+        policy = self.store.current(deployment)
+        if policy is None:
+            raise NotFound(
+                f"deployment {deployment!r} has no policy; set one with `rimuru policy set`"
+            )
+        return policy
+
+    def set_policy(
+        self, deployment: str, tunables: Tunables, expected_version: int | None = None
+    ) -> Policy:
+        check_deployment(deployment)
+        policy = self.store.set_tunables(deployment, tunables, expected_version)
+        self.subscribers.notify(deployment)
+        return policy
+
+    def upload_ranking(
+        self, deployment: str, ranking_id: str, layers: Sequence[LayerRanking]
+    ) -> tuple[Ranking, Policy]:
+        check_deployment(deployment)
+        check_ranking_id(ranking_id)
+        ranking, policy = self.store.set_ranking(deployment, ranking_id, check_layers(layers))
+        self.subscribers.notify(deployment)
+        return ranking, policy
+
+    def get_ranking(self, deployment: str, version: int | None = None) -> Ranking:
+        """The ranking of the current policy (version None) or stored ranking `version`."""
+        if version is None:
+            ref = self.get_policy(deployment).ranking
+            if ref is None:
+                raise NotFound(f"the current policy of {deployment!r} has no ranking")
+            version = ref.version
+        check_deployment(deployment)
+        ranking = self.store.ranking(deployment, version)
+        if ranking is None:
+            raise NotFound(f"deployment {deployment!r} has no ranking version {version}")
+        return ranking
+
+    def ranking_of(self, policy: Policy) -> Ranking | None:
+        return (
+            None
+            if policy.ranking is None
+            else self.store.ranking(policy.deployment, policy.ranking.version)
+        )
+
+    # -- data planes ---------------------------------------------------------------------
+
+    def open_watch(self, node_id: str, deployment: str, applied_version: int) -> Watch:
+        return self.subscribers.open_watch(node_id, deployment, applied_version, self.store.current)
+
+    def list_subscribers(self, deployment: str = "") -> list[Subscriber]:
+        if deployment:
+            check_deployment(deployment)
+        return self.subscribers.list(deployment)
+
+    def report_routing(self, deployment: str, layers: Mapping[int, Sequence[int]]) -> Policy | None:
+        """Fold in one report; returns the new version if online hotness pushed one."""
+        check_deployment(deployment)
+        now = self._clock()
+        self.hotness.add(deployment, layers, now)
+        policy = self.store.current(deployment)
+        if policy is None or not policy.tunables.online_hotness:
+            return None
+        current = self.ranking_of(policy)
+        proposal = self.hotness.propose(
+            deployment, None if current is None else current.layers, now
+        )
+        if proposal is None:
+            return None
+        _, new_policy = self.store.set_ranking(
+            deployment, ONLINE_RANKING_ID, proposal, reason="online-hotness"
+        )
+        self.subscribers.notify(deployment)
+        return new_policy

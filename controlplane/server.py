@@ -1,0 +1,64 @@
+"""Assemble the control plane's gRPC server: servicers, auth, health, reflection, TLS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from rimuru.controlplane.auth import BearerTokenInterceptor
+from rimuru.controlplane.plane import ControlPlane
+from rimuru.controlplane.servicers import PolicyDiscoveryServicer, PolicyServicer
+from rimuru.v1 import control_pb2, control_pb2_grpc
+
+SERVICE_NAMES = tuple(s.full_name for s in control_pb2.DESCRIPTOR.services_by_name.values())
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert_chain: bytes  # PEM
+    private_key: bytes  # PEM
+
+    @classmethod
+    def read(cls, cert_path: str, key_path: str) -> TlsFiles:
+        try:
+            with open(cert_path, "rb") as cert, open(key_path, "rb") as key:
+                return cls(cert.read(), key.read())
+        except OSError as exc:
+            raise SystemExit(f"cannot read the TLS certificate or key: {exc}") from exc
+
+
+async def create_server(
+    address: str,
+    plane: ControlPlane,
+    *,
+    token: str | None = None,
+    tls: TlsFiles | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """A ready-to-start server bound to `address` ("127.0.0.1:0" picks a free port).
+
+    Call it in the event loop that will run the server; the caller starts and stops it.
+    """
+    interceptors = [BearerTokenInterceptor(token)] if token else []
+    server = grpc.aio.server(interceptors=interceptors)
+    control_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(plane), server)
+    control_pb2_grpc.add_PolicyDiscoveryServiceServicer_to_server(
+        PolicyDiscoveryServicer(plane), server
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    # The store is open before the server exists: serving from the first request.
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    if tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        credentials = grpc.ssl_server_credentials([(tls.private_key, tls.cert_chain)])
+        port = server.add_secure_port(address, credentials)
+    if port == 0:
+        raise SystemExit(f"cannot bind the control plane to {address}")
+    return server, port
