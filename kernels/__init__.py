@@ -1,1 +1,45 @@
-"""rimuru.kernels"""
+"""rimuru.kernels: Triton kernels of the data plane, each beside its launcher and torch reference.
+
+Imports only torch and triton. Launchers (signatures in each module's docstring):
+
+- fused_moe.py: fused_moe_paged (experts read from pool pages or loading-buffer slots),
+  fused_moe_contiguous (its twin over [E, 2I, D] / [E, D, I] stacks), torch references.
+- moe_align.py: moe_align_block_size, the sort-by-expert step both use.
+- moe_configs.py: tuned block configurations (configs/*.json), get_moe_config.
+- kv_write.py: write_kv_pages (slot mapping into the paged KV view).
+- paged_decode.py / paged_prefill.py: paged attention over block tables (GQA).
+"""
+
+from rimuru.kernels.fused_moe import (
+    fused_moe_contiguous,
+    fused_moe_paged,
+    fused_moe_paged_reference,
+    fused_moe_reference,
+)
+from rimuru.kernels.kv_write import write_kv_pages, write_kv_pages_reference
+from rimuru.kernels.moe_align import MoeAlignment, moe_align_block_size
+from rimuru.kernels.moe_configs import GemmTile, MoeConfig, get_moe_config
+from rimuru.kernels.paged_decode import paged_decode_attention, paged_decode_attention_reference
+from rimuru.kernels.paged_prefill import paged_prefill_attention, paged_prefill_attention_reference
+
+# The engine's name for the paged launcher (dataplane/engine/engine.py imports it).
+paged_fused_moe = fused_moe_paged
+
+__all__ = [
+    "GemmTile",
+    "MoeAlignment",
+    "MoeConfig",
+    "fused_moe_contiguous",
+    "fused_moe_paged",
+    "fused_moe_paged_reference",
+    "fused_moe_reference",
+    "get_moe_config",
+    "moe_align_block_size",
+    "paged_decode_attention",
+    "paged_decode_attention_reference",
+    "paged_fused_moe",
+    "paged_prefill_attention",
+    "paged_prefill_attention_reference",
+    "write_kv_pages",
+    "write_kv_pages_reference",
+]

@@ -1,0 +1,221 @@
+"""Block-align step of the fused MoE: group (token, expert) pairs by expert, pad each run to BLOCK_M.
+
+Shape key: T = tokens, K = top-k, P = T*K pairs, E = experts, BM = rows per block,
+NB = cdiv(P, BM) + min(E, P) blocks at most (each used expert adds at most one partial block).
+
+A pair is named by its flat index p = t*K + k into topk_ids.view(-1): GEMM rows read
+topk_weights and the intermediate at row p, and p // K is the token.
+
+Example, BM = 4; expert 0 has 3 pairs, expert 1 none, expert 2 has 5 (P = 8):
+
+    block:              |    0    |    1    |    2    | 3 ...
+    sorted_pair_ids:    | p p p 8 | p p p p | p 8 8 8 | (never written)
+    block_expert_ids:   |    0    |    2    |    2    | -1 ...
+    num_padded = 12
+
+The value P marks a padding row; the GEMM masks it. Rows past num_padded are never written
+and never read (their blocks have expert id -1 and the GEMM exits before loading them).
+
+Launcher:
+
+    moe_align_block_size(topk_ids [T, K] int32|int64, num_experts: int, block_m: int) -> MoeAlignment
+
+The order of pairs inside one expert's run is not specified (the multi-program path ranks
+them with atomics); the fused MoE's result does not depend on it because each GEMM row is
+computed on its own. No host synchronisation: the launcher is safe inside a CUDA graph.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# One program does everything while its [pairs, experts] one-hot stays this small.
+_SINGLE_PROGRAM_MAX_CELLS = 16384
+# Pairs per program in the multi-program path.
+_CHUNK = 1024
+_BLOCK_IDS_PER_STEP = tl.constexpr(256)
+
+
+@dataclass(frozen=True)
+class MoeAlignment:
+    sorted_pair_ids: torch.Tensor  # [NB * BM] int32; P marks padding
+    block_expert_ids: torch.Tensor  # [NB] int32; -1 past the last used block
+    num_padded: torch.Tensor  # [1] int32 on the device: rows in use, a multiple of BM
+    block_m: int
+    num_pairs: int
+
+    @property
+    def max_blocks(self) -> int:
+        return self.block_expert_ids.numel()
+
+
+def max_num_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
+    return triton.cdiv(num_pairs, block_m) + min(num_experts, num_pairs)
+
+
+@triton.jit
+def _write_pads_and_block_experts(
+    counts,  # [EXPERTS] int32
+    sorted_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    num_pairs,
+    max_blocks,
+    BLOCK_M: tl.constexpr,
+    EXPERTS: tl.constexpr,
+):
+    """Write padding rows, block experts and num_padded; return each expert's first row."""
+    padded = tl.cdiv(counts, BLOCK_M) * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    total = tl.sum(padded, axis=0)
+    tl.store(num_padded_ptr, total)
+    # Padding rows: [start + count, start + padded) of each expert.
+    j = tl.arange(0, BLOCK_M)
+    pad_pos = (starts + counts)[:, None] + j[None, :]  # [EXPERTS, BM]
+    pad_mask = j[None, :] < (padded - counts)[:, None]
+    tl.store(sorted_ptr + pad_pos, tl.zeros_like(pad_pos) + num_pairs, mask=pad_mask)
+    # A block's expert is the first one whose run ends after the block's first row.
+    for b0 in range(0, max_blocks, _BLOCK_IDS_PER_STEP):
+        b = b0 + tl.arange(0, _BLOCK_IDS_PER_STEP)
+        row = b * BLOCK_M
+        expert = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
+        expert = tl.where(row < total, expert, -1)
+        tl.store(block_expert_ptr + b, expert, mask=b < max_blocks)
+    return starts
+
+
+@triton.jit
+def _align_single_program_kernel(
+    topk_ids_ptr,
+    sorted_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    num_pairs,
+    max_blocks,
+    BLOCK_M: tl.constexpr,
+    PAIRS: tl.constexpr,
+    EXPERTS: tl.constexpr,
+):
+    p = tl.arange(0, PAIRS)
+    expert_of_pair = tl.load(topk_ids_ptr + p, mask=p < num_pairs, other=-1).to(tl.int32)
+    e = tl.arange(0, EXPERTS)
+    onehot = (expert_of_pair[:, None] == e[None, :]).to(tl.int32)  # [PAIRS, EXPERTS]
+    counts = tl.sum(onehot, axis=0)
+    starts = _write_pads_and_block_experts(
+        counts, sorted_ptr, block_expert_ptr, num_padded_ptr, num_pairs, max_blocks, BLOCK_M, EXPERTS
+    )  # fmt: skip
+    rank = tl.cumsum(onehot, axis=0) - onehot  # stable rank of the pair inside its expert
+    pos = tl.sum(onehot * (starts[None, :] + rank), axis=1)
+    tl.store(sorted_ptr + pos, p, mask=p < num_pairs)
+
+
+@triton.jit
+def _align_rank_kernel(topk_ids_ptr, counts_ptr, rank_ptr, num_pairs, CHUNK: tl.constexpr):
+    p = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    valid = p < num_pairs
+    expert = tl.load(topk_ids_ptr + p, mask=valid, other=0).to(tl.int32)
+    rank = tl.atomic_add(counts_ptr + expert, 1, mask=valid)
+    tl.store(rank_ptr + p, rank, mask=valid)
+
+
+@triton.jit
+def _align_offsets_kernel(
+    counts_ptr,
+    starts_ptr,
+    sorted_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    num_pairs,
+    num_experts,
+    max_blocks,
+    BLOCK_M: tl.constexpr,
+    EXPERTS: tl.constexpr,
+):
+    e = tl.arange(0, EXPERTS)
+    counts = tl.load(counts_ptr + e, mask=e < num_experts, other=0)
+    starts = _write_pads_and_block_experts(
+        counts, sorted_ptr, block_expert_ptr, num_padded_ptr, num_pairs, max_blocks, BLOCK_M, EXPERTS
+    )  # fmt: skip
+    tl.store(starts_ptr + e, starts, mask=e < num_experts)
+
+
+@triton.jit
+def _align_scatter_kernel(
+    topk_ids_ptr, starts_ptr, rank_ptr, sorted_ptr, num_pairs, CHUNK: tl.constexpr
+):
+    p = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    valid = p < num_pairs
+    expert = tl.load(topk_ids_ptr + p, mask=valid, other=0).to(tl.int32)
+    pos = tl.load(starts_ptr + expert, mask=valid, other=0) + tl.load(
+        rank_ptr + p, mask=valid, other=0
+    )
+    tl.store(sorted_ptr + pos, p, mask=valid)
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
+    """Group the pairs of ``topk_ids`` [T, K] by expert into blocks of ``block_m`` rows.
+
+    Expert ids must lie in [0, num_experts); they are not checked (that would need a host
+    synchronisation).
+    """
+    if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"topk_ids must be a 2-D int32/int64 tensor [T, K]; got {tuple(topk_ids.shape)} "
+            f"{topk_ids.dtype}"
+        )
+    if num_experts < 1:
+        raise ValueError(f"num_experts must be >= 1; got {num_experts}")
+    if block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"block_m must be a power of two >= 16; got {block_m}")
+    ids = topk_ids.contiguous().view(-1)
+    num_pairs = ids.numel()
+    device = ids.device
+    nb = max_num_blocks(num_pairs, num_experts, block_m)
+    sorted_ids = torch.empty(nb * block_m, dtype=torch.int32, device=device)
+    block_experts = torch.empty(nb, dtype=torch.int32, device=device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    experts_p2 = triton.next_power_of_2(num_experts)
+    pairs_p2 = triton.next_power_of_2(max(num_pairs, 1))
+    if pairs_p2 * experts_p2 <= _SINGLE_PROGRAM_MAX_CELLS:
+        _align_single_program_kernel[(1,)](
+            ids, sorted_ids, block_experts, num_padded, num_pairs, nb,
+            BLOCK_M=block_m, PAIRS=pairs_p2, EXPERTS=experts_p2, num_warps=4,
+        )  # fmt: skip
+    else:
+        counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+        starts = torch.empty(num_experts, dtype=torch.int32, device=device)
+        ranks = torch.empty(num_pairs, dtype=torch.int32, device=device)
+        grid = (triton.cdiv(num_pairs, _CHUNK),)
+        _align_rank_kernel[grid](ids, counts, ranks, num_pairs, CHUNK=_CHUNK, num_warps=4)
+        _align_offsets_kernel[(1,)](
+            counts, starts, sorted_ids, block_experts, num_padded, num_pairs, num_experts, nb,
+            BLOCK_M=block_m, EXPERTS=experts_p2, num_warps=4,
+        )  # fmt: skip
+        _align_scatter_kernel[grid](ids, starts, ranks, sorted_ids, num_pairs, CHUNK=_CHUNK)
+    return MoeAlignment(sorted_ids, block_experts, num_padded, block_m, num_pairs)
+
+
+def moe_align_block_size_reference(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> MoeAlignment:
+    """Torch twin of ``moe_align_block_size`` with a stable order inside each expert."""
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    num_pairs = ids.numel()
+    nb = max_num_blocks(num_pairs, num_experts, block_m)
+    sorted_ids = torch.full((nb * block_m,), -1, dtype=torch.int32)
+    block_experts = torch.full((nb,), -1, dtype=torch.int32)
+    row = 0
+    for expert in range(num_experts):
+        pairs = torch.nonzero(ids.cpu() == expert).view(-1)
+        if pairs.numel() == 0:
+            continue
+        padded = triton.cdiv(pairs.numel(), block_m) * block_m
+        sorted_ids[row : row + padded] = num_pairs
+        sorted_ids[row : row + pairs.numel()] = pairs.to(torch.int32)
+        block_experts[row // block_m : (row + padded) // block_m] = expert
+        row += padded
+    num_padded = torch.tensor([row], dtype=torch.int32)
+    return MoeAlignment(sorted_ids, block_experts, num_padded, block_m, num_pairs)

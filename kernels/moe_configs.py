@@ -1,0 +1,98 @@
+"""Block configurations of the fused MoE GEMMs, per (E, I, D, dtype, token bucket) and device.
+
+Tables live in ``configs/fused_moe_<device name>.json`` (spaces -> '_'), written by
+``bench/tune_moe.py``:
+
+    {"device": "NVIDIA H200", "tuned": "<date>", "command": "...",
+     "shapes": {"E=60,I=1408,D=2048,dtype=bfloat16": {"1": <config>, "2": ..., "4096": ...}}}
+
+    <config> = {"block_m": 16,
+                "gemm1": {"block_n": 64, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4},
+                "gemm2": {...}}
+
+The two GEMMs share block_m (it is the alignment of the sorted pairs) and are tuned apart
+otherwise. A lookup takes the bucket nearest to the token count; a shape without an entry
+gets ``default_moe_config``.
+"""
+
+import functools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    block_n: int
+    block_k: int
+    group_m: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    block_m: int
+    gemm1: GemmTile
+    gemm2: GemmTile
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(entry: dict) -> "MoeConfig":
+        return MoeConfig(entry["block_m"], GemmTile(**entry["gemm1"]), GemmTile(**entry["gemm2"]))
+
+
+def shape_key(num_experts: int, inter_size: int, hidden_size: int, dtype: torch.dtype) -> str:
+    return (
+        f"E={num_experts},I={inter_size},D={hidden_size},dtype={str(dtype).removeprefix('torch.')}"
+    )
+
+
+def config_file_name(device_name: str) -> str:
+    return f"fused_moe_{device_name.replace(' ', '_')}.json"
+
+
+@functools.cache
+def _load_table(file_name: str) -> dict[str, dict[int, MoeConfig]]:
+    path = CONFIG_DIR / file_name
+    if not path.exists():
+        return {}
+    shapes = json.loads(path.read_text())["shapes"]
+    return {
+        key: {int(t): MoeConfig.from_json(c) for t, c in buckets.items()}
+        for key, buckets in shapes.items()
+    }
+
+
+def default_moe_config(num_tokens: int, top_k: int, num_experts: int) -> MoeConfig:
+    """A safe choice when no tuned entry exists: block_m follows the rows per expert."""
+    rows_per_expert = max(1, num_tokens * top_k // num_experts)
+    if rows_per_expert <= 16:
+        return MoeConfig(16, GemmTile(64, 128, 1, 4, 4), GemmTile(64, 128, 1, 4, 4))
+    if rows_per_expert <= 64:
+        return MoeConfig(32, GemmTile(64, 64, 8, 4, 4), GemmTile(64, 64, 8, 4, 4))
+    return MoeConfig(64, GemmTile(128, 64, 8, 4, 3), GemmTile(128, 64, 8, 4, 3))
+
+
+def get_moe_config(
+    num_experts: int,
+    inter_size: int,
+    hidden_size: int,
+    num_tokens: int,
+    top_k: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> MoeConfig:
+    if device.type == "cuda":
+        table = _load_table(config_file_name(torch.cuda.get_device_name(device)))
+        buckets = table.get(shape_key(num_experts, inter_size, hidden_size, dtype))
+        if buckets:
+            nearest = min(buckets, key=lambda t: abs(t - num_tokens))
+            return buckets[nearest]
+    return default_moe_config(num_tokens, top_k, num_experts)
