@@ -1,0 +1,103 @@
+"""Idempotent apply of one child manifest: create it, patch it, or leave it alone.
+
+Each child carries the hash of the manifest it was last applied from. Re-applying the
+same desired manifest therefore costs one GET and writes nothing, and a changed one is
+written with a JSON patch that replaces only the fields the operator owns (per kind),
+so fields other controllers own (a Service's clusterIP, a Deployment's revision
+annotation, status) are never touched.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from rimuru.operator.kube import KubeClient
+from rimuru.operator.naming import APPLIED_HASH_ANNOTATION
+
+# kind -> JSON pointers the operator owns below the top level; None = create only
+# (a generated token must never be rotated by a re-apply; a PVC's spec is immutable).
+OWNED_PATHS: dict[str, tuple[str, ...] | None] = {
+    "Deployment": ("/spec",),
+    "Service": ("/spec/type", "/spec/selector", "/spec/ports"),
+    "ConfigMap": ("/data",),
+    "Secret": None,
+    "PersistentVolumeClaim": None,
+}
+
+
+class Applied(enum.Enum):
+    CREATED = "created"
+    PATCHED = "patched"
+    UNCHANGED = "unchanged"
+
+
+def manifest_hash(manifest: Mapping[str, Any]) -> str:
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _pointer_escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _get(obj: Mapping[str, Any], pointer: str) -> Any:
+    for part in pointer.strip("/").split("/"):
+        obj = obj[part]
+    return obj
+
+
+def _merge_map_ops(path: str, current: Mapping[str, str] | None, desired: Mapping[str, str]):
+    # Add keys one by one: labels and annotations set by others stay.
+    if current is None:
+        return [{"op": "add", "path": path, "value": dict(desired)}]
+    return [
+        {"op": "add", "path": f"{path}/{_pointer_escape(k)}", "value": v}
+        for k, v in desired.items()
+        if current.get(k) != v
+    ]
+
+
+def patch_operations(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict]:
+    """JSON patch that makes `current` carry everything the operator owns in `desired`."""
+    owned = OWNED_PATHS[desired["kind"]] or ()
+    meta, want = current.get("metadata", {}), desired["metadata"]
+    ops = _merge_map_ops("/metadata/labels", meta.get("labels"), want.get("labels", {}))
+    ops += _merge_map_ops(
+        "/metadata/annotations", meta.get("annotations"), want.get("annotations", {})
+    )
+    ops.append({"op": "add", "path": "/metadata/ownerReferences", "value": want["ownerReferences"]})
+    for pointer in owned:
+        # "add" replaces an existing member and creates a missing one.
+        ops.append({"op": "add", "path": pointer, "value": copy.deepcopy(_get(desired, pointer))})
+    return ops
+
+
+def with_applied_hash(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    stamped = copy.deepcopy(dict(manifest))
+    annotations = stamped["metadata"].setdefault("annotations", {})
+    annotations[APPLIED_HASH_ANNOTATION] = manifest_hash(manifest)
+    return stamped
+
+
+async def apply(client: KubeClient, manifest: Mapping[str, Any]) -> Applied:
+    kind = manifest["kind"]
+    if kind not in OWNED_PATHS:
+        raise ValueError(f"apply() does not manage kind {kind!r}; known: {', '.join(OWNED_PATHS)}")
+    desired = with_applied_hash(manifest)
+    meta = desired["metadata"]
+    current = await client.get(kind, meta["namespace"], meta["name"])
+    if current is None:
+        await client.create(desired)
+        return Applied.CREATED
+    current_hash = (current["metadata"].get("annotations") or {}).get(APPLIED_HASH_ANNOTATION)
+    if OWNED_PATHS[kind] is None or current_hash == meta["annotations"][APPLIED_HASH_ANNOTATION]:
+        return Applied.UNCHANGED
+    await client.json_patch(
+        kind, meta["namespace"], meta["name"], patch_operations(current, desired)
+    )
+    return Applied.PATCHED

@@ -1,0 +1,152 @@
+"""Pure functions from a RimuruDeployment to the manifests of its children.
+
+No I/O and no kopf: each `build_*` takes the typed spec (and the operator's settings)
+and returns one plain Kubernetes object. The tests compare their output field by field.
+
+Invariant that keeps live tuning restart-free: nothing in the data-plane pod template
+depends on spec.policy. The policy reaches the pods only through the control plane.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from rimuru.operator.config import OperatorConfig
+from rimuru.operator.engine_config import engine_config
+from rimuru.operator.naming import (
+    CONTROLPLANE,
+    CONTROLPLANE_GRPC_PORT,
+    DATAPLANE,
+    DATAPLANE_GRPC_PORT,
+    DATAPLANE_METRICS_PORT,
+    child_metadata,
+    child_name,
+    config_map_name,
+    prometheus_annotations,
+    pvc_name,
+    selector_labels,
+)
+from rimuru.operator.pods import controlplane_pod_template, dataplane_pod_template
+from rimuru.operator.spec import DeploymentSpec, Owner
+
+
+def build_engine_config_map(spec: DeploymentSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": child_metadata(spec.owner, config_map_name(spec.owner), DATAPLANE),
+        "data": engine_config(spec),
+    }
+
+
+def build_token_secret(spec: DeploymentSpec, token: str) -> dict[str, Any]:
+    """The generated bearer token (only when spec.authSecretRef is absent)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": child_metadata(spec.owner, spec.auth.secret_name, CONTROLPLANE),
+        "type": "Opaque",
+        "data": {spec.auth.key: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def build_policy_pvc(spec: DeploymentSpec) -> dict[str, Any]:
+    cp = spec.control_plane
+    pvc_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": cp.storage_size}},
+    }
+    if cp.storage_class_name is not None:
+        pvc_spec["storageClassName"] = cp.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": child_metadata(spec.owner, pvc_name(spec.owner), CONTROLPLANE),
+        "spec": pvc_spec,
+    }
+
+
+def _service(owner: Owner, component: str, ports: list[dict[str, Any]], **meta: Any) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": child_metadata(owner, child_name(owner, component), component, **meta),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner, component),
+            "ports": ports,
+        },
+    }
+
+
+def _port(name: str, port: int, app_protocol: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "port": port,
+        "targetPort": name,
+        "protocol": "TCP",
+        "appProtocol": app_protocol,
+    }
+
+
+def build_controlplane_service(spec: DeploymentSpec) -> dict[str, Any]:
+    ports = [_port("grpc", CONTROLPLANE_GRPC_PORT, "grpc")]
+    return _service(spec.owner, CONTROLPLANE, ports)
+
+
+def build_dataplane_service(spec: DeploymentSpec) -> dict[str, Any]:
+    ports = [
+        _port("grpc", DATAPLANE_GRPC_PORT, "grpc"),
+        _port("metrics", DATAPLANE_METRICS_PORT, "http"),
+    ]
+    return _service(spec.owner, DATAPLANE, ports, annotations=prometheus_annotations())
+
+
+def build_controlplane_deployment(spec: DeploymentSpec, config: OperatorConfig) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": child_metadata(spec.owner, child_name(spec.owner, CONTROLPLANE), CONTROLPLANE),
+        "spec": {
+            # One writer of the policy store; Recreate so the RWO volume is never
+            # wanted by two pods at once.
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector_labels(spec.owner, CONTROLPLANE)},
+            "template": controlplane_pod_template(spec, config),
+        },
+    }
+
+
+def build_dataplane_deployment(spec: DeploymentSpec, config: OperatorConfig) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": child_metadata(spec.owner, child_name(spec.owner, DATAPLANE), DATAPLANE),
+        "spec": {
+            "replicas": spec.data_plane.replicas,
+            # GPUs are scarce: never start a surge pod that would wait for a free GPU;
+            # replace one pod at a time instead.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "selector": {"matchLabels": selector_labels(spec.owner, DATAPLANE)},
+            "template": dataplane_pod_template(spec, config),
+        },
+    }
+
+
+def build_children(spec: DeploymentSpec, config: OperatorConfig) -> list[dict[str, Any]]:
+    """Every child except the token Secret, in the order they should be applied."""
+    children = [build_engine_config_map(spec)]
+    if spec.control_plane.storage_enabled:
+        children.append(build_policy_pvc(spec))
+    children += [
+        build_controlplane_deployment(spec, config),
+        build_controlplane_service(spec),
+        build_dataplane_deployment(spec, config),
+        build_dataplane_service(spec),
+    ]
+    return children

@@ -1,0 +1,39 @@
+"""The engine's configuration as environment variables of `rimuru serve` (ConfigMap data).
+
+Everything that shapes the engine lives here and only here; its hash is stamped on the
+data-plane pod template, so changing it rolls the pods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+
+from rimuru.operator.naming import MODEL_MOUNT
+from rimuru.operator.spec import GPU_RESOURCE, DeploymentSpec
+
+
+def engine_config(spec: DeploymentSpec) -> dict[str, str]:
+    """Environment of `rimuru serve` that describes the engine (ConfigMap data)."""
+    model, engine = spec.model, spec.engine
+    config = {"RIMURU_DTYPE": model.dtype}
+    if model.preset is not None:
+        config["RIMURU_PRESET"] = model.preset
+    else:
+        config["RIMURU_MODEL_PATH"] = f"{MODEL_MOUNT}/{model.path.lstrip('/')}"
+    has_gpu = GPU_RESOURCE in spec.data_plane.resources.get("limits", {})
+    config["RIMURU_DEVICE"] = "cuda" if has_gpu else "cpu"
+    if engine.memory_budget_bytes is not None:
+        config["RIMURU_MEMORY_BUDGET_BYTES"] = str(engine.memory_budget_bytes)
+    else:
+        config["RIMURU_GPU_MEMORY_UTILIZATION"] = repr(engine.gpu_memory_utilization)
+    config["RIMURU_MAX_NUM_SEQS"] = str(engine.max_num_seqs)
+    config["RIMURU_MAX_NUM_BATCHED_TOKENS"] = str(engine.max_num_batched_tokens)
+    config["RIMURU_BLOCK_SIZE"] = str(engine.block_size)
+    return config
+
+
+def engine_config_hash(data: Mapping[str, str]) -> str:
+    canonical = json.dumps(dict(data), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

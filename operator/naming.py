@@ -1,0 +1,104 @@
+"""Names, labels, ports and owner references shared by every child of a RimuruDeployment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rimuru.operator.spec import API_VERSION, KIND, Owner, generated_secret_name
+
+DATAPLANE_GRPC_PORT = 50051
+DATAPLANE_METRICS_PORT = 9464  # the OpenTelemetry Prometheus exporter's usual port
+CONTROLPLANE_GRPC_PORT = 50052
+MODEL_MOUNT = "/models"
+POLICY_DIR = "/var/lib/rimuru"
+TOKEN_DIR = "/var/run/secrets/rimuru"
+CONFIG_HASH_ANNOTATION = "rimuru.dev/engine-config-hash"
+APPLIED_HASH_ANNOTATION = "rimuru.dev/applied-hash"
+DATAPLANE = "dataplane"
+CONTROLPLANE = "controlplane"
+
+# Pods run as this non-root user; the images create it (helm/images/*.Dockerfile).
+RUN_AS_USER = 10001
+
+
+def child_name(owner: Owner, component: str) -> str:
+    return f"{owner.name}-{component}"
+
+
+def config_map_name(owner: Owner) -> str:
+    return f"{owner.name}-engine"
+
+
+def pvc_name(owner: Owner) -> str:
+    return f"{owner.name}-policy"
+
+
+def selector_labels(owner: Owner, component: str) -> dict[str, str]:
+    # Deployment selectors are immutable: keep them to these two labels forever.
+    return {"app.kubernetes.io/instance": owner.name, "app.kubernetes.io/component": component}
+
+
+def labels(owner: Owner, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "rimuru",
+        **selector_labels(owner, component),
+        "app.kubernetes.io/part-of": "rimuru",
+        "app.kubernetes.io/managed-by": "rimuru-operator",
+    }
+
+
+def selector_string(owner: Owner) -> str:
+    """The data-plane pods' label selector as the scale subresource reports it."""
+    return ",".join(f"{k}={v}" for k, v in selector_labels(owner, DATAPLANE).items())
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    # controller=True: the garbage collector deletes the child with the RimuruDeployment.
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def child_metadata(owner: Owner, name: str, component: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels(owner, component),
+        "ownerReferences": [owner_reference(owner)],
+        **extra,
+    }
+
+
+def controlplane_endpoint(owner: Owner) -> str:
+    return f"{child_name(owner, CONTROLPLANE)}.{owner.namespace}.svc:{CONTROLPLANE_GRPC_PORT}"
+
+
+def prometheus_annotations() -> dict[str, str]:
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(DATAPLANE_METRICS_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+
+
+def child_refs(owner: Owner) -> list[tuple[str, str]]:
+    """(kind, name) of every child the operator may have created, data plane first."""
+    return [
+        ("Deployment", child_name(owner, DATAPLANE)),
+        ("Service", child_name(owner, DATAPLANE)),
+        ("Deployment", child_name(owner, CONTROLPLANE)),
+        ("Service", child_name(owner, CONTROLPLANE)),
+        ("ConfigMap", config_map_name(owner)),
+        ("PersistentVolumeClaim", pvc_name(owner)),
+        ("Secret", generated_secret_name(owner)),
+    ]
+
+
+def is_owned_by(obj: dict[str, Any], owner: Owner) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == owner.uid for ref in refs)

@@ -1,0 +1,208 @@
+"""Pod templates of the data plane and the control plane.
+
+The data-plane template is a function of the engine config, the image and the pod
+placement only; spec.policy never reaches it (live tuning must not roll pods). The
+engine config travels in a ConfigMap (envFrom), so its hash is stamped on the template:
+an engine change rolls the pods, a policy change does not.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rimuru.operator.config import OperatorConfig
+from rimuru.operator.engine_config import engine_config, engine_config_hash
+from rimuru.operator.naming import (
+    CONFIG_HASH_ANNOTATION,
+    CONTROLPLANE,
+    CONTROLPLANE_GRPC_PORT,
+    DATAPLANE,
+    DATAPLANE_GRPC_PORT,
+    DATAPLANE_METRICS_PORT,
+    MODEL_MOUNT,
+    POLICY_DIR,
+    RUN_AS_USER,
+    TOKEN_DIR,
+    child_name,
+    config_map_name,
+    labels,
+    prometheus_annotations,
+    pvc_name,
+)
+from rimuru.operator.spec import DeploymentSpec
+
+# Readiness flips quickly (drain, overload); liveness only after sustained failure.
+READINESS_FAILURE_THRESHOLD = 3
+LIVENESS_FAILURE_THRESHOLD = 6
+
+
+def _grpc_probe(port: int, period_s: int, failure_threshold: int) -> dict[str, Any]:
+    # Kubernetes' gRPC probe calls grpc.health.v1.Health/Check on the server (service "").
+    # The servers report NOT_SERVING until ready (the data plane: model loaded and warm).
+    return {
+        "grpc": {"port": port},
+        "periodSeconds": period_s,
+        "timeoutSeconds": min(5, period_s),
+        "failureThreshold": failure_threshold,
+    }
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _pod_security() -> dict[str, Any]:
+    # fsGroup makes the policy volume writable by the non-root user.
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _token_volume(spec: DeploymentSpec) -> dict[str, Any]:
+    return {
+        "name": "token",
+        "secret": {
+            "secretName": spec.auth.secret_name,
+            "items": [{"key": spec.auth.key, "path": "token"}],
+            "defaultMode": 0o440,
+        },
+    }
+
+
+def _model_volume(spec: DeploymentSpec) -> dict[str, Any] | None:
+    volume = spec.model.volume
+    if volume is None:
+        return None
+    (kind, source), *_ = volume.items()
+    source = dict(source)
+    if kind == "persistentVolumeClaim":
+        source["readOnly"] = True
+    if kind == "hostPath":
+        source["type"] = "Directory"
+    return {"name": "model", kind: source}
+
+
+def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict[str, Any]:
+    owner, dp = spec.owner, spec.data_plane
+    period = dp.probe_period_seconds
+    mounts = [
+        {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[dict[str, Any]] = [_token_volume(spec), {"name": "tmp", "emptyDir": {}}]
+    model_volume = _model_volume(spec)
+    if model_volume is not None:
+        volumes.append(model_volume)
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    container = {
+        "name": "dataplane",
+        "image": dp.image or config.dataplane_image,
+        "imagePullPolicy": dp.image_pull_policy,
+        "args": [
+            "serve",
+            "--port",
+            str(DATAPLANE_GRPC_PORT),
+            "--metrics-port",
+            str(DATAPLANE_METRICS_PORT),
+            "--control-plane",
+            f"{child_name(owner, CONTROLPLANE)}:{CONTROLPLANE_GRPC_PORT}",
+            "--deployment",
+            owner.name,
+            "--token-file",
+            f"{TOKEN_DIR}/token",
+        ],
+        "envFrom": [{"configMapRef": {"name": config_map_name(owner)}}],
+        "env": [
+            # The node id the control plane lists this replica under (ListSubscribers).
+            {"name": "RIMURU_NODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            # Writable caches on a read-only root filesystem (Triton kernels, torch).
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "TRITON_CACHE_DIR", "value": "/tmp/triton"},
+        ],
+        "ports": [
+            {"name": "grpc", "containerPort": DATAPLANE_GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": DATAPLANE_METRICS_PORT, "protocol": "TCP"},
+        ],
+        # Loading a large checkpoint takes minutes: the startup probe holds liveness and
+        # readiness back for up to startupTimeoutSeconds instead of killing the pod.
+        "startupProbe": _grpc_probe(
+            DATAPLANE_GRPC_PORT, period, math.ceil(dp.startup_timeout_seconds / period)
+        ),
+        "readinessProbe": _grpc_probe(DATAPLANE_GRPC_PORT, period, READINESS_FAILURE_THRESHOLD),
+        "livenessProbe": _grpc_probe(DATAPLANE_GRPC_PORT, period, LIVENESS_FAILURE_THRESHOLD),
+        "resources": dict(dp.resources),
+        "volumeMounts": mounts,
+        "securityContext": _container_security(),
+    }
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": dp.termination_grace_period_seconds,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if dp.node_selector:
+        pod_spec["nodeSelector"] = dict(dp.node_selector)
+    if dp.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in dp.tolerations]
+    annotations = {
+        **prometheus_annotations(),
+        CONFIG_HASH_ANNOTATION: engine_config_hash(engine_config(spec)),
+    }
+    return {
+        "metadata": {"labels": labels(owner, DATAPLANE), "annotations": annotations},
+        "spec": pod_spec,
+    }
+
+
+def controlplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict[str, Any]:
+    owner, cp = spec.owner, spec.control_plane
+    if cp.storage_enabled:
+        policy_volume = {"name": "policy", "persistentVolumeClaim": {"claimName": pvc_name(owner)}}
+    else:
+        policy_volume = {"name": "policy", "emptyDir": {}}
+    container = {
+        "name": "controlplane",
+        "image": cp.image or config.controlplane_image,
+        "imagePullPolicy": cp.image_pull_policy,
+        "args": [
+            "controlplane",
+            "--port",
+            str(CONTROLPLANE_GRPC_PORT),
+            "--data-dir",
+            POLICY_DIR,
+            "--token-file",
+            f"{TOKEN_DIR}/token",
+        ],
+        "ports": [{"name": "grpc", "containerPort": CONTROLPLANE_GRPC_PORT, "protocol": "TCP"}],
+        "readinessProbe": _grpc_probe(CONTROLPLANE_GRPC_PORT, 5, READINESS_FAILURE_THRESHOLD),
+        "livenessProbe": _grpc_probe(CONTROLPLANE_GRPC_PORT, 10, LIVENESS_FAILURE_THRESHOLD),
+        "resources": dict(cp.resources),
+        "volumeMounts": [
+            {"name": "policy", "mountPath": POLICY_DIR},
+            {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True},
+        ],
+        "securityContext": _container_security(),
+    }
+    return {
+        "metadata": {"labels": labels(owner, CONTROLPLANE)},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "securityContext": _pod_security(),
+            "containers": [container],
+            "volumes": [policy_volume, _token_volume(spec)],
+        },
+    }

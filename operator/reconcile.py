@@ -1,0 +1,154 @@
+"""One reconcile pass: children, token, ranking, policy, then the observed state.
+
+Called by the kopf handlers (handlers.py). Every step is idempotent, so a pass that is
+retried after a TemporaryError, or repeated on resume, changes nothing that is already
+right. Each step that cannot finish raises `Blocked` with the status problem it means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+from typing import Any
+
+from rimuru.controlplane.client import ControlPlaneClient
+from rimuru.controlplane.errors import ControlPlaneError, InvalidArgument
+from rimuru.operator import policy_sync
+from rimuru.operator.apply import apply
+from rimuru.operator.builders import build_children, build_token_secret
+from rimuru.operator.config import OperatorConfig
+from rimuru.operator.kube import KubeClient, KubeError
+from rimuru.operator.naming import (
+    CONTROLPLANE,
+    CONTROLPLANE_GRPC_PORT,
+    DATAPLANE,
+    child_name,
+    child_refs,
+    is_owned_by,
+)
+from rimuru.operator.policy_sync import PolicyState, RankingUpload
+from rimuru.operator.spec import DeploymentSpec, Owner
+from rimuru.operator.status import Blocker, Observation, Problem
+
+TOKEN_BYTES = 32
+
+
+class Blocked(Exception):
+    """A step cannot finish now (or, if permanent, until the spec changes)."""
+
+    def __init__(self, blocker: Blocker, message: str) -> None:
+        super().__init__(message)
+        self.problem = Problem(blocker, message)
+
+
+async def ensure_token(kube: KubeClient, spec: DeploymentSpec) -> str:
+    """The control plane's bearer token, generating its Secret when none is referenced."""
+    auth, ns = spec.auth, spec.owner.namespace
+    secret = await kube.get("Secret", ns, auth.secret_name)
+    if secret is None and auth.generated:
+        await apply(kube, build_token_secret(spec, secrets.token_urlsafe(TOKEN_BYTES)))
+        secret = await kube.get("Secret", ns, auth.secret_name)
+    if secret is None:
+        raise Blocked(
+            Blocker.SECRET_MISSING,
+            f"Secret {auth.secret_name} (spec.authSecretRef) not found in namespace {ns}",
+        )
+    encoded = (secret.get("data") or {}).get(auth.key)
+    if not encoded:
+        raise Blocked(Blocker.SECRET_MISSING, f"Secret {auth.secret_name} has no key {auth.key!r}")
+    return base64.b64decode(encoded).decode().strip()
+
+
+async def read_ranking(kube: KubeClient, spec: DeploymentSpec) -> RankingUpload | None:
+    source = spec.policy.ranking
+    if source is None:
+        return None
+    ns = spec.owner.namespace
+    config_map = await kube.get("ConfigMap", ns, source.config_map_name)
+    text = None if config_map is None else (config_map.get("data") or {}).get(source.key)
+    if text is None:
+        raise Blocked(
+            Blocker.RANKING_MISSING,
+            f"ConfigMap {source.config_map_name} with key {source.key!r} (spec.policy.ranking) "
+            f"not found in namespace {ns}",
+        )
+    try:
+        return policy_sync.parse_ranking(source.config_map_name, source.key, text)
+    except ValueError as exc:
+        raise Blocked(Blocker.RANKING_INVALID, str(exc)) from exc
+
+
+async def apply_children(kube: KubeClient, spec: DeploymentSpec, config: OperatorConfig) -> None:
+    try:
+        for child in build_children(spec, config):
+            await apply(kube, child)
+    except KubeError as exc:
+        raise Blocked(Blocker.API_ERROR, f"applying children: {exc}") from exc
+
+
+async def sync_policy(
+    spec: DeploymentSpec,
+    config: OperatorConfig,
+    token: str,
+    ranking: RankingUpload | None,
+    uploaded_digest: str,
+    *,
+    overwrite: bool,
+) -> PolicyState:
+    """Push the policy (off the event loop) and return what the control plane reports."""
+    owner = spec.owner
+    target = config.target_for(owner.name, owner.namespace, CONTROLPLANE_GRPC_PORT)
+
+    def blocking() -> PolicyState:
+        with ControlPlaneClient(target, token, timeout_s=config.rpc_timeout_seconds) as cp:
+            _, digest = policy_sync.sync_policy(
+                cp, owner.name, spec.policy.tunables, ranking, uploaded_digest, overwrite=overwrite
+            )
+            return policy_sync.observe_policy(cp, owner.name, digest)
+
+    try:
+        return await asyncio.to_thread(blocking)
+    except InvalidArgument as exc:
+        raise Blocked(Blocker.POLICY_REJECTED, f"control plane rejected the policy: {exc}") from exc
+    except ControlPlaneError as exc:
+        raise Blocked(
+            Blocker.CONTROL_PLANE_UNAVAILABLE, f"control plane at {target}: {exc}"
+        ) from exc
+
+
+def _replicas(deployment: dict[str, Any] | None, key: str) -> int:
+    return int(((deployment or {}).get("status") or {}).get(key) or 0)
+
+
+async def observe(
+    kube: KubeClient, spec: DeploymentSpec, policy: PolicyState | None, problem: Problem | None
+) -> Observation:
+    ns = spec.owner.namespace
+    dataplane = await kube.get("Deployment", ns, child_name(spec.owner, DATAPLANE))
+    controlplane = await kube.get("Deployment", ns, child_name(spec.owner, CONTROLPLANE))
+    return Observation(
+        generation=spec.owner.generation,
+        desired_replicas=spec.data_plane.replicas,
+        current_replicas=_replicas(dataplane, "replicas"),
+        ready_replicas=_replicas(dataplane, "readyReplicas"),
+        updated_replicas=_replicas(dataplane, "updatedReplicas"),
+        controlplane_ready=_replicas(controlplane, "readyReplicas") >= 1,
+        policy=policy,
+        problem=problem,
+    )
+
+
+async def delete_children(kube: KubeClient, owner: Owner) -> list[tuple[str, str]]:
+    """Delete the children this RimuruDeployment owns; returns what was deleted."""
+    deleted = []
+    for kind, name in child_refs(owner):
+        obj = await kube.get(kind, owner.namespace, name)
+        # Only our own: a Secret referenced by authSecretRef belongs to the user.
+        if (
+            obj is not None
+            and is_owned_by(obj, owner)
+            and await kube.delete(kind, owner.namespace, name)
+        ):
+            deleted.append((kind, name))
+    return deleted

@@ -1,0 +1,279 @@
+"""A RimuruDeployment's spec as typed, immutable values.
+
+The API server has already validated the object against the CRD schema and filled in
+its defaults, so parsing here only reads. What the schema cannot say, and what would
+make a deployment that can never work, raises `SpecError`; the handlers turn it into a
+`kopf.PermanentError` and a `Degraded` condition naming the field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from rimuru.controlplane.errors import InvalidArgument
+from rimuru.controlplane.policy import Tunables
+
+GROUP = "rimuru.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RimuruDeployment"
+PLURAL = "rimurudeployments"
+
+# Child names append at most "-controlplane" (13); Services need DNS-1035 labels <= 63.
+MAX_NAME_LEN = 50
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class SpecError(ValueError):
+    """The spec can never work as written; `field` is its dotted path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Identity of the RimuruDeployment that owns every child."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    preset: str | None
+    path: str | None
+    # Kubernetes volume source ({"persistentVolumeClaim": ...} etc.); None for a preset.
+    volume: Mapping[str, Any] | None
+    dtype: str
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    memory_budget_bytes: int | None  # from a Kubernetes quantity, e.g. "60Gi"
+    gpu_memory_utilization: float | None
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+
+
+@dataclass(frozen=True)
+class DataPlaneSpec:
+    replicas: int
+    image: str  # "" = the operator's default image
+    image_pull_policy: str
+    resources: Mapping[str, Any]
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...]
+    startup_timeout_seconds: int
+    probe_period_seconds: int
+    termination_grace_period_seconds: int
+
+
+@dataclass(frozen=True)
+class ControlPlaneSpec:
+    image: str  # "" = the operator's default image
+    image_pull_policy: str
+    resources: Mapping[str, Any]
+    storage_enabled: bool
+    storage_size: str
+    storage_class_name: str | None
+
+
+@dataclass(frozen=True)
+class RankingSource:
+    config_map_name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    tunables: Tunables
+    ranking: RankingSource | None
+
+
+@dataclass(frozen=True)
+class AuthSpec:
+    secret_name: str
+    key: str
+    generated: bool  # True = the operator owns the Secret (no authSecretRef)
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    owner: Owner
+    model: ModelSpec
+    engine: EngineSpec
+    data_plane: DataPlaneSpec
+    control_plane: ControlPlaneSpec
+    policy: PolicySpec
+    auth: AuthSpec
+
+
+def _require(obj: Mapping[str, Any], key: str, path: str) -> Any:
+    # A missing defaulted field means the CRD in the cluster predates this operator.
+    if key not in obj:
+        raise SpecError(
+            f"{path}.{key}",
+            "is missing; the cluster's RimuruDeployment CRD is older than this operator: "
+            "upgrade the rimuru-operator chart (it installs the CRD)",
+        )
+    return obj[key]
+
+
+def parse_policy(policy: Mapping[str, Any]) -> PolicySpec:
+    """spec.policy (camelCase) -> the control plane's Tunables (snake_case)."""
+    path = "spec.policy"
+    try:
+        tunables = Tunables(
+            mode=_require(policy, "mode", path),
+            expert_offload_limit=_require(policy, "expertOffloadLimit", path),
+            shrink_threshold=_require(policy, "shrinkThreshold", path),
+            grow_threshold=_require(policy, "growThreshold", path),
+            max_grow_per_round=_require(policy, "maxGrowPerRound", path),
+            pages_per_expert=_require(policy, "pagesPerExpert", path),
+            online_hotness=_require(policy, "onlineHotness", path),
+        )
+    except InvalidArgument as exc:
+        # The control plane names the proto field (tunables.grow_threshold); say where the
+        # user fixes it (spec.policy.growThreshold).
+        field = _camel(exc.field.removeprefix("tunables."))
+        raise SpecError(f"{path}.{field}", str(exc).split(": ", 1)[-1]) from exc
+    ranking = policy.get("ranking")
+    source = None
+    if ranking is not None:
+        path = "spec.policy.ranking"
+        source = RankingSource(
+            _require(ranking, "configMapName", path), _require(ranking, "key", path)
+        )
+    return PolicySpec(tunables=tunables, ranking=source)
+
+
+def _camel(snake: str) -> str:
+    head, *rest = snake.split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+def _parse_model(model: Mapping[str, Any]) -> ModelSpec:
+    preset, path = model.get("preset"), model.get("path")
+    if (preset is None) == (path is None):
+        raise SpecError("spec.model", "set exactly one of preset or path")
+    volume = model.get("volume")
+    if path is not None and not volume:
+        raise SpecError("spec.model.volume", "spec.model.path needs a volume to read from")
+    if volume is not None and len(volume) != 1:
+        raise SpecError(
+            "spec.model.volume", "set exactly one of persistentVolumeClaim, hostPath, image"
+        )
+    return ModelSpec(preset, path, volume, _require(model, "dtype", "spec.model"))
+
+
+def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> EngineSpec:
+    budget, utilization = engine.get("memoryBudget"), engine.get("gpuMemoryUtilization")
+    if (budget is None) == (utilization is None):
+        raise SpecError("spec.engine", "set exactly one of memoryBudget or gpuMemoryUtilization")
+    if utilization is not None and GPU_RESOURCE not in data_plane.resources.get("limits", {}):
+        raise SpecError(
+            "spec.engine.gpuMemoryUtilization",
+            f"needs a GPU: set spec.dataPlane.resources.limits['{GPU_RESOURCE}'] "
+            "or use spec.engine.memoryBudget",
+        )
+    path = "spec.engine"
+    return EngineSpec(
+        memory_budget_bytes=None
+        if budget is None
+        else quantity_bytes(budget, f"{path}.memoryBudget"),
+        gpu_memory_utilization=None if utilization is None else float(utilization),
+        max_num_seqs=_require(engine, "maxNumSeqs", path),
+        max_num_batched_tokens=_require(engine, "maxNumBatchedTokens", path),
+        block_size=_require(engine, "blockSize", path),
+    )
+
+
+_SUFFIXES = {
+    "": 1,
+    **{s: 1000**i for i, s in enumerate("kMGTPE", start=1)},
+    **{f"{s}i": 1024**i for i, s in enumerate("KMGTPE", start=1)},
+}
+_QUANTITY = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[kMGTPE])?$")
+
+
+def quantity_bytes(quantity: int | str, field: str) -> int:
+    """A Kubernetes byte quantity ("60Gi", "1.5G", 1024) as whole bytes."""
+    match = _QUANTITY.match(str(quantity))
+    if match is None:
+        raise SpecError(field, f"{quantity!r} is not a byte quantity such as 60Gi or 64G")
+    number, suffix = match.group(1), match.group(2) or ""
+    value = Decimal(number) * _SUFFIXES[suffix]
+    if value != value.to_integral_value() or value <= 0:
+        raise SpecError(field, f"{quantity!r} must be a positive whole number of bytes")
+    return int(value)
+
+
+def _parse_data_plane(dp: Mapping[str, Any]) -> DataPlaneSpec:
+    path = "spec.dataPlane"
+    return DataPlaneSpec(
+        replicas=_require(dp, "replicas", path),
+        image=dp.get("image", ""),
+        image_pull_policy=_require(dp, "imagePullPolicy", path),
+        resources=dict(dp.get("resources") or {}),
+        node_selector=dict(dp.get("nodeSelector") or {}),
+        tolerations=tuple(dp.get("tolerations") or ()),
+        startup_timeout_seconds=_require(dp, "startupTimeoutSeconds", path),
+        probe_period_seconds=_require(dp, "probePeriodSeconds", path),
+        termination_grace_period_seconds=_require(dp, "terminationGracePeriodSeconds", path),
+    )
+
+
+def _parse_control_plane(cp: Mapping[str, Any]) -> ControlPlaneSpec:
+    storage = _require(cp, "storage", "spec.controlPlane")
+    return ControlPlaneSpec(
+        image=cp.get("image", ""),
+        image_pull_policy=_require(cp, "imagePullPolicy", "spec.controlPlane"),
+        resources=dict(cp.get("resources") or {}),
+        storage_enabled=_require(storage, "enabled", "spec.controlPlane.storage"),
+        storage_size=str(_require(storage, "size", "spec.controlPlane.storage")),
+        storage_class_name=storage.get("storageClassName"),
+    )
+
+
+def generated_secret_name(owner: Owner) -> str:
+    return f"{owner.name}-token"
+
+
+def parse_owner(meta: Mapping[str, Any]) -> Owner:
+    name = meta["name"]
+    if len(name) > MAX_NAME_LEN:
+        raise SpecError(
+            "metadata.name", f"must be at most {MAX_NAME_LEN} characters; got {len(name)}"
+        )
+    return Owner(name, meta["namespace"], meta["uid"], int(meta.get("generation", 1)))
+
+
+def parse_spec(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> DeploymentSpec:
+    """Read a RimuruDeployment; raises SpecError for a spec that can never work."""
+    owner = parse_owner(meta)
+    data_plane = _parse_data_plane(_require(spec, "dataPlane", "spec"))
+    ref = spec.get("authSecretRef")
+    if ref is None:
+        auth = AuthSpec(secret_name=generated_secret_name(owner), key="token", generated=True)
+    else:
+        name = _require(ref, "name", "spec.authSecretRef")
+        key = _require(ref, "key", "spec.authSecretRef")
+        auth = AuthSpec(secret_name=name, key=key, generated=False)
+    return DeploymentSpec(
+        owner=owner,
+        model=_parse_model(_require(spec, "model", "spec")),
+        engine=_parse_engine(_require(spec, "engine", "spec"), data_plane),
+        data_plane=data_plane,
+        control_plane=_parse_control_plane(_require(spec, "controlPlane", "spec")),
+        policy=parse_policy(_require(spec, "policy", "spec")),
+        auth=auth,
+    )

@@ -1,0 +1,194 @@
+"""The RimuruDeployment's status as a pure function of what the operator observed.
+
+    Observation (children + control plane + last error)  ->  status patch
+
+Conditions follow the Kubernetes convention: a transition time changes only when the
+condition's status changes, so re-computing an unchanged status writes the same object.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rimuru.operator.policy_sync import PolicyState
+
+
+class Blocker(enum.Enum):
+    """Why a reconcile could not finish; `permanent` ones wait for a spec change."""
+
+    INVALID_SPEC = ("InvalidSpec", True)
+    SECRET_MISSING = ("AuthSecretNotFound", False)
+    RANKING_MISSING = ("RankingNotFound", False)
+    RANKING_INVALID = ("RankingInvalid", False)
+    CONTROL_PLANE_UNAVAILABLE = ("ControlPlaneUnavailable", False)
+    POLICY_REJECTED = ("PolicyRejected", True)
+    API_ERROR = ("KubernetesAPIError", False)
+
+    def __init__(self, reason: str, permanent: bool) -> None:
+        self.reason = reason
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class Problem:
+    blocker: Blocker
+    message: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    generation: int
+    desired_replicas: int  # spec.dataPlane.replicas
+    current_replicas: int  # data-plane pods that exist (Deployment status)
+    ready_replicas: int  # data-plane pods ready (Deployment status)
+    updated_replicas: int  # data-plane pods on the current template
+    controlplane_ready: bool
+    policy: PolicyState | None  # None = control plane not asked / unreachable
+    problem: Problem | None = None
+
+
+def _condition(type_: str, status: bool | None, reason: str, message: str) -> dict[str, Any]:
+    value = "Unknown" if status is None else ("True" if status else "False")
+    return {"type": type_, "status": value, "reason": reason, "message": message}
+
+
+def _available(obs: Observation) -> dict[str, Any]:
+    if obs.desired_replicas == 0:
+        return _condition("Available", False, "ScaledToZero", "spec.dataPlane.replicas is 0")
+    if obs.ready_replicas >= 1 and obs.controlplane_ready:
+        return _condition(
+            "Available",
+            True,
+            "ReplicasReady",
+            f"{obs.ready_replicas}/{obs.desired_replicas} data planes ready",
+        )
+    if not obs.controlplane_ready:
+        return _condition("Available", False, "ControlPlaneNotReady", "control plane not ready")
+    return _condition("Available", False, "NoReplicasReady", "no data plane is ready yet")
+
+
+def _policy_synced(obs: Observation) -> dict[str, Any]:
+    p = obs.policy
+    if p is None:
+        return _condition(
+            "PolicySynced", None, "ControlPlaneUnavailable", "control plane not reached"
+        )
+    if p.last_error:
+        return _condition(
+            "PolicySynced",
+            False,
+            "Rejected",
+            f"a data plane rejected v{p.desired_version}: {p.last_error}",
+        )
+    if obs.ready_replicas == 0 and p.num_subscribers == 0:
+        # Nobody to apply it yet; the control plane holds the version for when they come.
+        return _condition(
+            "PolicySynced",
+            False,
+            "NoSubscribers",
+            f"v{p.desired_version} stored; no data plane connected",
+        )
+    if p.num_synced == p.num_subscribers and p.num_subscribers >= obs.ready_replicas:
+        return _condition(
+            "PolicySynced",
+            True,
+            "Applied",
+            f"v{p.desired_version} applied by {p.num_synced} data plane(s)",
+        )
+    return _condition(
+        "PolicySynced",
+        False,
+        "Pending",
+        f"v{p.desired_version} applied by {p.num_synced}/{max(p.num_subscribers, obs.ready_replicas)}",
+    )
+
+
+def _progressing(obs: Observation) -> dict[str, Any]:
+    if obs.problem is not None and not obs.problem.blocker.permanent:
+        return _condition("Progressing", True, obs.problem.blocker.reason, obs.problem.message)
+    rolled = obs.updated_replicas >= obs.desired_replicas
+    if rolled and obs.ready_replicas >= obs.desired_replicas and obs.controlplane_ready:
+        return _condition("Progressing", False, "RolloutComplete", "all children are up to date")
+    return _condition(
+        "Progressing",
+        True,
+        "RollingOut",
+        f"{obs.updated_replicas} updated, {obs.ready_replicas} ready of {obs.desired_replicas}",
+    )
+
+
+def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
+    if obs.problem is not None and obs.problem.blocker in (
+        Blocker.INVALID_SPEC,
+        Blocker.RANKING_INVALID,
+        Blocker.POLICY_REJECTED,
+    ):
+        return _condition("Degraded", True, obs.problem.blocker.reason, obs.problem.message)
+    if synced["reason"] == "Rejected":
+        return _condition("Degraded", True, "PolicyRejected", synced["message"])
+    return _condition("Degraded", False, "AsExpected", "")
+
+
+def _phase(conditions: Mapping[str, Mapping[str, Any]], obs: Observation) -> str:
+    if obs.problem is not None and obs.problem.blocker.permanent:
+        return "Failed"
+    if conditions["Degraded"]["status"] == "True":
+        return "Degraded"
+    if (
+        conditions["Available"]["status"] == "True"
+        and conditions["Progressing"]["status"] == "False"
+    ):
+        return "Available"
+    if obs.ready_replicas == 0 and not obs.controlplane_ready and obs.policy is None:
+        return "Pending"
+    return "Progressing"
+
+
+def _keep_transition_times(
+    new: dict[str, Any], previous: Sequence[Mapping[str, Any]], generation: int, now: str
+) -> dict[str, Any]:
+    old = next((c for c in previous if c.get("type") == new["type"]), None)
+    same = old is not None and old.get("status") == new["status"]
+    new["lastTransitionTime"] = old["lastTransitionTime"] if same else now
+    new["observedGeneration"] = generation
+    return new
+
+
+def compute_status(
+    obs: Observation,
+    previous_conditions: Sequence[Mapping[str, Any]],
+    *,
+    now: str,
+    selector: str,
+    controlplane_endpoint: str,
+) -> dict[str, Any]:
+    """The full status object; `now` is an RFC 3339 timestamp (injected for tests)."""
+    synced = _policy_synced(obs)
+    by_type = {
+        c["type"]: c for c in (_available(obs), _progressing(obs), synced, _degraded(obs, synced))
+    }
+    conditions = [
+        _keep_transition_times(c, previous_conditions, obs.generation, now)
+        for c in by_type.values()
+    ]
+    status: dict[str, Any] = {
+        "phase": _phase(by_type, obs),
+        "observedGeneration": obs.generation,
+        "replicas": obs.current_replicas,
+        "readyReplicas": obs.ready_replicas,
+        "selector": selector,
+        "controlPlaneEndpoint": controlplane_endpoint,
+        "conditions": conditions,
+    }
+    if obs.policy is not None:
+        status["policy"] = {
+            "desiredVersion": obs.policy.desired_version,
+            "appliedVersion": obs.policy.applied_version,
+            "subscribers": obs.policy.num_subscribers,
+            "lastError": obs.policy.last_error,
+            "rankingDigest": obs.policy.ranking_digest,
+        }
+    return status

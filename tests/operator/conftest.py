@@ -1,0 +1,138 @@
+"""What a Kubernetes API server does with a RimuruDeployment, reproduced offline.
+
+The CRD is read from the one place it lives (the chart's crds/). `admit()` applies the
+schema defaults, validates the structural schema with strict field validation (as
+`kubectl apply` does), then evaluates the CEL rules (`x-kubernetes-validations`), and
+returns the defaulted object or the list of error messages.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonschema
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "rimuru-operator"
+CRD_PATH = CHART / "crds" / "rimurudeployments.rimuru.dev.yaml"
+EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
+KUBE_VERSION = "1.33"  # image volumes (spec.model.volume.image) need >= 1.31
+
+
+def load_crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+def crd_schema(crd: dict[str, Any] | None = None) -> dict[str, Any]:
+    crd = crd or load_crd()
+    (version,) = crd["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """Kubernetes structural defaulting: missing properties with a default get it,
+    then defaulting continues inside the value (so `default: {}` fills nested fields)."""
+    if isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key not in value and "default" in sub:
+                value[key] = copy.deepcopy(sub["default"])
+            if key in value:
+                apply_defaults(sub, value[key])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in set(value) - set(schema.get("properties") or {}):
+                apply_defaults(extra, value[key])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for item in value:
+            apply_defaults(schema["items"], item)
+    return value
+
+
+def _strict(schema: dict[str, Any]) -> dict[str, Any]:
+    # Strict field validation: unknown fields are errors, except under the
+    # free-form metadata (the API server validates ObjectMeta itself).
+    schema = copy.deepcopy(schema)
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        if node.get("type") == "object" and "properties" in node and path != ".metadata":
+            node.setdefault("additionalProperties", False)
+        for key, sub in (node.get("properties") or {}).items():
+            walk(sub, f"{path}.{key}")
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], path + "[*]")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], path + "[]")
+
+    walk(schema, "")
+    return schema
+
+
+_CEL = celpy.Environment()
+
+
+def cel_errors(schema: dict[str, Any], value: Any) -> list[str]:
+    errors = []
+    for rule in schema.get("x-kubernetes-validations") or []:
+        program = _CEL.program(_CEL.compile(rule["rule"]))
+        if not program.evaluate({"self": celpy.json_to_cel(value)}):
+            errors.append(rule["message"])
+    if isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in value:
+                errors += cel_errors(sub, value[key])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for item in value:
+            errors += cel_errors(schema["items"], item)
+    return errors
+
+
+def admit(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(defaulted object, errors); errors empty = the API server would accept it."""
+    schema = crd_schema()
+    obj = apply_defaults(schema, copy.deepcopy(obj))
+    validator = jsonschema.Draft202012Validator(_strict(schema))
+    errors = [
+        f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}"
+        for e in validator.iter_errors(obj)
+    ]
+    if not errors:  # CEL runs only on schema-valid objects, as in the API server
+        errors = cel_errors(schema, obj)
+    return obj, errors
+
+
+class Admission:
+    """The API server's view of the CRD, as a fixture (test modules cannot import conftest)."""
+
+    admit = staticmethod(admit)
+    crd_schema = staticmethod(crd_schema)
+    load_crd = staticmethod(load_crd)
+    kube_version = KUBE_VERSION
+
+
+@pytest.fixture
+def api() -> Admission:
+    return Admission()
+
+
+@pytest.fixture
+def tiny_rd() -> dict[str, Any]:
+    """The tiny CPU example as a stored object (defaulted, with server-set metadata)."""
+    obj = yaml.safe_load((CHART / "examples" / "tiny-cpu.yaml").read_text())
+    obj, errors = admit(obj)
+    assert errors == []
+    obj["metadata"].update(namespace="default", uid="uid-tiny-1", generation=1)
+    return obj
+
+
+@pytest.fixture
+def gpu_rd() -> dict[str, Any]:
+    obj = yaml.safe_load((CHART / "examples" / "qwen-moe-h200.yaml").read_text())
+    obj, errors = admit(obj)
+    assert errors == []
+    obj["metadata"].update(namespace="serving", uid="uid-qwen-1", generation=3)
+    return obj
