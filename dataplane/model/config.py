@@ -1,0 +1,240 @@
+"""The model's shape and numerics, parsed from a Hugging Face `config.json`.
+
+Three families are supported; each key below is what that family's `config.json` calls it:
+
+    family      experts                      expert size              attention
+    qwen2_moe   num_experts + shared expert  moe_intermediate_size    q/k/v biases
+    qwen3_moe   num_experts (or num_local_)  moe_intermediate_size    q/k RMSNorm per head
+    mixtral     num_local_experts            intermediate_size        plain
+
+Anything the model does not implement (sliding windows, dense MLP layers between MoE layers,
+scaled RoPE, activations other than SiLU) is refused with an error that names the key, so a
+checkpoint never runs with silently different math.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral")
+
+# HF `architectures[0]` -> family; `model_type` is accepted too.
+_ARCHITECTURES = {
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
+}
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Immutable description of one MoE decoder. Sizes are per layer unless named otherwise."""
+
+    family: str
+    num_layers: int
+    hidden_size: int  # D
+    num_heads: int  # Hq
+    num_kv_heads: int  # Hkv; Hq % Hkv == 0 (GQA)
+    head_dim: int  # Dh
+    moe_intermediate_size: int  # I, one routed expert
+    num_experts: int  # E, routed experts per layer
+    top_k: int  # K
+    norm_topk_prob: bool  # renormalise the top-k softmax probabilities to sum to 1
+    shared_expert_intermediate_size: int  # 0 = no shared expert
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+    vocab_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "moe_intermediate_size",
+            "num_experts",
+            "top_k",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) cannot exceed num_experts ({self.num_experts})")
+        if self.shared_expert_intermediate_size < 0:
+            raise ValueError("shared_expert_intermediate_size must be >= 0 (0 = no shared expert)")
+        if self.dtype not in _DTYPES.values():
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype}")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def has_shared_expert(self) -> bool:
+        return self.shared_expert_intermediate_size > 0
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """`"bfloat16"` / `torch.bfloat16` -> torch.bfloat16, with a clear error otherwise."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = name.removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[key]
+
+
+def load_config(model_dir: str | Path) -> ModelConfig:
+    """Read `config.json` (and `generation_config.json`'s EOS ids, if present) from a directory."""
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: point at a Hugging Face model directory containing config.json"
+        )
+    hf = json.loads(path.read_text())
+    extra_eos: tuple[int, ...] = ()
+    gen_path = model_dir / "generation_config.json"
+    if gen_path.is_file():
+        extra_eos = _as_ids(json.loads(gen_path.read_text()).get("eos_token_id"))
+    config = config_from_hf(hf)
+    merged = config.eos_token_ids + tuple(i for i in extra_eos if i not in config.eos_token_ids)
+    return config.replace(eos_token_ids=merged)
+
+
+def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    """Parse the dict of a Hugging Face `config.json`; refuse what the model does not implement."""
+    family = _family(hf)
+    _refuse_unsupported(hf, family)
+    num_heads = int(hf["num_attention_heads"])
+    hidden = int(hf["hidden_size"])
+    num_kv_heads = hf.get("num_key_value_heads") or num_heads
+    head_dim = hf.get("head_dim") or hidden // num_heads
+    if family == "mixtral":
+        num_experts = hf["num_local_experts"]
+        expert_size = hf["intermediate_size"]
+    else:
+        # transformers 5 writes Qwen3-MoE's count as num_local_experts; real checkpoints say num_experts.
+        num_experts = hf.get("num_experts", hf.get("num_local_experts"))
+        expert_size = hf["moe_intermediate_size"]
+    if num_experts is None:
+        raise ValueError(f"config.json of a {family} model lacks num_experts")
+    return ModelConfig(
+        family=family,
+        num_layers=int(hf["num_hidden_layers"]),
+        hidden_size=hidden,
+        num_heads=num_heads,
+        num_kv_heads=int(num_kv_heads),
+        head_dim=int(head_dim),
+        moe_intermediate_size=int(expert_size),
+        num_experts=int(num_experts),
+        top_k=int(hf["num_experts_per_tok"]),
+        # Mixtral always renormalises its top-2; the Qwen families say so in norm_topk_prob.
+        norm_topk_prob=True if family == "mixtral" else bool(hf.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=int(hf.get("shared_expert_intermediate_size") or 0)
+        if family == "qwen2_moe"
+        else 0,
+        qkv_bias=_qkv_bias(hf, family),
+        o_bias=family == "qwen3_moe" and bool(hf.get("attention_bias", False)),
+        qk_norm=family == "qwen3_moe",
+        vocab_size=int(hf["vocab_size"]),
+        rope_theta=_rope_theta(hf, family),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(hf["max_position_embeddings"]),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=_as_ids(hf.get("eos_token_id")),
+        dtype=parse_dtype(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
+    )
+
+
+def _family(hf: dict[str, Any]) -> str:
+    architectures = hf.get("architectures") or []
+    for arch in architectures:
+        if arch in _ARCHITECTURES:
+            return _ARCHITECTURES[arch]
+    if hf.get("model_type") in FAMILIES:
+        return hf["model_type"]
+    raise ValueError(
+        f"unsupported architecture {architectures or hf.get('model_type')!r}; "
+        f"supported: {sorted(_ARCHITECTURES)} (model_type {list(FAMILIES)})"
+    )
+
+
+def _refuse_unsupported(hf: dict[str, Any], family: str) -> None:
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' is")
+    if family != "mixtral":
+        if int(hf.get("decoder_sparse_step", 1)) != 1 or hf.get("mlp_only_layers"):
+            raise ValueError(
+                "dense MLP layers between MoE layers (decoder_sparse_step != 1 or a non-empty "
+                "mlp_only_layers) are not supported: every layer must be an MoE layer"
+            )
+        if hf.get("use_sliding_window"):
+            raise ValueError("use_sliding_window=true is not supported; set it to false")
+    else:
+        window = hf.get("sliding_window")
+        if window is not None and window < hf["max_position_embeddings"]:
+            raise ValueError(
+                f"sliding_window={window} is not supported; set it to null (full attention)"
+            )
+    scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"RoPE type {rope_type!r} is not supported; only 'default' RoPE is")
+
+
+def _rope_theta(hf: dict[str, Any], family: str) -> float:
+    params = hf.get("rope_parameters") or {}
+    default = 1e6 if family == "mixtral" else 10000.0  # transformers' defaults per family
+    return float(params.get("rope_theta", hf.get("rope_theta", default)))
+
+
+def _qkv_bias(hf: dict[str, Any], family: str) -> bool:
+    if family == "qwen2_moe":
+        return bool(hf.get("qkv_bias", True))  # Qwen1.5-MoE checkpoints predate the key
+    if family == "qwen3_moe":
+        return bool(hf.get("attention_bias", False))
+    return False
+
+
+def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)

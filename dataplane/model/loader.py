@@ -1,0 +1,132 @@
+"""Load a local Hugging Face model directory: `config.json` plus `*.safetensors` shards.
+
+Never touches the network. Tensors are read one at a time through `safetensors.safe_open`
+(memory-mapped), so a layer's experts are stacked straight into their (pinned) host tensors
+without the whole checkpoint ever being in RAM.
+
+Routed experts are accepted in the two layouts found on disk:
+
+    classic (real checkpoints, and what transformers' save_pretrained writes):
+        {moe}.experts.{e}.gate_proj.weight / up_proj / down_proj      (Qwen families)
+        block_sparse_moe.experts.{e}.w1.weight / w3 / w2              (Mixtral)
+    fused (transformers 5's in-memory state dict):
+        mlp.experts.gate_up_proj [E, 2I, D]   (gate rows first, then up)
+        mlp.experts.down_proj    [E, D, I]
+
+Shape key: E = experts, I = expert size, D = hidden.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from rimuru.dataplane.model.config import ModelConfig, load_config
+from rimuru.dataplane.model.hf_layout import Fetch, build_global_weights, build_layer_weights
+from rimuru.dataplane.model.weights import ExpertWeights, GlobalWeights, LayerWeights, host_empty
+from safetensors import safe_open
+
+_INDEX = "model.safetensors.index.json"
+
+
+class CheckpointWeights:
+    """WeightSource over a local Hugging Face directory."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        self.model_dir = Path(model_dir)
+        if not self.model_dir.is_dir():
+            raise FileNotFoundError(f"model directory {self.model_dir} does not exist")
+        self._config = load_config(self.model_dir)
+        self._files = _tensor_files(self.model_dir)  # tensor name -> shard path
+        self._handles: dict[Path, safe_open] = {}  # opened once: each open parses the header
+        # Mixtral's classic checkpoints call the MoE block block_sparse_moe; transformers 5 says mlp.
+        self._moe = "mlp"
+        if self._config.family == "mixtral" and "model.layers.0.mlp.gate.weight" not in self._files:
+            self._moe = "block_sparse_moe"
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._config
+
+    def global_weights(self, device: torch.device, dtype: torch.dtype) -> GlobalWeights:
+        return build_global_weights(self._config, self._fetcher(device, dtype))
+
+    def layer_weights(self, layer: int, device: torch.device, dtype: torch.dtype) -> LayerWeights:
+        return build_layer_weights(self._config, layer, self._fetcher(device, dtype), self._moe)
+
+    def expert_weights(
+        self,
+        layer: int,
+        dtype: torch.dtype,
+        *,
+        pin_memory: bool = False,
+        work_device: torch.device | None = None,
+    ) -> ExpertWeights:
+        del work_device  # reading a file gains nothing from a device
+        cfg = self._config
+        n, inter, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        w1 = host_empty((n, inter, hidden), dtype, pin_memory)
+        w3 = host_empty((n, inter, hidden), dtype, pin_memory)
+        w2 = host_empty((n, hidden, inter), dtype, pin_memory)
+        fused = f"model.layers.{layer}.mlp.experts."
+        if fused + "gate_up_proj" in self._files:
+            gate_up = self._read(fused + "gate_up_proj", (n, 2 * inter, hidden))
+            w1.copy_(gate_up[:, :inter])
+            w3.copy_(gate_up[:, inter:])
+            w2.copy_(self._read(fused + "down_proj", (n, hidden, inter)))
+            return ExpertWeights(w1=w1, w3=w3, w2=w2)
+        names = ("w1", "w3", "w2") if self._moe == "block_sparse_moe" else _QWEN_EXPERT_NAMES
+        for e in range(n):
+            p = f"model.layers.{layer}.{self._moe}.experts.{e}."
+            w1[e].copy_(self._read(p + names[0] + ".weight", (inter, hidden)))
+            w3[e].copy_(self._read(p + names[1] + ".weight", (inter, hidden)))
+            w2[e].copy_(self._read(p + names[2] + ".weight", (hidden, inter)))
+        return ExpertWeights(w1=w1, w3=w3, w2=w2)
+
+    def _fetcher(self, device: torch.device, dtype: torch.dtype) -> Fetch:
+        return lambda name, shape: self._read(name, shape).to(device=device, dtype=dtype)
+
+    def _read(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        path = self._files.get(name)
+        if path is None:
+            raise KeyError(
+                f"tensor {name!r} is missing from the checkpoint in {self.model_dir}; "
+                f"is config.json's architecture ({self._config.family}) the right one?"
+            )
+        if path not in self._handles:
+            self._handles[path] = safe_open(path, framework="pt")
+        tensor = self._handles[path].get_tensor(name)
+        if tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, but config.json "
+                f"implies {shape}"
+            )
+        return tensor
+
+
+_QWEN_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
+
+
+def _tensor_files(model_dir: Path) -> dict[str, Path]:
+    """Map every tensor name to its shard, from the index when there is one."""
+    index = model_dir / _INDEX
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        shards = {model_dir / f for f in set(weight_map.values())}
+        missing = sorted(p.name for p in shards if not p.is_file())
+        if missing:
+            raise FileNotFoundError(f"{_INDEX} in {model_dir} names missing shard(s): {missing}")
+        return {name: model_dir / f for name, f in weight_map.items()}
+    shards = sorted(model_dir.glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(
+            f"no *.safetensors files in {model_dir}; rimuru reads safetensors checkpoints only"
+        )
+    return {name: path for path in shards for name in _names_in(path)}
+
+
+def _names_in(path: Path) -> Iterable[str]:
+    with safe_open(path, framework="pt") as f:
+        return list(f.keys())

@@ -1,0 +1,240 @@
+"""Named presets: the public shapes of real MoE models, with seeded random weights.
+
+    name                 family     layers  D     experts  I      top-k  heads (kv)  shared
+    tiny                 qwen3_moe  4       128   32       128    4      4 (2)       -
+    qwen1.5-moe-a2.7b    qwen2_moe  24      2048  60       1408   4      16 (16)     5632
+    qwen3-30b-a3b        qwen3_moe  48      2048  128      768    8      32 (4)      -
+    mixtral-8x7b         mixtral    32      4096  8        14336  2      32 (8)      -
+
+`tiny` is the CPU default: fp32, but with Qwen's vocabulary (151936) so real Qwen token ids
+are valid input. The others are bf16 like their checkpoints.
+
+Random weights are generated lazily, one tensor at a time, each from its own generator seeded
+by (seed, tensor name): any layer can be produced alone, in any order, on the device it is
+needed on and in the dtype it is needed in. Values are identical for the same (seed, device
+type, dtype); CPU and CUDA generators produce different numbers.
+Scales: norms are 1, the router is N(0, 1/D) so that router logits of a normalised input are
+about N(0, 1), everything else is N(0, 0.02²) (transformers' initializer_range).
+
+Router skew. Random routers spread tokens almost uniformly over experts; trained ones do
+not. With skew exponent s >= 0, each layer l draws a seeded random permutation giving every
+expert e a popularity rank r_l(e) in 0..E-1, and adds to its router logits the fixed bias
+
+    b_l(e) = -s · ln(1 + r_l(e))
+
+Alone (zero router logits), softmax(b_l) is exactly Zipf's law, p(e) ∝ (1 + r_l(e))^(-s);
+on top of the random router it tilts every token's choice the same way, so expert popularity
+follows the law approximately and the hottest experts differ from layer to layer. s = 0 adds
+no bias (uniform on average).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+
+import torch
+from rimuru.dataplane.model.config import ModelConfig
+from rimuru.dataplane.model.hf_layout import (
+    Fetch,
+    build_global_weights,
+    build_layer_weights,
+    is_norm_weight,
+    is_router_weight,
+)
+from rimuru.dataplane.model.weights import ExpertWeights, GlobalWeights, LayerWeights, host_empty
+
+_QWEN_VOCAB = 151936
+_QWEN_EOS = (151643, 151645)  # <|endoftext|>, <|im_end|>
+_STD = 0.02
+
+_QWEN3_30B_A3B = ModelConfig(
+    family="qwen3_moe",
+    num_layers=48,
+    hidden_size=2048,
+    num_heads=32,
+    num_kv_heads=4,
+    head_dim=128,
+    moe_intermediate_size=768,
+    num_experts=128,
+    top_k=8,
+    norm_topk_prob=True,
+    shared_expert_intermediate_size=0,
+    qkv_bias=False,
+    o_bias=False,
+    qk_norm=True,
+    vocab_size=_QWEN_VOCAB,
+    rope_theta=1e6,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+    bos_token_id=151643,
+    eos_token_ids=_QWEN_EOS,
+    dtype=torch.bfloat16,
+)
+
+# The CPU default: Qwen3-30B-A3B's structure (GQA, q/k norm, renormalised top-k), shrunk.
+_TINY = _QWEN3_30B_A3B.replace(
+    num_layers=4,
+    hidden_size=128,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    moe_intermediate_size=128,
+    num_experts=32,
+    top_k=4,
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,  # halves the 151936-row vocabulary's memory, as small Qwen3s do
+    dtype=torch.float32,
+)
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": _TINY,
+    "qwen1.5-moe-a2.7b": ModelConfig(
+        family="qwen2_moe",
+        num_layers=24,
+        hidden_size=2048,
+        num_heads=16,
+        num_kv_heads=16,
+        head_dim=128,
+        moe_intermediate_size=1408,
+        num_experts=60,
+        top_k=4,
+        norm_topk_prob=False,
+        shared_expert_intermediate_size=5632,
+        qkv_bias=True,
+        o_bias=False,
+        qk_norm=False,
+        vocab_size=_QWEN_VOCAB,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        bos_token_id=151643,
+        eos_token_ids=(151643,),
+        dtype=torch.bfloat16,
+    ),
+    "qwen3-30b-a3b": _QWEN3_30B_A3B,
+    "mixtral-8x7b": ModelConfig(
+        family="mixtral",
+        num_layers=32,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        moe_intermediate_size=14336,
+        num_experts=8,
+        top_k=2,
+        norm_topk_prob=True,
+        shared_expert_intermediate_size=0,
+        qkv_bias=False,
+        o_bias=False,
+        qk_norm=False,
+        vocab_size=32000,
+        rope_theta=1e6,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+        dtype=torch.bfloat16,
+    ),
+}
+
+
+def preset_config(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
+def zipf_router_bias(num_experts: int, skew: float, seed: int, layer: int) -> torch.Tensor:
+    """[E] fp32 bias b(e) = -skew · ln(1 + rank(e)), ranks a seeded permutation per layer."""
+    g = torch.Generator().manual_seed(_tensor_seed(seed, f"router_skew.{layer}"))
+    rank = torch.randperm(num_experts, generator=g)  # rank[e]: 0 = the hottest expert
+    return -skew * torch.log1p(rank.to(torch.float32))
+
+
+class RandomWeights:
+    """WeightSource of seeded random weights at a config's shapes (see the module docstring)."""
+
+    def __init__(self, config: ModelConfig, seed: int = 0, router_skew: float = 0.0) -> None:
+        if not (math.isfinite(router_skew) and router_skew >= 0):
+            raise ValueError(f"router_skew must be a finite number >= 0, got {router_skew}")
+        self._config = config
+        self.seed = seed
+        self.router_skew = router_skew
+
+    @classmethod
+    def preset(cls, name: str, seed: int = 0, router_skew: float = 0.0) -> RandomWeights:
+        return cls(preset_config(name), seed=seed, router_skew=router_skew)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._config
+
+    def global_weights(self, device: torch.device, dtype: torch.dtype) -> GlobalWeights:
+        return build_global_weights(self._config, self._fetcher(device, dtype))
+
+    def layer_weights(self, layer: int, device: torch.device, dtype: torch.dtype) -> LayerWeights:
+        weights = build_layer_weights(self._config, layer, self._fetcher(device, dtype))
+        if self.router_skew == 0:
+            return weights
+        bias = zipf_router_bias(self._config.num_experts, self.router_skew, self.seed, layer)
+        return dataclasses.replace(weights, router_bias=bias.to(device))
+
+    def expert_weights(
+        self,
+        layer: int,
+        dtype: torch.dtype,
+        *,
+        pin_memory: bool = False,
+        work_device: torch.device | None = None,
+    ) -> ExpertWeights:
+        cfg = self._config
+        n, inter, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        work_device = torch.device(work_device or "cpu")
+        mats = {}
+        for name, shape in (
+            ("w1", (n, inter, hidden)),
+            ("w3", (n, inter, hidden)),
+            ("w2", (n, hidden, inter)),
+        ):
+            host = host_empty(shape, dtype, pin_memory)
+            tensor_name = f"model.layers.{layer}.mlp.experts.{name}"
+            if work_device.type == "cpu":
+                host.normal_(0.0, _STD, generator=self._generator(tensor_name, work_device))
+            else:
+                host.copy_(self._normal(tensor_name, shape, work_device, dtype))
+            mats[name] = host
+        return ExpertWeights(**mats)
+
+    def _fetcher(self, device: torch.device, dtype: torch.dtype) -> Fetch:
+        def fetch(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+            if is_norm_weight(name):
+                return torch.ones(shape, device=device, dtype=dtype)
+            std = shape[-1] ** -0.5 if is_router_weight(name) else _STD
+            return self._normal(name, shape, device, dtype, std)
+
+        return fetch
+
+    def _normal(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        device: torch.device,
+        dtype: torch.dtype,
+        std: float = _STD,
+    ) -> torch.Tensor:
+        out = torch.empty(shape, device=device, dtype=dtype)
+        return out.normal_(0.0, std, generator=self._generator(name, torch.device(device)))
+
+    def _generator(self, name: str, device: torch.device) -> torch.Generator:
+        return torch.Generator(device=device).manual_seed(_tensor_seed(self.seed, name))
+
+
+def _tensor_seed(seed: int, name: str) -> int:
+    """A stable 63-bit seed per (seed, tensor name); Python's hash() is salted per process."""
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)

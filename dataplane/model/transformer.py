@@ -1,0 +1,163 @@
+"""The MoE decoder: Qwen2-MoE, Qwen3-MoE and Mixtral with family switches from `ModelConfig`.
+
+One forward handles a flattened batch (vLLM style): the tokens of several sequences,
+concatenated, each with its own position. Attention and the routed experts go through the
+backends (see `backends.py`); everything else is plain torch on resident weights.
+
+Per layer:
+
+    h ── rms_norm ── q,k,v proj ── (q/k norm) ── RoPE ── attention backend ── o proj ──(+)── h
+    h ── rms_norm ── router (+ skew bias) ── top-k ── expert backend ──────────────────(+)── h
+                 └── shared expert · sigmoid(gate) (Qwen2-MoE only) ──────────────────(+)──┘
+
+Shape key: T = tokens, D = hidden, Hq/Hkv = heads, Dh = head dim, E = experts, K = top-k,
+V = vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from rimuru.dataplane.model.backends import AttentionBackend, ExpertBackend
+from rimuru.dataplane.model.config import ModelConfig
+from rimuru.dataplane.model.layers import (
+    apply_rope,
+    rms_norm,
+    rope_cos_sin,
+    rope_inv_freq,
+    swiglu_mlp,
+)
+from rimuru.dataplane.model.weights import GlobalWeights, LayerWeights, WeightSource
+
+
+class MoETransformer:
+    """Resident (non-expert) weights plus the two backends that do the rest."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        global_weights: GlobalWeights,
+        layers: list[LayerWeights],
+        attention: AttentionBackend,
+        experts: ExpertBackend,
+    ) -> None:
+        if len(layers) != config.num_layers:
+            raise ValueError(
+                f"got {len(layers)} layers of weights, config says {config.num_layers}"
+            )
+        self.config = config
+        self.weights = global_weights
+        self.layers = layers
+        self.attention = attention
+        self.experts = experts
+        self.device = global_weights.embed_tokens.device
+        self.dtype = global_weights.embed_tokens.dtype
+        self._inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, self.device)
+
+    @classmethod
+    def from_source(
+        cls,
+        source: WeightSource,
+        attention: AttentionBackend,
+        experts: ExpertBackend,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+    ) -> MoETransformer:
+        """Load the non-expert weights onto `device`; routed experts are the backend's business."""
+        device = torch.device(device)
+        dtype = dtype or source.config.dtype
+        layers = [source.layer_weights(i, device, dtype) for i in range(source.config.num_layers)]
+        return cls(source.config, source.global_weights(device, dtype), layers, attention, experts)
+
+    def with_backends(self, attention: AttentionBackend, experts: ExpertBackend) -> MoETransformer:
+        """The same resident weights (shared, not copied) behind other backends."""
+        return MoETransformer(self.config, self.weights, self.layers, attention, experts)
+
+    def resident_nbytes(self) -> int:
+        """Bytes of the non-expert weights held on the device (tied lm_head counted once)."""
+        seen: dict[int, int] = {}
+        tensors = [*vars(self.weights).values()]
+        for layer in self.layers:
+            tensors += [
+                *vars(layer.attention).values(),
+                layer.input_norm,
+                layer.post_attention_norm,
+            ]
+            tensors += [layer.router, layer.router_bias]
+            if layer.shared_expert is not None:
+                tensors += vars(layer.shared_expert).values()
+        for t in tensors:
+            if t is not None:
+                seen[t.data_ptr()] = t.numel() * t.element_size()
+        return sum(seen.values())
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_meta: Any
+    ) -> torch.Tensor:
+        """input_ids [T], positions [T] -> final-normed hidden states [T, D]."""
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(
+                f"input_ids and positions must both be 1-D [T] (flattened batch), got "
+                f"{tuple(input_ids.shape)} and {tuple(positions.shape)}"
+            )
+        cos, sin = rope_cos_sin(positions.to(self.device), self._inv_freq, self.dtype)
+        hidden = F.embedding(input_ids.to(self.device), self.weights.embed_tokens)  # [T, D]
+        for layer in range(self.config.num_layers):
+            hidden = hidden + self._attention_block(layer, hidden, cos, sin, attn_meta)
+            hidden = hidden + self._moe_block(layer, hidden)
+        return rms_norm(hidden, self.weights.norm, self.config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, D] (rows of forward's output) -> fp32 logits [N, V]."""
+        return F.linear(hidden, self.weights.lm_head).float()
+
+    @torch.inference_mode()
+    def router_logits(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer `layer`'s router (+ its skew bias) applied to x [T, D] -> fp32 [T, E].
+
+        The engine may call this with layer l's MoE input to predict layer l+1's experts."""
+        w = self.layers[layer]
+        logits = F.linear(x, w.router).float()  # [T, E]
+        if w.router_bias is not None:
+            logits = logits + w.router_bias
+        return logits
+
+    def select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 router logits [T, E] -> (topk_ids [T, K] int64, topk_weights [T, K] fp32)."""
+        probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E]
+        topk_weights, topk_ids = torch.topk(probs, self.config.top_k, dim=-1)  # [T, K]
+        if self.config.norm_topk_prob:
+            topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+        return topk_ids, topk_weights
+
+    def _attention_block(
+        self, layer: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: Any
+    ) -> torch.Tensor:
+        cfg, w = self.config, self.layers[layer]
+        a = w.attention
+        x = rms_norm(hidden, w.input_norm, cfg.rms_norm_eps)  # [T, D]
+        num_tokens = x.shape[0]
+        q = F.linear(x, a.q_proj, a.q_bias).view(num_tokens, cfg.num_heads, cfg.head_dim)
+        k = F.linear(x, a.k_proj, a.k_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = F.linear(x, a.v_proj, a.v_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if a.q_norm is not None and a.k_norm is not None:
+            q = rms_norm(q, a.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, a.k_norm, cfg.rms_norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = self.attention.attend(layer, q, k, v, meta)  # [T, Hq, Dh]
+        return F.linear(out.reshape(num_tokens, cfg.q_size), a.o_proj, a.o_bias)
+
+    def _moe_block(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        w = self.layers[layer]
+        x = rms_norm(hidden, w.post_attention_norm, self.config.rms_norm_eps)  # [T, D]
+        topk_ids, topk_weights = self.select_experts(self.router_logits(layer, x))
+        out = self.experts.moe(layer, x, topk_ids, topk_weights)  # [T, D]
+        shared = w.shared_expert
+        if shared is not None:
+            gate = torch.sigmoid(F.linear(x, shared.gate))  # [T, 1]
+            out = out + gate * swiglu_mlp(x, shared.gate_proj, shared.up_proj, shared.down_proj)
+        return out

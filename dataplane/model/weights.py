@@ -1,0 +1,121 @@
+"""The weights of one MoE decoder, split the way the engine places them.
+
+Non-expert weights (embeddings, attention, norms, routers, shared experts, lm_head) are
+ordinary tensors that stay resident on the compute device. Routed experts are kept apart in
+`ExpertWeights`: host tensors (pinned when serving on CUDA) that back the pool's expert pages.
+
+A `WeightSource` (a checkpoint on disk, or a preset with random weights) hands out these
+pieces one layer at a time, so a model larger than host RAM never exists whole in one place.
+
+Shape key: V = vocab, D = hidden, Hq/Hkv = query/KV heads, Dh = head dim,
+E = routed experts, I = routed expert size, S = shared expert size.
+Matrices use Hugging Face layouts ([out, in]); an expert's three pages are (w1, w3, w2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from rimuru.dataplane.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class GlobalWeights:
+    embed_tokens: torch.Tensor  # [V, D]
+    norm: torch.Tensor  # [D], final RMSNorm
+    lm_head: torch.Tensor  # [V, D]; the same tensor as embed_tokens when tied
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    q_proj: torch.Tensor  # [Hq*Dh, D]
+    k_proj: torch.Tensor  # [Hkv*Dh, D]
+    v_proj: torch.Tensor  # [Hkv*Dh, D]
+    o_proj: torch.Tensor  # [D, Hq*Dh]
+    q_bias: torch.Tensor | None = None  # [Hq*Dh]
+    k_bias: torch.Tensor | None = None  # [Hkv*Dh]
+    v_bias: torch.Tensor | None = None  # [Hkv*Dh]
+    o_bias: torch.Tensor | None = None  # [D]
+    q_norm: torch.Tensor | None = None  # [Dh], Qwen3 RMSNorm per head
+    k_norm: torch.Tensor | None = None  # [Dh]
+
+
+@dataclass(frozen=True)
+class SharedExpertWeights:
+    """Qwen2-MoE's always-on expert, scaled by sigmoid(gate · x)."""
+
+    gate_proj: torch.Tensor  # [S, D]
+    up_proj: torch.Tensor  # [S, D]
+    down_proj: torch.Tensor  # [D, S]
+    gate: torch.Tensor  # [1, D]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: torch.Tensor  # [D]
+    attention: AttentionWeights
+    post_attention_norm: torch.Tensor  # [D]
+    router: torch.Tensor  # [E, D]
+    router_bias: torch.Tensor | None = None  # [E] fp32, the preset's router skew (None = none)
+    shared_expert: SharedExpertWeights | None = None
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One layer's routed experts, stacked: expert e is (w1[e], w3[e], w2[e])."""
+
+    w1: torch.Tensor  # [E, I, D] gate_proj
+    w3: torch.Tensor  # [E, I, D] up_proj
+    w2: torch.Tensor  # [E, D, I] down_proj
+
+    def __post_init__(self) -> None:
+        num_experts, inter, hidden = self.w1.shape
+        if self.w3.shape != self.w1.shape or self.w2.shape != (num_experts, hidden, inter):
+            raise ValueError(
+                f"expert shapes disagree: w1 {tuple(self.w1.shape)}, w3 {tuple(self.w3.shape)}, "
+                f"w2 {tuple(self.w2.shape)}; expected w1 = w3 = [E, I, D] and w2 = [E, D, I]"
+            )
+        if not self.w1.dtype == self.w3.dtype == self.w2.dtype:
+            raise ValueError("w1, w3 and w2 must share one dtype")
+
+    @property
+    def num_experts(self) -> int:
+        return self.w1.shape[0]
+
+    def expert(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The three matrices (pages) of expert e, in page order (w1, w3, w2)."""
+        return self.w1[e], self.w3[e], self.w2[e]
+
+
+class WeightSource(Protocol):
+    """Hands out a model's weights piece by piece; every call returns fresh tensors."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    def global_weights(self, device: torch.device, dtype: torch.dtype) -> GlobalWeights: ...
+
+    def layer_weights(
+        self, layer: int, device: torch.device, dtype: torch.dtype
+    ) -> LayerWeights: ...
+
+    def expert_weights(
+        self,
+        layer: int,
+        dtype: torch.dtype,
+        *,
+        pin_memory: bool = False,
+        work_device: torch.device | None = None,
+    ) -> ExpertWeights:
+        """Host (CPU) tensors, pinned if asked. `work_device` may speed up producing them
+        (a preset generates random values there); the result is on the host regardless."""
+        ...
+
+
+def host_empty(shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool) -> torch.Tensor:
+    """An uninitialised host tensor, page-locked when asked (only possible with CUDA)."""
+    if pin_memory and not torch.cuda.is_available():
+        raise ValueError("pin_memory=True needs CUDA; pass pin_memory=False on a CPU-only host")
+    return torch.empty(shape, dtype=dtype, pin_memory=pin_memory)

@@ -1,0 +1,89 @@
+"""Loading local Hugging Face directories: sharded checkpoints and clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from rimuru.dataplane.model import CheckpointWeights, open_weights
+from rimuru.dataplane.model.presets import RandomWeights
+from safetensors import safe_open
+
+
+def test_sharded_checkpoint_loads_the_same_tensors(hf_checkpoints, tmp_path):
+    ckpt = hf_checkpoints["qwen2_moe"]
+    ckpt.model.save_pretrained(tmp_path, max_shard_size="100KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 2  # really sharded
+    sharded, single = CheckpointWeights(tmp_path), CheckpointWeights(ckpt.path)
+    for layer in range(sharded.config.num_layers):
+        a, b = (
+            sharded.layer_weights(layer, "cpu", torch.float32),
+            single.layer_weights(layer, "cpu", torch.float32),
+        )
+        assert torch.equal(a.attention.q_bias, b.attention.q_bias)
+        assert torch.equal(a.shared_expert.down_proj, b.shared_expert.down_proj)
+        ea, eb = (
+            sharded.expert_weights(layer, torch.float32),
+            single.expert_weights(layer, torch.float32),
+        )
+        assert torch.equal(ea.w2, eb.w2) and torch.equal(ea.w1, eb.w1)
+
+
+def test_expert_weights_are_the_hf_matrices_in_page_order(hf_checkpoints):
+    ckpt = hf_checkpoints["mixtral"]
+    experts = CheckpointWeights(ckpt.path).expert_weights(1, torch.float32)
+    assert (experts.w1.shape, experts.w2.shape) == ((8, 32, 64), (8, 64, 32))
+    with safe_open(ckpt.path / "model.safetensors", framework="pt") as f:
+        w3_of_5 = f.get_tensor("model.layers.1.block_sparse_moe.experts.5.w3.weight")
+    assert torch.equal(experts.expert(5)[1], w3_of_5)
+
+
+def test_dtype_conversion_on_load(hf_checkpoints):
+    source = CheckpointWeights(hf_checkpoints["qwen3_moe"].path)
+    layer = source.layer_weights(0, "cpu", torch.bfloat16)
+    assert layer.attention.q_norm.dtype == torch.bfloat16
+    assert source.expert_weights(0, torch.bfloat16).w3.dtype == torch.bfloat16
+
+
+def test_missing_directory_and_missing_weights(tmp_path, hf_checkpoints):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        CheckpointWeights(tmp_path / "nope")
+    shutil.copy(hf_checkpoints["mixtral"].path / "config.json", tmp_path / "config.json")
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
+        CheckpointWeights(tmp_path)
+
+
+def test_missing_shard_named_in_the_index(hf_checkpoints, tmp_path):
+    hf_checkpoints["mixtral"].model.save_pretrained(tmp_path, max_shard_size="100KB")
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(FileNotFoundError, match=shard.name):
+        CheckpointWeights(tmp_path)
+
+
+def test_missing_tensor_and_wrong_shape_name_the_tensor(hf_checkpoints, tmp_path):
+    src = hf_checkpoints["qwen2_moe"].path
+    shutil.copy(src / "model.safetensors", tmp_path / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())
+    # A Qwen3 config over Qwen2 tensors: the q_norm weights do not exist.
+    config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(KeyError, match=r"model\.layers\.0\.self_attn\.q_norm\.weight"):
+        CheckpointWeights(tmp_path).layer_weights(0, "cpu", torch.float32)
+    config = json.loads((src / "config.json").read_text())
+    config["moe_intermediate_size"] = 48
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ValueError, match=r"has shape \(32, 64\), but config.json implies \(48, 64\)"
+    ):
+        CheckpointWeights(tmp_path).expert_weights(0, torch.float32)
+
+
+def test_open_weights_dispatches_presets_and_paths(hf_checkpoints):
+    assert isinstance(open_weights("tiny", router_skew=1.0), RandomWeights)
+    assert open_weights(str(hf_checkpoints["mixtral"].path)).config.family == "mixtral"
+    with pytest.raises(ValueError, match="presets only"):
+        open_weights(str(hf_checkpoints["mixtral"].path), router_skew=1.0)
