@@ -1,0 +1,54 @@
+"""Engine configuration: immutable, explicit, validated once. Derived sizes live in
+`budget.MemoryPlan`, never written back here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.memory.geometry import BLOCK_SIZE
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "tiny"  # a preset name or a local Hugging Face directory
+    dtype: str | None = None  # None = the model's own
+    device: str = "cpu"
+    seed: int = 0
+    router_skew: float = 1.0  # presets only: Zipf exponent of expert popularity (0 = none)
+    memory_budget: int | None = None  # bytes for everything the engine keeps on the device
+    gpu_memory_utilization: float | None = None  # or a share of the device's memory
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None = the model's context
+    block_size: int = BLOCK_SIZE
+    tunables: Tunables = field(default_factory=Tunables)
+    fixed_expert_share: float = 0.5  # `fixed` policy: share of the pool given to experts
+    loading_buffer_slots: int | None = None  # None = enough for the policy's offloading
+    hotness_path: str | None = None  # offline ranking file; None = profile at start-up
+    use_kernels: bool | None = None  # None = Triton kernels on CUDA, torch reference on CPU
+    activation_reserve: int | None = None  # None = measure with a profiling forward
+
+    def __post_init__(self) -> None:
+        if self.memory_budget is not None and self.gpu_memory_utilization is not None:
+            raise ValueError("give either memory_budget or gpu_memory_utilization, not both")
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise ValueError(f"memory_budget must be > 0 bytes, got {self.memory_budget}")
+        if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.block_size != BLOCK_SIZE:
+            raise ValueError(f"block_size must be {BLOCK_SIZE} (the kernels' page layout)")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if not 0.0 <= self.fixed_expert_share <= 1.0:
+            raise ValueError(
+                f"fixed_expert_share must lie in [0, 1], got {self.fixed_expert_share}"
+            )
+        if self.router_skew < 0:
+            raise ValueError(f"router_skew must be >= 0, got {self.router_skew}")
+
+    @property
+    def policy(self) -> str:
+        return self.tunables.mode

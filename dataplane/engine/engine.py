@@ -1,0 +1,521 @@
+"""The Rimuru engine: one scheduling round per `step()`.
+
+    schedule ──> adjust ──> apply changes ──> forward ──> sample ──> reclaim
+    (scheduler)  (adjuster:  (expert manager:  (model over   (sampler)  (deferred pages
+                 shortfall ->  evict / copy     pool pages +             freed after the
+                 change list)  into pages)      loading buffers)         step completes)
+
+The three memory policies run in this one engine on one budget:
+  resident  every expert lives in the pool; KV gets the rest (vLLM).
+  fixed     the hottest experts filling `fixed_expert_share` of the pool; never moves.
+  elastic   the adjuster moves the boundary every round (Rimuru).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from rimuru.dataplane.adjust.adjuster import _hottest, decide, reserve
+from rimuru.dataplane.adjust.hotness import HotnessRanking
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.engine.budget import (
+    MemoryPlan,
+    device_memory_bytes,
+    estimate_activation_bytes,
+    plan_memory,
+)
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.expert_manager import ExpertManager
+from rimuru.dataplane.engine.kv_cache import KVCacheManager
+from rimuru.dataplane.engine.paged_attention import (
+    PagedAttention,
+    PagedAttentionMeta,
+    SequenceSlice,
+)
+from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
+from rimuru.dataplane.engine.sampling import Sampler
+from rimuru.dataplane.engine.scheduler import Scheduler
+from rimuru.dataplane.memory.allocator import PageAllocator
+from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
+from rimuru.dataplane.memory.pool import UnifiedPool
+from rimuru.dataplane.memory.reclaim import DeferredReclaim
+from rimuru.dataplane.model import PRESETS, MoETransformer, open_weights
+from rimuru.dataplane.model.config import parse_dtype
+
+log = logging.getLogger("rimuru.engine")
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """A streaming delta: the tokens a request gained this step."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StepStats:
+    step: int
+    time: float
+    num_running: int
+    num_waiting: int
+    num_scheduled_tokens: int
+    num_kv_pages_used: int
+    num_expert_pages_used: int
+    num_free_bytes: int
+    kv_bytes: int
+    expert_bytes: int
+    num_experts_resident: int
+    evictions: int  # cumulative
+    loads: int
+    buffer_copies: int
+    bytes_h2d: int
+    predictor_hits: int
+    predictor_needed: int
+    preemptions: int
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, *, log_plan: bool = True):
+        self.config = config
+        self.device = torch.device(config.device)
+        skew = config.router_skew if config.model in PRESETS else 0.0
+        self.source = open_weights(config.model, seed=config.seed, router_skew=skew)
+        self.model_config = self.source.config
+        self.dtype = parse_dtype(config.dtype) if config.dtype else self.model_config.dtype
+        mc = self.model_config
+        self.max_model_len = min(
+            config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
+        )
+        self.tunables = config.tunables
+        self.geometry = PageGeometry.from_shape(
+            MemoryShape(
+                mc.num_layers,
+                mc.num_experts,
+                mc.hidden_size,
+                mc.moe_intermediate_size,
+                mc.num_kv_heads,
+                mc.head_dim,
+                torch.empty((), dtype=self.dtype).element_size(),
+                config.block_size,
+            )
+        )
+        placeholder = _Unset()
+        self.model = MoETransformer.from_source(
+            self.source, placeholder, placeholder, self.device, self.dtype
+        )
+        pin = self.device.type == "cuda"
+        self.host_experts = [
+            self.source.expert_weights(layer, self.dtype, pin_memory=pin, work_device=self.device)
+            for layer in range(mc.num_layers)
+        ]
+        self.ranking = (
+            HotnessRanking.load(config.hotness_path)
+            if config.hotness_path
+            else HotnessRanking.uniform(mc.num_layers, mc.num_experts)
+        )
+        if self.ranking.num_layers != mc.num_layers or self.ranking.num_experts != mc.num_experts:
+            raise ValueError(
+                f"hotness ranking is for {self.ranking.num_layers} layers x {self.ranking.num_experts} "
+                f"experts; the model has {mc.num_layers} x {mc.num_experts}"
+            )
+        # ---- memory plan
+        budget = self._budget_bytes()
+        slots = self._buffer_slots()
+        buffer_bytes = 2 * 3 * slots * self.geometry.expert_page_bytes
+        reserve_bytes = (
+            config.activation_reserve
+            if config.activation_reserve is not None
+            else estimate_activation_bytes(mc, config.max_num_batched_tokens, self.dtype)
+        )
+        self.plan: MemoryPlan = plan_memory(
+            budget, self.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry
+        )
+        self.pool = UnifiedPool(self.geometry, self.plan.num_huge_pages, self.dtype, self.device)
+        self.allocator = PageAllocator(self.geometry, self.plan.num_huge_pages)
+        self.reclaim = DeferredReclaim(self.allocator)
+        self.experts = ExpertManager(
+            self.pool,
+            self.allocator,
+            self.reclaim,
+            self.host_experts,
+            slots,
+            router_logits=self.model.router_logits,
+            top_k=mc.top_k,
+            moe_kernel=self._moe_kernel(),
+        )
+        self.attention = PagedAttention(self.pool, kernels=self._attention_kernels())
+        self.model = self.model.with_backends(self.attention, self.experts)
+        self.kv = KVCacheManager(self.allocator, self.reclaim, mc.num_layers, config.block_size)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.sampler = Sampler()
+        self.requests: dict[str, Request] = {}
+        self.step_id = 0
+        self.stats: list[StepStats] = []
+        self._load_initial_experts()
+        if log_plan:
+            log.info("%s", self.plan.describe())
+            log.info(
+                "policy %s: %d of %d experts resident, %d KV pages free",
+                self.tunables.mode,
+                self.experts.num_resident(),
+                mc.num_layers * mc.num_experts,
+                self.allocator.num_free(PageType.KV),
+            )
+
+    @classmethod
+    def from_config(cls, config: EngineConfig | None = None, **overrides) -> Engine:
+        config = replace(config or EngineConfig(), **overrides)
+        return cls(config)
+
+    # ------------------------------------------------------------------ set-up
+    def _budget_bytes(self) -> int:
+        c = self.config
+        if c.memory_budget is not None:
+            return c.memory_budget
+        if c.gpu_memory_utilization is not None:
+            return int(c.gpu_memory_utilization * device_memory_bytes(self.device))
+        if self.device.type == "cuda":
+            return int(0.9 * device_memory_bytes(self.device))
+        # CPU default: everything resident plus room for max_num_seqs short requests
+        mc = self.model_config
+        experts = mc.num_layers * mc.num_experts * 3 * self.geometry.expert_page_bytes
+        return self.model.resident_nbytes() + 2 * experts + 256 * 2**20
+
+    def _buffer_slots(self) -> int:
+        c, mc = self.config, self.model_config
+        if c.loading_buffer_slots is not None:
+            return max(1, c.loading_buffer_slots)
+        if c.tunables.mode == "resident":
+            return 1
+        if c.tunables.mode == "fixed":
+            return mc.num_experts  # whatever the share leaves out of one layer
+        return max(1, min(mc.num_experts, c.tunables.expert_offload_limit))
+
+    def _moe_kernel(self):
+        if not self._use_kernels():
+            return None
+        from rimuru.kernels import paged_fused_moe  # imported only where Triton runs
+
+        return paged_fused_moe
+
+    def _attention_kernels(self):
+        return None  # the Triton attention kernels plug in here on CUDA (kernels issue)
+
+    def _use_kernels(self) -> bool:
+        if self.config.use_kernels is not None:
+            return self.config.use_kernels
+        return self.device.type == "cuda"
+
+    def _initial_experts(self) -> list[tuple[int, int]]:
+        mc, t = self.model_config, self.tunables
+        everything = [
+            (layer, e) for layer in range(mc.num_layers) for e in self.ranking.order[layer]
+        ]
+        pages_per_expert = t.pages_per_expert
+        capacity = self.allocator.num_free(PageType.EXPERT) // pages_per_expert
+        if t.mode == "resident":
+            return everything
+        empty = [frozenset()] * mc.num_layers
+        if t.mode == "fixed":
+            n = int(self.config.fixed_expert_share * capacity)
+            return list(_hottest(min(n, len(everything)), self.ranking, empty))
+        # elastic: start with as many of the hottest as fit, keeping grow_threshold pages free
+        n = max(
+            0, (self.allocator.num_free(PageType.EXPERT) - t.grow_threshold) // pages_per_expert
+        )
+        chosen = list(_hottest(min(n, len(everything)), self.ranking, empty))
+        per_layer = [0] * mc.num_layers
+        for layer, _ in chosen:
+            per_layer[layer] += 1
+        short = [
+            layer
+            for layer in range(mc.num_layers)
+            if mc.num_experts - per_layer[layer] > t.expert_offload_limit
+        ]
+        if short:
+            raise ValueError(
+                f"the pool holds {capacity} experts but elastic mode keeps at least "
+                f"{mc.num_experts - t.expert_offload_limit} per layer resident "
+                f"(expert_offload_limit={t.expert_offload_limit}): raise the memory budget or "
+                f"expert_offload_limit"
+            )
+        return chosen
+
+    def _load_initial_experts(self) -> None:
+        self.experts.load_initial(self._initial_experts(), self.tunables.pages_per_expert)
+
+    def set_ranking(self, ranking: HotnessRanking) -> None:
+        """Adopt a new hotness ranking; fixed-policy residency is re-chosen from it."""
+        if (ranking.num_layers, ranking.num_experts) != (
+            self.ranking.num_layers,
+            self.ranking.num_experts,
+        ):
+            raise ValueError("ranking shape does not match the model")
+        self.ranking = ranking
+        if self.tunables.mode == "fixed" and not self.scheduler.has_unfinished():
+            self.experts.release_all()
+            self.reclaim.complete(self.step_id)
+            self._load_initial_experts()
+
+    def set_tunables(self, tunables: Tunables) -> None:
+        """Apply a new policy version between two steps (mode changes need a restart)."""
+        if tunables.mode != self.tunables.mode:
+            raise ValueError(
+                f"mode {tunables.mode!r} differs from the running mode {self.tunables.mode!r}: "
+                f"changing the memory policy needs a restart"
+            )
+        if tunables.pages_per_expert != self.tunables.pages_per_expert:
+            raise ValueError("pages_per_expert is fixed by the model (w1, w3, w2)")
+        self.tunables = tunables
+
+    # ------------------------------------------------------------------ requests
+    def max_kv_tokens(self) -> int:
+        """Tokens one request could hold if every expert the policy may offload were offloaded."""
+        mc, t = self.model_config, self.tunables
+        total_expert_pages = self.pool.num_pages(PageType.EXPERT)
+        if t.mode == "elastic":
+            min_resident = mc.num_layers * (mc.num_experts - t.expert_offload_limit)
+        else:
+            min_resident = self.experts.num_resident()
+        kv_pages = (
+            total_expert_pages - min_resident * t.pages_per_expert
+        ) * self.geometry.kv_pages_per_expert_page
+        return (kv_pages // mc.num_layers) * self.config.block_size
+
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        params = params or SamplingParams()
+        ids = [int(t) for t in prompt_token_ids]
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        total = len(ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
+                f"the model's context of {self.max_model_len} tokens: shorten the prompt or lower "
+                f"max_tokens to {max(0, self.max_model_len - len(ids))}"
+            )
+        fits = self.max_kv_tokens()
+        if total > fits:
+            raise ValueError(
+                f"prompt + max_tokens = {total} tokens can never fit in this pool: at most {fits} "
+                f"tokens fit even with expert_offload_limit={self.tunables.expert_offload_limit} "
+                f"experts offloaded per layer; raise the memory budget or lower max_tokens"
+            )
+        request_id = request_id or f"req-{len(self.requests)}-{time.monotonic_ns()}"
+        if request_id in self.requests and not self.requests[request_id].status.finished:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request = Request(request_id, ids, params, self.model_config.num_layers)
+        if arrival_time is not None:
+            request.arrival_time = arrival_time
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        request = self.requests.get(request_id)
+        if request is None or request.status.finished:
+            return False
+        self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED, self.step_id)
+        request.finish_time = time.monotonic()
+        self.sampler.forget(request_id)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------ one round
+    def step(self) -> list[RequestOutput]:
+        self.step_id += 1
+        step = self.step_id
+        out = self.scheduler.schedule(step)
+        if self.tunables.mode == "elastic":
+            decision = decide(
+                self.kv.shortfall_in_expert_pages(out.kv_pages_short),
+                self.allocator.num_free(PageType.EXPERT),
+                self.ranking,
+                self.experts.resident_sets(),
+                self.tunables,
+            )
+            changes = reserve(decision, self.allocator, self.tunables)
+            # The previous forward — the last that could read an evicted expert — has ended.
+            self.experts.apply(changes, last_step=step - 1)
+        outputs: list[RequestOutput] = []
+        if out.scheduled:
+            outputs = self._execute(out.scheduled, step)
+        # Everything this step launched has completed once its tokens are on the host.
+        self.reclaim.complete(step)
+        self._record(out, step)
+        return outputs
+
+    def _execute(self, scheduled, step: int) -> list[RequestOutput]:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slices: list[SequenceSlice] = []
+        sample_rows: list[int] = []
+        sample_requests: list[Request] = []
+        for s in scheduled:
+            r, n = s.request, s.num_new_tokens
+            start = len(input_ids)
+            input_ids += r.all_token_ids[r.num_computed_tokens : r.num_computed_tokens + n]
+            positions += range(r.num_computed_tokens, r.num_computed_tokens + n)
+            tables = tuple(
+                tuple(r.block_table.layer(layer)) for layer in range(self.model_config.num_layers)
+            )
+            slices.append(SequenceSlice(start, n, r.num_computed_tokens, tables))
+            if r.num_computed_tokens + n == r.num_tokens:
+                sample_rows.append(start + n - 1)
+                sample_requests.append(r)
+        meta = PagedAttentionMeta.build(
+            slices, self.model_config.num_layers, self.config.block_size, self.device
+        )
+        self.experts.begin_step()
+        hidden = self.model.forward(
+            torch.tensor(input_ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            meta,
+        )
+        for s in scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        if not sample_requests:
+            return []
+        logits = self.model.compute_logits(hidden[sample_rows])
+        tokens = self.sampler.sample(
+            logits, [r.request_id for r in sample_requests], [r.params for r in sample_requests]
+        )
+        now = time.monotonic()
+        outputs = []
+        for r, token in zip(sample_requests, tokens, strict=True):
+            r.output_token_ids.append(token)
+            r.token_times.append(now)
+            if r.first_token_time is None:
+                r.first_token_time = now
+            status = self._stop_status(r, token)
+            if status is not None:
+                self.scheduler.finish(r, status, step)
+                r.finish_time = now
+                self.sampler.forget(r.request_id)
+            outputs.append(
+                RequestOutput(
+                    r.request_id,
+                    (token,),
+                    status is not None,
+                    status.value.removeprefix("finished_") if status else None,
+                )
+            )
+        return outputs
+
+    def _stop_status(self, r: Request, token: int) -> RequestStatus | None:
+        p = r.params
+        if token in p.stop_token_ids or (
+            not p.ignore_eos and token in self.model_config.eos_token_ids
+        ):
+            return RequestStatus.FINISHED_STOPPED
+        if len(r.output_token_ids) >= p.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _record(self, out, step: int) -> None:
+        g, a, c = self.geometry, self.allocator, self.experts.counters
+        kv_used = a.num_owned(PageType.KV) if len(self.stats) % 1 == 0 else 0
+        expert_pages = self.experts.num_resident() * self.tunables.pages_per_expert
+        free_bytes = (
+            self.pool.num_bytes - kv_used * g.kv_page_bytes - expert_pages * g.expert_page_bytes
+        )
+        self.stats.append(
+            StepStats(
+                step,
+                time.monotonic(),
+                len(self.scheduler.running),
+                len(self.scheduler.waiting),
+                out.num_tokens,
+                kv_used,
+                expert_pages,
+                free_bytes,
+                kv_used * g.kv_page_bytes,
+                expert_pages * g.expert_page_bytes,
+                self.experts.num_resident(),
+                c.evictions,
+                c.loads,
+                c.buffer_copies,
+                c.bytes_h2d,
+                c.predictor_hits,
+                c.predictor_needed,
+                self.scheduler.num_preemptions,
+            )
+        )
+
+    # ------------------------------------------------------------------ conveniences
+    def generate(
+        self,
+        prompts: Iterable[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[list[int]]:
+        """Run prompts to completion; returns the output token ids of each, in order."""
+        prompts = list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        while self.has_unfinished_requests():
+            self.step()
+        return [list(self.requests[i].output_token_ids) for i in ids]
+
+    def check_invariants(self) -> None:
+        """Pool accounting: pages owned exactly by live requests, resident experts, pending."""
+        self.allocator.check_invariants()
+        live = {r.request_id for r in self.requests.values() if not r.status.finished}
+        kv_owners = {o for (t, _), o in self.allocator._owner.items() if t is PageType.KV}
+        leaked = {o for o in kv_owners if o not in live and not _is_pending(o)}
+        if leaked:
+            raise AssertionError(
+                f"KV pages leaked by finished requests: {sorted(map(str, leaked))}"
+            )
+        expected = self.experts.num_resident() * self.tunables.pages_per_expert
+        expert_owned = sum(
+            1
+            for (t, _), o in self.allocator._owner.items()
+            if t is PageType.EXPERT and isinstance(o, tuple) and o[:1] == ("expert",)
+        )
+        if expected != expert_owned:
+            raise AssertionError(f"{expert_owned} expert pages owned, {expected} expected")
+
+    def num_leaked_pages(self) -> int:
+        """After all requests finished: KV pages still owned (should be 0)."""
+        return self.allocator.num_owned(PageType.KV) + self.reclaim.num_pending(PageType.KV)
+
+
+def _is_pending(owner) -> bool:
+    from rimuru.dataplane.memory.reclaim import Pending
+
+    return isinstance(owner, Pending)
+
+
+class _Unset:
+    """Backend placeholder until the pool exists (calling it is a bug)."""
+
+    def attend(self, *args, **kwargs):
+        raise RuntimeError("attention backend not set")
+
+    def moe(self, *args, **kwargs):
+        raise RuntimeError("expert backend not set")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return math.ceil(a / b)

@@ -1,0 +1,273 @@
+"""Expert manager: where every routed expert lives, and the MoE layer computed from there.
+
+Residency per (layer, expert): in three pool expert pages (w1, w3, w2), or on the host
+(the backing store: every expert's matrices, pinned on CUDA). Two loading buffers,
+alternated by layer, hold copies of non-resident experts for one step: while layer l
+computes from buffer l % 2, the experts predicted for layer l + 1 (layer l+1's router
+applied to layer l's MoE input, the cross-layer prediction of pre-gating systems) are
+copied into buffer (l + 1) % 2. Experts that were not predicted are copied before the
+layer computes.
+
+Ordering rules that must stay true:
+  * a page table row points at pool pages only after the copy into them completed;
+  * an evicted expert's pages are released through deferred reclaim, never reused while
+    a forward that may read them is in flight;
+  * the MoE math is the same wherever the weights lie (experts are accumulated in expert
+    id order on the torch path), so a memory policy never changes the tokens.
+
+Shape key: T = tokens, D = hidden, I = expert intermediate, E = experts, K = top-k,
+S = loading-buffer slots (experts) per buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from rimuru.dataplane.adjust.adjuster import ChangeList
+from rimuru.dataplane.memory.allocator import PageAllocator
+from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.memory.pool import UnifiedPool
+from rimuru.dataplane.memory.reclaim import DeferredReclaim
+from rimuru.dataplane.memory.tables import ExpertPageTable, buffer_slot_id
+from rimuru.dataplane.model.weights import ExpertWeights
+
+MoEKernel = Callable[..., torch.Tensor]
+
+
+@dataclass
+class ExpertCounters:
+    evictions: int = 0
+    loads: int = 0  # experts brought back into pool pages by the adjuster
+    buffer_copies: int = 0  # experts copied into a loading buffer for one step
+    bytes_h2d: int = 0
+    predictor_hits: int = 0  # non-resident experts needed and already prefetched
+    predictor_needed: int = 0  # non-resident experts needed
+    prefetched_unused: int = 0
+
+
+@dataclass
+class _Buffer:
+    """One loading buffer: S slots of three expert matrices each."""
+
+    pages: torch.Tensor  # [3S, I*D]
+    layer: int = -1
+    slot_of: dict[int, int] = field(default_factory=dict)  # expert -> slot
+    used: set[int] = field(default_factory=set)
+
+    def reset(self, layer: int) -> None:
+        self.layer, self.slot_of, self.used = layer, {}, set()
+
+
+class ExpertManager:
+    def __init__(
+        self,
+        pool: UnifiedPool,
+        allocator: PageAllocator,
+        reclaim: DeferredReclaim,
+        host_experts: Sequence[ExpertWeights],
+        num_buffer_slots: int,
+        router_logits: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+        top_k: int = 1,
+        moe_kernel: MoEKernel | None = None,
+    ):
+        self.pool = pool
+        self.allocator = allocator
+        self.reclaim = reclaim
+        self.host = list(host_experts)
+        self.num_layers = len(self.host)
+        self.num_experts, self.inter, self.hidden = self.host[0].w1.shape
+        self.device = pool.device
+        self.table = ExpertPageTable(self.num_layers, self.num_experts, self.device)
+        self.resident: list[set[int]] = [set() for _ in range(self.num_layers)]
+        self.num_buffer_slots = max(1, num_buffer_slots)
+        page_elems = self.inter * self.hidden
+        self.buffers = [
+            _Buffer(
+                torch.empty(
+                    3 * self.num_buffer_slots, page_elems, dtype=pool.dtype, device=self.device
+                )
+            )
+            for _ in range(2)
+        ]
+        self.router_logits = router_logits
+        self.top_k = top_k
+        self.moe_kernel = moe_kernel
+        self.counters = ExpertCounters()
+        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    # ------------------------------------------------------------------ residency
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(b.pages.numel() * b.pages.element_size() for b in self.buffers)
+
+    def num_resident(self) -> int:
+        return sum(len(r) for r in self.resident)
+
+    def resident_sets(self) -> list[frozenset[int]]:
+        return [frozenset(r) for r in self.resident]
+
+    def place(self, layer: int, expert: int, pages: tuple[int, ...]) -> None:
+        """Copy an expert into reserved pool pages, then point its table row at them."""
+        w1, w3, w2 = self.host[layer].expert(expert)
+        view = self.pool.view(PageType.EXPERT)
+        stream = self._copy_stream
+        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+            for page, matrix in zip(pages, (w1, w3, w2), strict=True):
+                view[page].copy_(matrix.reshape(-1), non_blocking=stream is not None)
+        if stream is not None:
+            # The forward runs on the current stream: it must see the finished copy before
+            # the table row can point at these pages.
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+        self.counters.bytes_h2d += self._matrix_bytes(w1) * 3
+        self.table.set_pages(layer, expert, tuple(pages))
+        self.resident[layer].add(expert)
+
+    def evict(self, layer: int, expert: int, last_step: int) -> None:
+        pages = self.table.pages(layer, expert)
+        if pages is None or expert not in self.resident[layer]:
+            raise ValueError(f"expert {expert} of layer {layer} is not resident")
+        self.table.clear(layer, expert)
+        self.resident[layer].discard(expert)
+        self.reclaim.release(PageType.EXPERT, pages, ("expert", layer, expert), last_step)
+        self.counters.evictions += 1
+
+    def apply(self, changes: ChangeList, last_step: int) -> None:
+        """Evictions first (their pages free after `last_step`), then the reserved loads."""
+        for layer, expert in changes.evict:
+            self.evict(layer, expert, last_step)
+        for load in changes.load:
+            self.place(load.layer, load.expert, load.pages)
+            self.counters.loads += 1
+
+    def load_initial(self, experts: Sequence[tuple[int, int]], pages_per_expert: int) -> None:
+        """Start-up residency; raises if the pool cannot hold them."""
+        for layer, expert in experts:
+            pages = self.allocator.allocate(
+                PageType.EXPERT, pages_per_expert, ("expert", layer, expert)
+            )
+            if pages is None:
+                raise ValueError(
+                    f"the pool ({self.pool.num_bytes} B) cannot hold the {len(experts)} experts "
+                    f"this policy keeps resident: raise the memory budget or choose a policy that "
+                    f"offloads experts (fixed/elastic)"
+                )
+            self.place(layer, expert, tuple(pages))
+        self.counters.bytes_h2d = 0  # start-up loading is not serving traffic
+
+    def release_all(self) -> None:
+        for layer in range(self.num_layers):
+            for expert in sorted(self.resident[layer]):
+                self.evict(layer, expert, last_step=self.reclaim.last_completed_step)
+        self.counters.evictions = 0
+
+    # ------------------------------------------------------------------ MoE (ExpertBackend)
+    def begin_step(self) -> None:
+        for b in self.buffers:
+            b.reset(-1)
+
+    def moe(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        buffer = self.buffers[layer % 2]
+        if buffer.layer != layer:
+            buffer.reset(layer)
+        needed = torch.unique(topk_ids).tolist()
+        missing = [e for e in needed if e not in self.resident[layer]]
+        self.counters.predictor_needed += len(missing) if layer > 0 else 0
+        self.counters.predictor_hits += (
+            sum(1 for e in missing if e in buffer.slot_of) if layer > 0 else 0
+        )
+        for e in missing:
+            buffer.used.add(e)
+            if e not in buffer.slot_of:
+                self._copy_to_buffer(buffer, layer, e)
+        if self.router_logits is not None and layer + 1 < self.num_layers:
+            self._prefetch(layer + 1, x)
+        if self.moe_kernel is not None:
+            out = self._moe_kernel(layer, x, topk_ids, topk_weights, buffer)
+        else:
+            out = self._moe_torch(layer, x, topk_ids, topk_weights, buffer, needed)
+        self.counters.prefetched_unused += (
+            len(set(buffer.slot_of) - buffer.used) if layer > 0 else 0
+        )
+        return out
+
+    def _prefetch(self, next_layer: int, x: torch.Tensor) -> None:
+        logits = self.router_logits(next_layer, x)  # [T, E]
+        predicted = torch.unique(torch.topk(logits, self.top_k, dim=-1).indices).tolist()
+        buffer = self.buffers[next_layer % 2]
+        buffer.reset(next_layer)
+        for e in predicted:
+            if e not in self.resident[next_layer] and len(buffer.slot_of) < self.num_buffer_slots:
+                self._copy_to_buffer(buffer, next_layer, e)
+
+    def _copy_to_buffer(self, buffer: _Buffer, layer: int, expert: int) -> None:
+        if len(buffer.slot_of) >= self.num_buffer_slots:
+            # Full of predictions: drop the ones this layer does not use.
+            unused = [e for e in buffer.slot_of if e not in buffer.used]
+            if not unused:
+                raise RuntimeError(
+                    f"layer {layer} needs more than {self.num_buffer_slots} non-resident experts "
+                    f"in one step: the loading buffer is smaller than expert_offload_limit"
+                )
+            del buffer.slot_of[unused[0]]
+        slot = min(set(range(self.num_buffer_slots)) - set(buffer.slot_of.values()))
+        stream = self._copy_stream
+        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+            for i, matrix in enumerate(self.host[layer].expert(expert)):
+                buffer.pages[3 * slot + i].copy_(
+                    matrix.reshape(-1), non_blocking=stream is not None
+                )
+        if stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+        buffer.slot_of[expert] = slot
+        self.counters.buffer_copies += 1
+        self.counters.bytes_h2d += 3 * self._matrix_bytes(self.host[layer].w1[expert])
+
+    def _weights(self, layer: int, expert: int, buffer: _Buffer) -> tuple[torch.Tensor, ...]:
+        pages = self.table.pages(layer, expert)
+        if pages is not None:
+            source, ids = self.pool.view(PageType.EXPERT), pages
+        else:
+            slot = buffer.slot_of[expert]
+            source, ids = buffer.pages, (3 * slot, 3 * slot + 1, 3 * slot + 2)
+        w1 = source[ids[0]].view(self.inter, self.hidden)  # [I, D]
+        w3 = source[ids[1]].view(self.inter, self.hidden)  # [I, D]
+        w2 = source[ids[2]].view(self.hidden, self.inter)  # [D, I]
+        return w1, w3, w2
+
+    def _moe_torch(self, layer, x, topk_ids, topk_weights, buffer, needed) -> torch.Tensor:
+        out = torch.zeros_like(x)  # [T, D]
+        for e in needed:  # ascending expert id, whatever the residency
+            tokens, slots = torch.nonzero(topk_ids == e, as_tuple=True)
+            w1, w3, w2 = self._weights(layer, e, buffer)
+            xe = x[tokens]  # [n, D]
+            h = F.silu(F.linear(xe, w1)) * F.linear(xe, w3)  # [n, I]
+            ye = F.linear(h, w2) * topk_weights[tokens, slots, None]  # [n, D]
+            out.index_add_(0, tokens, ye.to(x.dtype))
+        return out
+
+    def _moe_kernel(self, layer, x, topk_ids, topk_weights, buffer) -> torch.Tensor:
+        table = self.table.on_device()[layer].clone()  # [E, 3]
+        for e, slot in buffer.slot_of.items():
+            table[e] = torch.tensor(
+                [buffer_slot_id(3 * slot + i) for i in range(3)], dtype=torch.int32
+            )
+        return self.moe_kernel(
+            x, topk_ids, topk_weights, self.pool.view(PageType.EXPERT), buffer.pages, table
+        )
+
+    @staticmethod
+    def _matrix_bytes(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

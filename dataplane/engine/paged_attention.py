@@ -1,0 +1,109 @@
+"""Attention over the pool's KV pages: the engine's AttentionBackend.
+
+Per step the engine builds a `PagedAttentionMeta`: for every layer a slot mapping (where
+each new token's K/V goes: slot = page * 16 + offset) and each sequence's block table
+(its pages of that layer, in logical order). The torch reference path writes K/V into the
+pool's KV view and attends by gathering pages through the block table; on CUDA the
+Triton kernels of `rimuru.kernels` plug in behind the same interface.
+
+Shape key: T = tokens of the step, Hq/Hkv = heads, Dh = head dim, B = block size (16),
+N = new tokens of one sequence, C = its context (cached + new) tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.memory.pool import UnifiedPool
+
+
+@dataclass(frozen=True)
+class SequenceSlice:
+    start: int  # first token of this sequence in the flattened batch
+    num_new_tokens: int  # N
+    num_computed_tokens: int  # tokens already cached before this step
+    block_tables: tuple[tuple[int, ...], ...]  # [L][num_blocks] KV page ids
+
+    @property
+    def context_len(self) -> int:
+        return self.num_computed_tokens + self.num_new_tokens
+
+
+@dataclass(frozen=True)
+class PagedAttentionMeta:
+    sequences: tuple[SequenceSlice, ...]
+    slot_mapping: torch.Tensor  # [L, T] int64
+
+    @classmethod
+    def build(
+        cls, sequences: list[SequenceSlice], num_layers: int, block_size: int, device
+    ) -> PagedAttentionMeta:
+        slots = []
+        for layer in range(num_layers):
+            row = []
+            for s in sequences:
+                table = s.block_tables[layer]
+                for pos in range(s.num_computed_tokens, s.context_len):
+                    row.append(table[pos // block_size] * block_size + pos % block_size)
+            slots.append(row)
+        return cls(tuple(sequences), torch.tensor(slots, dtype=torch.int64, device=device))
+
+
+class PagedAttention:
+    def __init__(
+        self,
+        pool: UnifiedPool,
+        scale: float | None = None,
+        kernels: dict[str, Callable] | None = None,
+    ):
+        self.pool = pool
+        shape = pool.geometry.shape
+        self.block_size = shape.block_size
+        self.scale = scale if scale is not None else 1.0 / math.sqrt(shape.head_dim)
+        self.kernels = kernels
+
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: PagedAttentionMeta,
+    ) -> torch.Tensor:
+        kv = self.pool.view(PageType.KV)  # [P, 2, B, Hkv, Dh]
+        if self.kernels is not None:
+            return self.kernels["attend"](layer, q, k, v, meta, kv, self.scale)
+        slots = meta.slot_mapping[layer]  # [T]
+        pages, offsets = slots // self.block_size, slots % self.block_size
+        kv[pages, 0, offsets] = k
+        kv[pages, 1, offsets] = v
+        out = torch.empty_like(q)  # [T, Hq, Dh]
+        group = q.shape[1] // k.shape[1]
+        for s in meta.sequences:
+            num_blocks = math.ceil(s.context_len / self.block_size)
+            table = torch.tensor(s.block_tables[layer][:num_blocks], device=q.device)
+            ctx_k = kv[table, 0].reshape(-1, *kv.shape[3:])[: s.context_len]  # [C, Hkv, Dh]
+            ctx_v = kv[table, 1].reshape(-1, *kv.shape[3:])[: s.context_len]
+            qs = q[s.start : s.start + s.num_new_tokens]  # [N, Hq, Dh]
+            out[s.start : s.start + s.num_new_tokens] = _causal_attention(
+                qs, ctx_k, ctx_v, s.num_computed_tokens, group, self.scale
+            )
+        return out
+
+
+def _causal_attention(q, k, v, offset: int, group: int, scale: float) -> torch.Tensor:
+    """q [N, Hq, Dh] at positions offset..offset+N-1 over k/v [C, Hkv, Dh] -> [N, Hq, Dh]."""
+    n, c = q.shape[0], k.shape[0]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    positions = torch.arange(offset, offset + n, device=q.device)[:, None]
+    mask = torch.arange(c, device=q.device)[None, :] <= positions  # [N, C]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+    )  # [Hq, N, Dh]
+    return out.transpose(0, 1)

@@ -1,0 +1,48 @@
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds.
+
+Shape key: B = requests sampled this step, V = vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+from rimuru.dataplane.engine.request import SamplingParams
+
+
+class Sampler:
+    def __init__(self) -> None:
+        self._generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def sample(
+        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
+    ) -> list[int]:
+        """logits [B, V] fp32 -> one token id per row."""
+        logits = logits.float().cpu()
+        out: list[int] = []
+        for row, request_id, p in zip(logits, request_ids, params, strict=True):
+            if p.temperature == 0.0:
+                out.append(int(torch.argmax(row)))
+                continue
+            row = row / p.temperature
+            if p.top_k > 0 and p.top_k < row.numel():
+                kth = torch.topk(row, p.top_k).values[-1]
+                row = row.masked_fill(row < kth, float("-inf"))
+            probs = torch.softmax(row, dim=-1)
+            if p.top_p < 1.0:
+                sorted_probs, order = torch.sort(probs, descending=True)
+                # keep the smallest prefix whose mass reaches top_p (always the first token)
+                drop = torch.cumsum(sorted_probs, 0) - sorted_probs >= p.top_p
+                sorted_probs[drop] = 0.0
+                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            out.append(int(torch.multinomial(probs, 1, generator=self._generator(request_id, p))))
+        return out
+
+    def _generator(self, request_id: str, p: SamplingParams) -> torch.Generator | None:
+        if p.seed is None:
+            return None
+        if request_id not in self._generators:
+            self._generators[request_id] = torch.Generator().manual_seed(p.seed)
+        return self._generators[request_id]

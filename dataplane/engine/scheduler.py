@@ -1,0 +1,110 @@
+"""V1-style scheduler: continuous batching with chunked prefill and recompute preemption.
+
+One round (vLLM V1 semantics):
+  1. Running requests first, oldest first: each gets its remaining tokens (a prompt chunk
+     or one decode token) within the token budget. If its KV pages do not fit, the newest
+     running request is preempted (pages freed, back to the front of the waiting queue,
+     recomputed from scratch later) until they do — possibly the request itself.
+  2. Waiting requests are admitted, oldest first, only if nothing was preempted this round,
+     while `max_num_seqs` and the token budget allow and their pages fit.
+  3. The shortfall — KV pages that were needed but could not be had — is reported in the
+     output; the engine converts it to expert pages for the adjuster.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from rimuru.dataplane.engine.kv_cache import KVCacheManager
+from rimuru.dataplane.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: tuple[ScheduledRequest, ...]
+    preempted: tuple[str, ...]
+    kv_pages_short: int  # pages the round needed but could not get
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, step: int) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+        short = 0
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens_to_compute, budget)
+            while not self.kv.allocate_slots(request, num_new):
+                short += self.kv.num_pages_needed(request, num_new) - self.kv.num_free_pages
+                victim = self.running.pop()
+                self._preempt(victim, step)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                scheduled.append(ScheduledRequest(request, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break  # the request itself was preempted; everything after it is gone too
+        if not preempted:
+            while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+                request = self.waiting[0]
+                num_new = min(request.num_tokens_to_compute, budget)
+                if not self.kv.allocate_slots(request, num_new):
+                    short += self.kv.num_pages_needed(request, num_new) - self.kv.num_free_pages
+                    break
+                self.waiting.popleft()
+                request.status = RequestStatus.RUNNING
+                self.running.append(request)
+                scheduled.append(ScheduledRequest(request, num_new))
+                budget -= num_new
+        return SchedulerOutput(tuple(scheduled), tuple(preempted), max(short, 0))
+
+    def _preempt(self, request: Request, step: int) -> None:
+        # The previous forward, the last that read these pages, has completed: the engine
+        # waits for its sampled tokens before scheduling the next round.
+        self.kv.free(request, last_step=step - 1)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def finish(self, request: Request, status: RequestStatus, step: int) -> None:
+        """Remove a finished or aborted request and release its pages after `step`."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv.free(request, last_step=step)
