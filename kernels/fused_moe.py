@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from rimuru.kernels.moe_align import moe_align_block_size
 from rimuru.kernels.moe_configs import MoeConfig, get_moe_config
-from rimuru.kernels.moe_gemm import WeightSource, launch_moe_gemm
+from rimuru.kernels.moe_gemm import WeightSource, launch_down_gemm, launch_up_gemm
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -109,18 +109,14 @@ def _run(
     align = moe_align_block_size(topk_ids, num_experts, config.block_m)
     weights = topk_weights.to(torch.float32).contiguous().view(-1)  # [P]
     h = torch.empty(T * top_k, 2 * inter_size, dtype=x.dtype, device=x.device)  # [P, 2I]
-    launch_moe_gemm(
-        x, h, up_source, align, weights, config.gemm1,
-        n=inter_size, k=D, top_k=top_k, first_column=0, num_halves=2,
-        gather_tokens=True, swiglu_input=False, mul_routing_weight=False,
-    )  # fmt: skip
+    launch_up_gemm(
+        x, h, up_source, align, weights, config.gemm1, inter_size=inter_size, top_k=top_k
+    )
     # With top-1 each token has one pair, so gemm2 writes the output rows directly.
     y = out if top_k == 1 else torch.empty(T * top_k, D, dtype=x.dtype, device=x.device)
-    launch_moe_gemm(
-        h, y, down_source, align, weights, config.gemm2,
-        n=D, k=inter_size, top_k=top_k, first_column=2, num_halves=1,
-        gather_tokens=False, swiglu_input=True, mul_routing_weight=True,
-    )  # fmt: skip
+    launch_down_gemm(
+        h, y, down_source, align, weights, config.gemm2, inter_size=inter_size, top_k=top_k
+    )
     if top_k > 1:
         torch.sum(y.view(T, top_k, D), dim=1, out=out)
     return out

@@ -182,3 +182,21 @@ def launch_moe_gemm(
         BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
+
+
+def launch_up_gemm(x, h, source, align, topk_weights, tile, *, inter_size: int, top_k: int):
+    """gemm1: h [P, 2I] = [x w1^T | x w3^T] for every pair's token."""
+    launch_moe_gemm(
+        x, h, source, align, topk_weights, tile,
+        n=inter_size, k=x.shape[1], top_k=top_k, first_column=0, num_halves=2,
+        gather_tokens=True, swiglu_input=False, mul_routing_weight=False,
+    )  # fmt: skip
+
+
+def launch_down_gemm(h, y, source, align, topk_weights, tile, *, inter_size: int, top_k: int):
+    """gemm2: y [P, D] = weight * (silu(h[:, :I]) * h[:, I:]) w2^T."""
+    launch_moe_gemm(
+        h, y, source, align, topk_weights, tile,
+        n=y.shape[1], k=inter_size, top_k=top_k, first_column=2, num_halves=1,
+        gather_tokens=False, swiglu_input=True, mul_routing_weight=True,
+    )  # fmt: skip

@@ -1,0 +1,311 @@
+"""GPU lane of the kernels: correctness at real shapes and timings against their floors, one call.
+
+Usage (GPU):  python bench/kernels_gpu.py [--out-dir DIR] [--models all] [--tokens 1,...,4096]
+
+Sections (each guarded, so one failure still leaves the others' figures):
+  1. ceilings: device-to-device copy (bytes read + written) and an 8192^3 bf16 matmul.
+  2. fused MoE per model: bf16 relative error of paged and contiguous outputs vs an fp32
+     torch reference (outputs NaN-poisoned first), paged == contiguous bit for bit, then the
+     whole op (align + 2 GEMMs + top-k sum) captured in a CUDA graph and timed with
+     triton.testing.do_bench (median, L2 flushed) at every token count, paged and contiguous
+     interleaved twice; each against its floor max(FLOPs / 755e12, bytes / 4.17e12), where
+     bytes = touched experts' weights + x + output.
+  3. attention: KV write (exact), prefill (chunked, GQA) error and a timing, decode error and
+     bandwidth at batch 64 x 2k context for several context splits.
+The last lines printed are the summary table; full figures go to DIR/kernels_gpu.json.
+"""
+
+import argparse
+import functools
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rimuru.kernels import (
+    fused_moe_contiguous,
+    fused_moe_paged,
+    fused_moe_reference,
+    get_moe_config,
+    paged_decode_attention,
+    paged_decode_attention_reference,
+    paged_prefill_attention,
+    paged_prefill_attention_reference,
+    write_kv_pages,
+    write_kv_pages_reference,
+)
+from tune_moe import MODELS, TOKEN_COUNTS, MoeShape, make_experts, random_routing
+
+PEAK_FLOPS = 755e12  # bf16 dense matmul, measured on this H200 (task brief)
+PEAK_BYTES = 4.17e12  # device copy, read + write, measured on this H200 (task brief)
+DEVICE = torch.device("cuda")
+
+
+def bench_ms(fn, rep: int = 100) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def measure_ceilings() -> dict:
+    n = 2**30  # 2 GiB of bf16 per side
+    src = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
+    copy_ms = bench_ms(functools.partial(torch.empty_like(src).copy_, src))
+    del src
+    m = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    mm_ms = bench_ms(lambda: m @ k)
+    return {
+        "copy_bytes_per_s": 2 * 2 * n / (copy_ms * 1e-3),
+        "bf16_matmul_flops": 2 * 8192**3 / (mm_ms * 1e-3),
+    }
+
+
+def graph_of(fn) -> torch.cuda.CUDAGraph:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def moe_floor_s(shape: MoeShape, num_tokens: int, touched: int) -> tuple[float, float]:
+    inter, hidden, k = shape.inter_size, shape.hidden_size, shape.top_k
+    flops = 2 * num_tokens * k * 3 * inter * hidden
+    nbytes = 2 * (touched * 3 * inter * hidden + 2 * num_tokens * hidden)
+    return flops / PEAK_FLOPS, nbytes / PEAK_BYTES
+
+
+def check_moe(shape: MoeShape, experts, tokens: list[int]) -> list[dict]:
+    rows = []
+    for n in tokens:
+        ids, weights = random_routing(n, shape, DEVICE, seed=1000 + n)
+        x = torch.randn(n, shape.hidden_size, device=DEVICE).to(torch.bfloat16)
+        poisoned = [torch.full_like(x, float("nan")) for _ in range(2)]
+        paged = fused_moe_paged(
+            x, ids, weights, experts.pool_pages, experts.buffer_pages, experts.expert_table,
+            out=poisoned[0],
+        )  # fmt: skip
+        contig = fused_moe_contiguous(x, ids, weights, experts.w13, experts.w2, out=poisoned[1])
+        ref = fused_moe_reference(x.float(), ids, weights, experts.w1, experts.w3, experts.w2)
+        rows.append({
+            "tokens": n,
+            "paged_rel_err": rel_err(paged, ref),
+            "contig_rel_err": rel_err(contig, ref),
+            "all_finite": bool(paged.isfinite().all() and contig.isfinite().all()),
+            "paged_equals_contig": bool(torch.equal(paged, contig)),
+        })  # fmt: skip
+    return rows
+
+
+def time_moe(shape: MoeShape, experts, tokens: list[int]) -> list[dict]:
+    rows = []
+    for n in tokens:
+        ids, weights = random_routing(n, shape, DEVICE, seed=n)
+        x = torch.randn(n, shape.hidden_size, device=DEVICE).to(torch.bfloat16)
+        config = get_moe_config(
+            shape.num_experts, shape.inter_size, shape.hidden_size, n, shape.top_k, x.dtype, DEVICE
+        )
+        out_p, out_c = torch.empty_like(x), torch.empty_like(x)
+        e = experts
+        paged = graph_of(functools.partial(
+            fused_moe_paged, x, ids, weights, e.pool_pages, e.buffer_pages, e.expert_table,
+            config=config, out=out_p,
+        ))  # fmt: skip
+        contig = graph_of(functools.partial(
+            fused_moe_contiguous, x, ids, weights, e.w13, e.w2, config=config, out=out_c
+        ))  # fmt: skip
+        tp = [bench_ms(paged.replay), None]
+        tc = [bench_ms(contig.replay), None]
+        tp[1], tc[1] = bench_ms(paged.replay), bench_ms(contig.replay)
+        touched = int(torch.unique(ids).numel())
+        flop_s, byte_s = moe_floor_s(shape, n, touched)
+        floor_us = max(flop_s, byte_s) * 1e6
+        p_us, c_us = 1e3 * sum(tp) / 2, 1e3 * sum(tc) / 2
+        rows.append({
+            "tokens": n, "block_m": config.block_m, "paged_us": p_us, "contig_us": c_us,
+            "paged_runs_us": [1e3 * t for t in tp], "contig_runs_us": [1e3 * t for t in tc],
+            "overhead_pct": 100 * (p_us / c_us - 1), "overhead_us": p_us - c_us,
+            "floor_us": floor_us, "floor_bound": "flops" if flop_s > byte_s else "bytes",
+            "contig_over_floor": c_us / floor_us, "paged_over_floor": p_us / floor_us,
+        })  # fmt: skip
+        print(f"  {shape.name:18s} T={n:5d} paged {p_us:9.1f} us  contig {c_us:9.1f} us  "
+              f"{rows[-1]['overhead_pct']:+6.2f}%  floor {floor_us:8.1f} us "
+              f"({rows[-1]['floor_bound']})  contig/floor {c_us / floor_us:5.2f}", flush=True)  # fmt: skip
+        del paged, contig
+    return rows
+
+
+def kv_cache(num_pages: int, h_kv: int, dh: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    shape = (num_pages, 2, 16, h_kv, dh)
+    return torch.randn(shape, generator=gen, device=DEVICE).to(torch.bfloat16)
+
+
+def bench_attention(hq: int, h_kv: int, dh=128, batch=64, context=2048, prompt=1024) -> dict:
+    result = {"hq": hq, "h_kv": h_kv, "dh": dh}
+    # KV write, exact.
+    kv = kv_cache(4096, h_kv, dh, seed=1)
+    kv_ref = kv.clone()
+    k = torch.randn(1000, h_kv, dh, device=DEVICE).to(torch.bfloat16)
+    v = torch.randn_like(k)
+    slots = torch.randperm(4096 * 16, device=DEVICE)[:1000]
+    slots[::7] = -1
+    write_kv_pages(k, v, kv, slots)
+    write_kv_pages_reference(k, v, kv_ref, slots)
+    result["kv_write_exact"] = bool(torch.equal(kv, kv_ref))
+    # Chunked prefill: three sequences whose earlier chunks are already in the pool.
+    q_lens, ctx = [100, 300, 1], [500, 300, 2048]
+    cu = torch.tensor([0, 100, 400, 401], dtype=torch.int32, device=DEVICE)
+    tables = torch.randperm(4096, device=DEVICE)[: 3 * 128].view(3, 128).int()
+    q = torch.randn(sum(q_lens), hq, dh, device=DEVICE).to(torch.bfloat16)
+    seq_lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
+    out = torch.full_like(q, float("nan"))
+    paged_prefill_attention(q, kv, tables, cu, seq_lens, max(q_lens), out=out)
+    ref = paged_prefill_attention_reference(q, kv, tables, cu, seq_lens)
+    result["prefill_rel_err"] = rel_err(out, ref)
+    # Prefill timing: 4 fresh prompts (causal FLOPs counted once).
+    cu4 = torch.arange(0, 5 * prompt, prompt, dtype=torch.int32, device=DEVICE)
+    tables4 = torch.randperm(4096, device=DEVICE)[: 4 * prompt // 16].view(4, -1).int()
+    q4 = torch.randn(4 * prompt, hq, dh, device=DEVICE).to(torch.bfloat16)
+    lens4 = torch.full((4,), prompt, dtype=torch.int32, device=DEVICE)
+    ms = bench_ms(lambda: paged_prefill_attention(q4, kv, tables4, cu4, lens4, prompt))
+    flops = 4 * hq * 2 * 2 * dh * (prompt * (prompt + 1) / 2)
+    result["prefill_4x1024_us"] = ms * 1e3
+    result["prefill_tflops"] = flops / (ms * 1e-3) / 1e12
+    del kv, kv_ref
+    # Decode: batch 64 x 2048 context, pages scattered through a larger pool.
+    B, L = batch, context
+    kv = kv_cache(B * L // 16 + 2048, h_kv, dh, seed=2)
+    tables = torch.randperm(kv.shape[0], device=DEVICE)[: B * L // 16].view(B, L // 16).int()
+    q = torch.randn(B, hq, dh, device=DEVICE).to(torch.bfloat16)
+    lens_rand = torch.randint(1, L + 1, (B,), dtype=torch.int32, device=DEVICE)
+    out = torch.full_like(q, float("nan"))
+    paged_decode_attention(q, kv, tables, lens_rand, L, out=out)
+    result["decode_rel_err_random_lens"] = rel_err(
+        out, paged_decode_attention_reference(q, kv, tables, lens_rand)
+    )
+    lens = torch.full((B,), L, dtype=torch.int32, device=DEVICE)
+    nbytes = B * L * 2 * h_kv * dh * 2 + 2 * B * hq * dh * 2 + B * (L // 16) * 4
+    result["decode_bytes"] = nbytes
+    result["decode"] = {}
+    for split in (None, 256, 512, 1024, 2048):
+        out = torch.full_like(q, float("nan"))
+        paged_decode_attention(q, kv, tables, lens, L, out=out, tokens_per_split=split)
+        err = rel_err(out, paged_decode_attention_reference(q, kv, tables, lens))
+        ms = bench_ms(
+            lambda s=split: paged_decode_attention(q, kv, tables, lens, L, tokens_per_split=s)
+        )
+        result["decode"][str(split)] = {
+            "us": ms * 1e3,
+            "bytes_per_s": nbytes / (ms * 1e-3),
+            "rel_err": err,
+        }
+    return result
+
+
+def summarize(report: dict) -> None:
+    print("\n==== summary (H200, bf16) ====")
+    c = report.get("ceilings")
+    if c:
+        print(f"ceilings measured: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+              f"bf16 matmul {c['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s "
+              f"(floors use {PEAK_BYTES / 1e12} TB/s, {PEAK_FLOPS / 1e12:.0f} TFLOP/s)")  # fmt: skip
+    for name, m in report.get("moe", {}).items():
+        if "error" in m:
+            print(f"{name}: FAILED {m['error']}")
+            continue
+        errs = ", ".join(f"T={r['tokens']}: {r['paged_rel_err']:.1e}" for r in m["check"])
+        same = all(r["paged_equals_contig"] and r["all_finite"] for r in m["check"])
+        print(f"{name}: bf16 rel err {errs}; paged==contig and finite: {same}")
+        print(
+            f"{'T':>6} {'paged us':>10} {'contig us':>10} {'ovh %':>7} {'ovh us':>7} {'floor us':>9} {'c/floor':>7}"
+        )
+        for r in m["timing"]:
+            print(f"{r['tokens']:6d} {r['paged_us']:10.1f} {r['contig_us']:10.1f} {r['overhead_pct']:+7.2f} "
+                  f"{r['overhead_us']:+7.2f} {r['floor_us']:9.1f} {r['contig_over_floor']:7.2f}")  # fmt: skip
+        big = [r for r in m["timing"] if r["tokens"] >= 1024]
+        one = [r for r in m["timing"] if r["tokens"] == 1]
+        if big:
+            print(f"  >=1024 tokens: mean overhead {sum(r['overhead_pct'] for r in big) / len(big):+.2f}% "
+                  f"(target <= +0.5%), max contig/floor {max(r['contig_over_floor'] for r in big):.2f} (target <= 1.5)")  # fmt: skip
+        if one:
+            print(f"  1 token: overhead {one[0]['overhead_us']:+.2f} us (target <= +2 us)")
+    for a in report.get("attention", []):
+        if "error" in a:
+            print(f"attention: FAILED {a['error']}")
+            continue
+        best = min(a["decode"].items(), key=lambda kv: kv[1]["us"])
+        dflt = a["decode"]["None"]
+        print(f"attention Hq={a['hq']} Hkv={a['h_kv']}: kv_write exact {a['kv_write_exact']}; prefill err "
+              f"{a['prefill_rel_err']:.1e}, 4x1024 {a['prefill_4x1024_us']:.0f} us ({a['prefill_tflops']:.0f} TFLOP/s); "
+              f"decode err {a['decode_rel_err_random_lens']:.1e}")  # fmt: skip
+        print(f"  decode 64x2048: default split {dflt['us']:.1f} us = {dflt['bytes_per_s'] / 1e12:.2f} TB/s "
+              f"({100 * dflt['bytes_per_s'] / PEAK_BYTES:.0f}% of 4.17); best split {best[0]}: "
+              f"{best[1]['us']:.1f} us = {100 * best[1]['bytes_per_s'] / PEAK_BYTES:.0f}% (target >= 70%)")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", type=Path, default=Path("."))
+    parser.add_argument("--models", default="all")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKEN_COUNTS)))
+    parser.add_argument("--check-tokens", default="1,7,64,1024")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("kernels_gpu.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    names = sorted(MODELS) if args.models == "all" else args.models.split(",")
+    tokens = [int(t) for t in args.tokens.split(",")]
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": " ".join(["python", *sys.argv]),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "moe": {},
+        "attention": [],
+    }
+    try:
+        report["ceilings"] = measure_ceilings()
+    except Exception:
+        traceback.print_exc()
+    for name in names:
+        shape = MODELS[name]
+        try:
+            experts = make_experts(shape, torch.bfloat16, DEVICE, seed=0)
+            check = check_moe(shape, experts, [int(t) for t in args.check_tokens.split(",")])
+            print(f"{shape.name}: check {check}", flush=True)
+            report["moe"][name] = {"check": check, "timing": time_moe(shape, experts, tokens)}
+            del experts
+            torch.cuda.empty_cache()
+        except Exception as exc:
+            traceback.print_exc()
+            report["moe"][name] = {"error": repr(exc)[:300]}
+    for hq, h_kv in ((32, 4), (16, 16)):
+        try:
+            report["attention"].append(bench_attention(hq, h_kv))
+        except Exception as exc:
+            traceback.print_exc()
+            report["attention"].append({"error": repr(exc)[:300]})
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "kernels_gpu.json").write_text(json.dumps(report, indent=1) + "\n")
+    summarize(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

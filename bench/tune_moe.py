@@ -1,0 +1,288 @@
+"""Tune the fused MoE's block configurations on this GPU and write the table kernels/configs/ reads.
+
+Usage (GPU):  python bench/tune_moe.py [--models all] [--tokens 1,2,...,4096] [--out FILE]
+
+For every model shape and token count it times, with triton.testing.do_bench (median, L2
+flushed before each run), gemm1 and gemm2 of the *paged* kernel apart for each candidate
+tile, keeps the fastest tile of each GEMM per block_m, then the block_m whose two GEMMs
+together are fastest. The contiguous twin runs with the same table, which keeps the
+paged-vs-contiguous comparison like for like. Candidates are compiled first in parallel
+worker processes (Triton's on-disk cache is shared), so the timing loop compiles nothing.
+
+Also holds the model shapes and the paged-weight fixtures that bench/kernels_gpu.py uses.
+"""
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import multiprocessing
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rimuru.kernels.moe_align import moe_align_block_size
+from rimuru.kernels.moe_configs import CONFIG_DIR, GemmTile, MoeConfig, config_file_name, shape_key
+from rimuru.kernels.moe_gemm import WeightSource, launch_down_gemm, launch_up_gemm
+
+# Shape key: E = experts, I = expert intermediate, D = hidden, K = top-k, T = tokens.
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    name: str
+    num_experts: int
+    inter_size: int
+    hidden_size: int
+    top_k: int
+
+
+MODELS = {
+    "qwen1.5-moe-a2.7b": MoeShape("Qwen1.5-MoE-A2.7B", 60, 1408, 2048, 4),
+    "qwen3-30b-a3b": MoeShape("Qwen3-30B-A3B", 128, 768, 2048, 8),
+    "mixtral-8x7b": MoeShape("Mixtral-8x7B", 8, 14336, 4096, 2),
+}
+TOKEN_COUNTS = [2**i for i in range(13)]  # 1 .. 4096
+
+_SMALL_TILES = [  # (block_n, block_k, num_warps, num_stages): weight streaming, few rows
+    (64, 128, 4, 4),
+    (128, 128, 4, 3),
+    (64, 256, 4, 3),
+    (32, 256, 4, 4),
+    (128, 64, 4, 4),
+    (64, 64, 4, 5),
+]
+_LARGE_TILES = [  # tensor-core bound tiles
+    (64, 64, 4, 4),
+    (128, 64, 4, 3),
+    (128, 64, 8, 4),
+    (256, 64, 8, 3),
+    (128, 128, 8, 3),
+    (64, 128, 4, 3),
+]
+
+
+def block_ms_for(num_tokens: int, shape: MoeShape) -> list[int]:
+    rows = num_tokens * shape.top_k / shape.num_experts  # mean rows per expert
+    ms = [
+        bm
+        for bm, lo, hi in ((16, 0, 64), (32, 8, 256), (64, 16, 1e9), (128, 64, 1e9))
+        if lo < rows <= hi
+    ]
+    return ms or [16]
+
+
+def tiles_for(block_m: int) -> list[GemmTile]:
+    if block_m <= 32:
+        return [GemmTile(n, k, 1, w, s) for n, k, w, s in _SMALL_TILES]
+    return [GemmTile(n, k, 8, w, s) for n, k, w, s in _LARGE_TILES]
+
+
+@dataclass(frozen=True)
+class PagedExperts:
+    """The experts of one layer three ways: stacks, contiguous twin and pages."""
+
+    w1: torch.Tensor  # [E, I, D]
+    w3: torch.Tensor  # [E, I, D]
+    w2: torch.Tensor  # [E, D, I]
+    w13: torch.Tensor  # [E, 2I, D]
+    pool_pages: torch.Tensor  # [num_pages, I*D]
+    buffer_pages: torch.Tensor  # [num_slots, I*D]
+    expert_table: torch.Tensor  # [E, 3] int32
+
+    def paged_source(self) -> WeightSource:
+        return WeightSource(
+            self.pool_pages, self.buffer_pages, self.expert_table, self.pool_pages.stride(0), 0
+        )
+
+
+def make_experts(
+    shape: MoeShape, dtype: torch.dtype, device: torch.device, seed: int, buffered_share=0.125
+) -> PagedExperts:
+    """Random experts; pages land in a shuffled pool with spare pages between them, and a
+    share of the experts sits in loading-buffer slots instead."""
+    E, inter, D = shape.num_experts, shape.inter_size, shape.hidden_size
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w1 = (torch.randn(E, inter, D, generator=gen, device=device) * D**-0.5).to(dtype)
+    w3 = (torch.randn(E, inter, D, generator=gen, device=device) * D**-0.5).to(dtype)
+    w2 = (torch.randn(E, D, inter, generator=gen, device=device) * inter**-0.5).to(dtype)
+    num_buffered = int(E * buffered_share)
+    order = torch.randperm(E, generator=torch.Generator().manual_seed(seed)).tolist()
+    buffered, pooled = order[:num_buffered], order[num_buffered:]
+    num_pages = 3 * len(pooled) + max(4, len(pooled) // 2)
+    page_ids = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed + 1))
+    pool = torch.empty(num_pages, inter * D, dtype=dtype, device=device)
+    buffer = torch.empty(max(1, 3 * num_buffered), inter * D, dtype=dtype, device=device)
+    table = torch.full((E, 3), -(2**30), dtype=torch.int32)  # sentinel: must never be read
+    for i, e in enumerate(pooled):
+        for j, w in enumerate((w1[e], w3[e], w2[e])):
+            pid = int(page_ids[3 * i + j])
+            pool[pid].copy_(w.reshape(-1))
+            table[e, j] = pid
+    for i, e in enumerate(buffered):
+        for j, w in enumerate((w1[e], w3[e], w2[e])):
+            buffer[3 * i + j].copy_(w.reshape(-1))
+            table[e, j] = -(3 * i + j) - 1
+    w13 = torch.cat([w1, w3], dim=1)
+    return PagedExperts(w1, w3, w2, w13, pool, buffer, table.to(device))
+
+
+def random_routing(num_tokens: int, shape: MoeShape, device: torch.device, seed: int):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn(num_tokens, shape.num_experts, generator=gen, device=device)
+    weights, ids = torch.topk(logits.softmax(-1), shape.top_k, dim=-1)
+    return ids.to(torch.int32), weights / weights.sum(-1, keepdim=True)
+
+
+def _bench(fn, rep_ms: float) -> float:
+    import triton.testing
+
+    try:
+        return triton.testing.do_bench(
+            fn, warmup=max(1, rep_ms // 4), rep=rep_ms, return_mode="median"
+        )
+    except Exception as exc:  # out of shared memory or registers: not a candidate here
+        print(f"    skipped: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
+        return float("inf")
+
+
+def _gemm_closures(
+    experts: PagedExperts, shape: MoeShape, num_tokens: int, block_m: int, seed: int
+):
+    device = experts.pool_pages.device
+    ids, weights = random_routing(num_tokens, shape, device, seed)
+    x = torch.randn(num_tokens, shape.hidden_size, device=device).to(experts.pool_pages.dtype)
+    align = moe_align_block_size(ids, shape.num_experts, block_m)
+    P, inter = ids.numel(), shape.inter_size
+    h = torch.randn(P, 2 * inter, device=device).to(x.dtype)
+    h_out = torch.empty_like(h)
+    y = torch.empty(P, shape.hidden_size, device=device, dtype=x.dtype)
+    w = weights.reshape(-1).float()
+    src = experts.paged_source()
+    k = shape.top_k
+
+    def up(tile):
+        return lambda: launch_up_gemm(x, h_out, src, align, w, tile, inter_size=inter, top_k=k)
+
+    def down(tile):
+        return lambda: launch_down_gemm(h, y, src, align, w, tile, inter_size=inter, top_k=k)
+
+    return up, down
+
+
+def _all_block_configs(shapes: list[MoeShape], tokens: list[int]) -> list[tuple[int, GemmTile]]:
+    pairs = {
+        (bm, t) for s in shapes for n in tokens for bm in block_ms_for(n, s) for t in tiles_for(bm)
+    }
+    return sorted(
+        pairs, key=lambda p: (p[0], p[1].block_n, p[1].block_k, p[1].num_warps, p[1].num_stages)
+    )
+
+
+def _precompile_worker(args) -> int:
+    """Run each (block_m, tile) once on small data of every shape: fills Triton's disk cache."""
+    work, shapes, dtype_name = args
+    dtype = getattr(torch, dtype_name)
+    device = torch.device("cuda")
+    done = 0
+    for shape in shapes:
+        small = MoeShape(shape.name, 4, shape.inter_size, shape.hidden_size, min(2, shape.top_k))
+        experts = make_experts(small, dtype, device, seed=0, buffered_share=0.25)
+        for bm, tile in work:
+            up, down = _gemm_closures(experts, small, 64, bm, seed=1)
+            for fn in (up(tile), down(tile)):
+                try:
+                    fn()
+                    done += 1
+                except Exception:
+                    pass
+        torch.cuda.synchronize()
+    return done
+
+
+def precompile(shapes: list[MoeShape], tokens: list[int], dtype: torch.dtype, workers: int) -> None:
+    configs = _all_block_configs(shapes, tokens)
+    chunks = [configs[i::workers] for i in range(workers)]
+    ctx = multiprocessing.get_context("spawn")
+    t0 = time.time()
+    with cf.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        jobs = [(c, shapes, str(dtype).removeprefix("torch.")) for c in chunks if c]
+        done = sum(pool.map(_precompile_worker, jobs))
+    print(
+        f"precompiled {done} kernels ({len(configs)} configs) in {time.time() - t0:.1f} s",
+        flush=True,
+    )
+
+
+def tune_shape(shape: MoeShape, tokens: list[int], dtype: torch.dtype, rep_ms: float) -> dict:
+    device = torch.device("cuda")
+    experts = make_experts(shape, dtype, device, seed=0)
+    table = {}
+    for n in tokens:
+        best = None
+        for bm in block_ms_for(n, shape):
+            up, down = _gemm_closures(experts, shape, n, bm, seed=n)
+            t_up = {tile: _bench(up(tile), rep_ms) for tile in tiles_for(bm)}
+            t_down = {tile: _bench(down(tile), rep_ms) for tile in tiles_for(bm)}
+            tile1, tile2 = min(t_up, key=t_up.get), min(t_down, key=t_down.get)
+            total = t_up[tile1] + t_down[tile2]
+            if best is None or total < best[0]:
+                best = (total, MoeConfig(bm, tile1, tile2), t_up[tile1], t_down[tile2])
+        total, config, t1, t2 = best
+        print(f"  {shape.name:18s} T={n:5d} bm={config.block_m:3d} gemm1 {t1 * 1e3:8.1f} us "
+              f"{config.gemm1}  gemm2 {t2 * 1e3:8.1f} us {config.gemm2}", flush=True)  # fmt: skip
+        table[str(n)] = config.to_json()
+    del experts
+    torch.cuda.empty_cache()
+    return table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="all", help=f"comma list of {sorted(MODELS)} or 'all'")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKEN_COUNTS)))
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--rep-ms", type=float, default=10.0, help="do_bench repetition time")
+    parser.add_argument("--workers", type=int, default=min(15, os.cpu_count() or 1))
+    parser.add_argument("--out", type=Path, default=None, help="also copy the table here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("tune_moe.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    names = sorted(MODELS) if args.models == "all" else args.models.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        print(f"unknown models {unknown}; choose from {sorted(MODELS)}", file=sys.stderr)
+        return 2
+    shapes = [MODELS[n] for n in names]
+    tokens = [int(t) for t in args.tokens.split(",")]
+    dtype = getattr(torch, args.dtype)
+    device_name = torch.cuda.get_device_name()
+    path = CONFIG_DIR / config_file_name(device_name)
+    doc = json.loads(path.read_text()) if path.exists() else {"shapes": {}}
+    precompile(shapes, tokens, dtype, args.workers)
+    t0 = time.time()
+    for shape in shapes:
+        key = shape_key(shape.num_experts, shape.inter_size, shape.hidden_size, dtype)
+        doc["shapes"][key] = tune_shape(shape, tokens, dtype, args.rep_ms)
+    doc.update(
+        device=device_name,
+        tuned=datetime.date.today().isoformat(),
+        command=" ".join(["python", *sys.argv]),
+        torch=torch.__version__,
+        triton=__import__("triton").__version__,
+    )
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if args.out:
+        args.out.write_text(text)
+    print(f"tuned in {time.time() - t0:.1f} s; wrote {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
