@@ -103,6 +103,12 @@ class ModelConfig:
     def has_shared_expert(self) -> bool:
         return self.shared_expert_intermediate_size > 0
 
+    def check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(
+                f"layer {layer} is out of range: the model has {self.num_layers} layers"
+            )
+
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)

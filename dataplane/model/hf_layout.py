@@ -37,6 +37,7 @@ def build_layer_weights(
     cfg: ModelConfig, layer: int, fetch: Fetch, moe_block: str = "mlp"
 ) -> LayerWeights:
     """`moe_block` is the MoE module's name: "mlp", or Mixtral's classic "block_sparse_moe"."""
+    cfg.check_layer(layer)
     p = f"model.layers.{layer}."
     hidden = cfg.hidden_size
 

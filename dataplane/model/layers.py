@@ -2,8 +2,8 @@
 
 Shape key: T = tokens, H = heads, Dh = head dim, D = hidden, S = MLP size.
 Norms compute in fp32 and cast back before the weight multiply, and RoPE angles are computed
-in fp32, exactly as transformers does, so fp32 logits match it to rounding and bf16 logits
-round the same way.
+in fp32, exactly as transformers does, so fp32 logits match it to rounding (bf16 ones differ
+by a few bf16 ulps: transformers rounds some routing weights to bf16, rimuru keeps them fp32).
 """
 
 from __future__ import annotations

@@ -66,6 +66,7 @@ class CheckpointWeights:
     ) -> ExpertWeights:
         del work_device  # reading a file gains nothing from a device
         cfg = self._config
+        cfg.check_layer(layer)
         n, inter, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
         w1 = host_empty((n, inter, hidden), dtype, pin_memory)
         w3 = host_empty((n, inter, hidden), dtype, pin_memory)

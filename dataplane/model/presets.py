@@ -193,6 +193,7 @@ class RandomWeights:
         work_device: torch.device | None = None,
     ) -> ExpertWeights:
         cfg = self._config
+        cfg.check_layer(layer)
         n, inter, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
         work_device = torch.device(work_device or "cpu")
         mats = {}

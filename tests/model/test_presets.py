@@ -79,6 +79,14 @@ def test_weights_are_deterministic_by_seed_and_independent_of_order():
     )
 
 
+def test_layer_out_of_range_is_refused():
+    source = RandomWeights.preset("tiny")
+    with pytest.raises(ValueError, match="layer 4 is out of range: the model has 4 layers"):
+        source.expert_weights(4, torch.float32)
+    with pytest.raises(ValueError, match="layer -1 is out of range"):
+        source.layer_weights(-1, torch.device("cpu"), torch.float32)
+
+
 def test_pinning_needs_cuda():
     if torch.cuda.is_available():
         assert (
