@@ -59,7 +59,7 @@ def config_file_name(device_name: str) -> str:
 
 
 @functools.cache
-def _load_table(file_name: str) -> dict[str, dict[int, MoeConfig]]:
+def load_table(file_name: str) -> dict[str, dict[int, MoeConfig]]:
     path = CONFIG_DIR / file_name
     if not path.exists():
         return {}
@@ -90,9 +90,13 @@ def get_moe_config(
     device: torch.device,
 ) -> MoeConfig:
     if device.type == "cuda":
-        table = _load_table(config_file_name(torch.cuda.get_device_name(device)))
+        table = load_table(config_file_name(torch.cuda.get_device_name(device)))
         buckets = table.get(shape_key(num_experts, inter_size, hidden_size, dtype))
         if buckets:
-            nearest = min(buckets, key=lambda t: abs(t - num_tokens))
-            return buckets[nearest]
+            return nearest_bucket(buckets, num_tokens)
     return default_moe_config(num_tokens, top_k, num_experts)
+
+
+def nearest_bucket(buckets: dict[int, MoeConfig], num_tokens: int) -> MoeConfig:
+    """The entry tuned for the token count nearest to num_tokens (ties: the smaller)."""
+    return buckets[min(sorted(buckets), key=lambda t: abs(t - num_tokens))]

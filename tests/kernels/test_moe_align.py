@@ -1,0 +1,65 @@
+"""Block-align step: every pair lands once, in a block of its expert, padding marked."""
+
+import pytest
+import torch
+from rimuru.kernels.moe_align import moe_align_block_size, moe_align_block_size_reference
+
+
+def _routing(num_tokens: int, top_k: int, num_experts: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(num_tokens, num_experts, generator=gen).topk(top_k, dim=1).indices
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "top_k", "num_experts", "block_m"),
+    [
+        (1, 1, 1, 16),  # one pair
+        (5, 3, 7, 16),  # single-program path
+        (64, 2, 60, 32),  # single-program path, most experts empty
+        (300, 8, 16, 16),  # multi-program path (atomics)
+        (2000, 2, 8, 64),  # several chunks per program grid
+        (257, 4, 33, 128),  # odd expert count, large blocks
+    ],
+)
+def test_alignment_matches_reference(num_tokens, top_k, num_experts, block_m):
+    ids = _routing(num_tokens, top_k, num_experts, seed=num_tokens)
+    got = moe_align_block_size(ids.to(torch.int32), num_experts, block_m)
+    ref = moe_align_block_size_reference(ids, num_experts, block_m)
+    used = int(ref.num_padded)
+    assert int(got.num_padded) == used
+    assert torch.equal(got.block_expert_ids, ref.block_expert_ids)
+    assert torch.equal(
+        got.sorted_pair_ids[:used].sort().values, ref.sorted_pair_ids[:used].sort().values
+    )
+    flat = ids.view(-1)
+    for block in range(used // block_m):
+        rows = got.sorted_pair_ids[block * block_m : (block + 1) * block_m].long()
+        real = rows[rows < flat.numel()]
+        assert (flat[real] == int(got.block_expert_ids[block])).all()
+    assert (got.block_expert_ids[used // block_m :] == -1).all()
+
+
+def test_single_program_path_keeps_pair_order():
+    ids = torch.tensor([[2, 0], [2, 1], [0, 2]])
+    got = moe_align_block_size(ids, 3, 16)
+    ref = moe_align_block_size_reference(ids, 3, 16)
+    assert torch.equal(got.sorted_pair_ids[:48], ref.sorted_pair_ids[:48])
+    assert got.sorted_pair_ids[:3].tolist() == [
+        1,
+        4,
+        6,
+    ]  # expert 0: pairs 1, 4, then padding (P = 6)
+
+
+@pytest.mark.parametrize(
+    ("ids", "experts", "block_m", "match"),
+    [
+        (torch.zeros(4, dtype=torch.int32), 2, 16, "2-D"),
+        (torch.zeros(4, 1, dtype=torch.float32), 2, 16, "int32/int64"),
+        (torch.zeros(4, 1, dtype=torch.int32), 0, 16, "num_experts"),
+        (torch.zeros(4, 1, dtype=torch.int32), 2, 24, "power of two"),
+    ],
+)
+def test_bad_input_is_refused(ids, experts, block_m, match):
+    with pytest.raises(ValueError, match=match):
+        moe_align_block_size(ids, experts, block_m)
