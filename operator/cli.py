@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import logging
 import os
 
 import kopf
-from rimuru.operator.config import ENV_PREFIX, OperatorConfig
+from rimuru.operator.config import OperatorConfig
 
-# flag dest -> OperatorConfig field (also RIMURU_OPERATOR_<FIELD> in the environment)
+# flag dest -> OperatorConfig field (each also RIMURU_OPERATOR_<FIELD> in the environment)
 _CONFIG_FLAGS = {
     "dataplane_image": "dataplane_image",
     "controlplane_image": "controlplane_image",
@@ -53,14 +54,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for dest, field in _CONFIG_FLAGS.items():
-        value = getattr(args, dest)
-        if value is not None:
-            os.environ[ENV_PREFIX + field.upper()] = str(value)
-    if args.liveness_port < 0 or args.liveness_port > 65535:
+    if not 0 <= args.liveness_port <= 65535:
         raise SystemExit(f"--liveness-port must be in [0, 65535]; got {args.liveness_port}")
+    overrides = {
+        field: getattr(args, dest)
+        for dest, field in _CONFIG_FLAGS.items()
+        if getattr(args, dest) is not None
+    }
     try:
-        OperatorConfig.from_env(os.environ)  # fail here, with the flag's name, not in kopf
+        # Flags win over RIMURU_OPERATOR_* variables, which win over the defaults.
+        config = dataclasses.replace(OperatorConfig.from_env(os.environ), **overrides)
     except ValueError as exc:
         raise SystemExit(f"rimuru operator: {exc}") from exc
 
@@ -75,5 +78,6 @@ def run(args: argparse.Namespace) -> int:
         namespaces=args.namespace,
         standalone=True,  # one replica; no peering objects (and no RBAC for them)
         liveness_endpoint=liveness,
+        memo=kopf.Memo(config=config),
     )
     return 0

@@ -1,9 +1,10 @@
 """A small asynchronous Kubernetes API client for the operator's children.
 
-kopf watches and patches the RimuruDeployment itself; this client reads, creates,
-patches and deletes the children (Deployments, Services, ConfigMaps, Secrets, PVCs)
-on the same event loop, with the same credentials kopf logged in with. Only the kinds
-in `RESOURCES` are known: the operator touches nothing else (and RBAC allows no more).
+kopf watches the RimuruDeployments; this client reads, creates, patches and deletes
+their children (Deployments, Services, ConfigMaps, Secrets, PVCs) and patches their
+status from the periodic refresh, on kopf's event loop, with the credentials kopf
+logged in with. Only the kinds in `RESOURCES` are known: the operator touches nothing
+else (and its RBAC allows no more).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Service": ("/api/v1", "services"),
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "RimuruDeployment": ("/apis/rimuru.dev/v1alpha1", "rimurudeployments"),
 }
 
 
@@ -73,6 +75,10 @@ class KubeClient:
     async def close(self) -> None:
         await self._session.close()
 
+    @property
+    def closed(self) -> bool:
+        return self._session.closed
+
     async def _request(
         self,
         method: str,
@@ -115,6 +121,17 @@ class KubeClient:
             object_path(kind, namespace, name),
             body=[dict(op) for op in operations],
             content_type="application/json-patch+json",
+        )
+
+    async def patch_status(
+        self, kind: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch the status subresource (lists inside are replaced whole)."""
+        return await self._request(
+            "PATCH",
+            object_path(kind, namespace, name) + "/status",
+            body={"status": dict(status)},
+            content_type="application/merge-patch+json",
         )
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:

@@ -13,7 +13,7 @@ import secrets
 from typing import Any
 
 from rimuru.controlplane.client import ControlPlaneClient
-from rimuru.controlplane.errors import ControlPlaneError, InvalidArgument
+from rimuru.controlplane.errors import ControlPlaneError, InvalidArgument, Unauthenticated
 from rimuru.operator import policy_sync
 from rimuru.operator.apply import apply
 from rimuru.operator.builders import build_children, build_token_secret
@@ -111,6 +111,11 @@ async def sync_policy(
         return await asyncio.to_thread(blocking)
     except InvalidArgument as exc:
         raise Blocked(Blocker.POLICY_REJECTED, f"control plane rejected the policy: {exc}") from exc
+    except Unauthenticated as exc:
+        raise Blocked(
+            Blocker.CONTROL_PLANE_UNAUTHENTICATED,
+            f"control plane at {target} refused the token in Secret {spec.auth.secret_name}: {exc}",
+        ) from exc
     except ControlPlaneError as exc:
         raise Blocked(
             Blocker.CONTROL_PLANE_UNAVAILABLE, f"control plane at {target}: {exc}"

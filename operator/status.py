@@ -24,6 +24,7 @@ class Blocker(enum.Enum):
     RANKING_MISSING = ("RankingNotFound", False)
     RANKING_INVALID = ("RankingInvalid", False)
     CONTROL_PLANE_UNAVAILABLE = ("ControlPlaneUnavailable", False)
+    CONTROL_PLANE_UNAUTHENTICATED = ("ControlPlaneUnauthenticated", False)
     POLICY_REJECTED = ("PolicyRejected", True)
     API_ERROR = ("KubernetesAPIError", False)
 

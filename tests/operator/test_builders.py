@@ -1,0 +1,313 @@
+"""The pure builders: exact fields of every child, and what a spec change may touch."""
+
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import pytest
+from rimuru.controlplane.policy import Tunables
+from rimuru.operator.builders import (
+    build_children,
+    build_controlplane_deployment,
+    build_dataplane_deployment,
+    build_dataplane_service,
+    build_engine_config_map,
+    build_policy_pvc,
+    build_token_secret,
+)
+from rimuru.operator.config import OperatorConfig
+from rimuru.operator.spec import SpecError, parse_spec
+
+CONFIG = OperatorConfig(dataplane_image="reg/dp:1", controlplane_image="reg/cp:1")
+
+
+def _parse(rd):
+    return parse_spec(rd["metadata"], rd["spec"])
+
+
+def test_every_child_is_owned_labelled_and_valid(tiny_rd, api):
+    spec = _parse(tiny_rd)
+    children = [*build_children(spec, CONFIG), build_token_secret(spec, "t0k3n")]
+    kinds = [(c["kind"], c["metadata"]["name"]) for c in children]
+    assert kinds == [
+        ("ConfigMap", "tiny-engine"),  # storage disabled in this example: no PVC
+        ("Deployment", "tiny-controlplane"),
+        ("Service", "tiny-controlplane"),
+        ("Deployment", "tiny-dataplane"),
+        ("Service", "tiny-dataplane"),
+        ("Secret", "tiny-token"),
+    ]
+    for child in children:
+        meta = child["metadata"]
+        assert meta["namespace"] == "default"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "rimuru.dev/v1alpha1",
+                "kind": "RimuruDeployment",
+                "name": "tiny",
+                "uid": "uid-tiny-1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert meta["labels"]["app.kubernetes.io/instance"] == "tiny"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "rimuru-operator"
+        kubernetes_validate.validate(child, api.kube_version, strict=True)
+
+
+def test_dataplane_deployment_fields(tiny_rd):
+    deployment = build_dataplane_deployment(_parse(tiny_rd), CONFIG)
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    selector = {"app.kubernetes.io/instance": "tiny", "app.kubernetes.io/component": "dataplane"}
+    assert spec["selector"] == {"matchLabels": selector}
+    template = spec["template"]
+    assert selector.items() <= template["metadata"]["labels"].items()
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "9464"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert len(annotations["rimuru.dev/engine-config-hash"]) == 16
+    (container,) = template["spec"]["containers"]
+    assert container["image"] == "reg/dp:1"  # the operator's default: the example names none
+    assert container["args"] == [
+        "serve",
+        "--port",
+        "50051",
+        "--metrics-port",
+        "9464",
+        "--control-plane",
+        "tiny-controlplane:50052",
+        "--deployment",
+        "tiny",
+        "--token-file",
+        "/var/run/secrets/rimuru/token",
+    ]
+    assert container["envFrom"] == [{"configMapRef": {"name": "tiny-engine"}}]
+    assert container["ports"] == [
+        {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9464, "protocol": "TCP"},
+    ]
+    # startupTimeoutSeconds 300 / probePeriodSeconds 10 -> 30 failures before a restart.
+    assert container["startupProbe"] == {
+        "grpc": {"port": 50051},
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": 30,
+    }
+    assert container["readinessProbe"]["grpc"] == {"port": 50051}
+    assert container["readinessProbe"]["failureThreshold"] == 3
+    assert container["livenessProbe"]["failureThreshold"] == 6
+    assert container["resources"] == {
+        "requests": {"cpu": "1", "memory": "2Gi"},
+        "limits": {"memory": "2Gi"},
+    }
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    pod = template["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 60
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert {v["name"] for v in pod["volumes"]} == {"token", "tmp"}  # preset: no model volume
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+
+
+def test_gpu_dataplane_places_and_mounts(gpu_rd):
+    spec = _parse(gpu_rd)
+    pod = build_dataplane_deployment(spec, CONFIG)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1, "memory": "96Gi"}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert {
+        "name": "model",
+        "persistentVolumeClaim": {"claimName": "model-weights", "readOnly": True},
+    } in pod["volumes"]
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in container["volumeMounts"]
+    assert container["startupProbe"]["failureThreshold"] == 360  # 3600 s / 10 s
+    assert pod["terminationGracePeriodSeconds"] == 120
+    secret_volume = next(v for v in pod["volumes"] if v["name"] == "token")
+    assert secret_volume["secret"]["secretName"] == "qwen-moe-token"  # authSecretRef
+
+
+def test_engine_config_map(gpu_rd, tiny_rd):
+    assert build_engine_config_map(_parse(gpu_rd))["data"] == {
+        "RIMURU_DTYPE": "bfloat16",
+        "RIMURU_MODEL_PATH": "/models/Qwen1.5-MoE-A2.7B",
+        "RIMURU_DEVICE": "cuda",
+        "RIMURU_GPU_MEMORY_UTILIZATION": "0.9",
+        "RIMURU_MAX_NUM_SEQS": "256",
+        "RIMURU_MAX_NUM_BATCHED_TOKENS": "8192",
+        "RIMURU_BLOCK_SIZE": "16",
+    }
+    assert build_engine_config_map(_parse(tiny_rd))["data"] == {
+        "RIMURU_DTYPE": "float32",
+        "RIMURU_PRESET": "tiny",
+        "RIMURU_DEVICE": "cpu",
+        "RIMURU_MEMORY_BUDGET_BYTES": str(512 * 2**20),
+        "RIMURU_MAX_NUM_SEQS": "16",
+        "RIMURU_MAX_NUM_BATCHED_TOKENS": "8192",
+        "RIMURU_BLOCK_SIZE": "16",
+    }
+
+
+def test_dataplane_service_ports_and_scrape_annotations(tiny_rd):
+    service = build_dataplane_service(_parse(tiny_rd))
+    assert service["metadata"]["annotations"]["prometheus.io/port"] == "9464"
+    assert service["spec"]["selector"] == {
+        "app.kubernetes.io/instance": "tiny",
+        "app.kubernetes.io/component": "dataplane",
+    }
+    assert service["spec"]["ports"] == [
+        {
+            "name": "grpc",
+            "port": 50051,
+            "targetPort": "grpc",
+            "protocol": "TCP",
+            "appProtocol": "grpc",
+        },
+        {
+            "name": "metrics",
+            "port": 9464,
+            "targetPort": "metrics",
+            "protocol": "TCP",
+            "appProtocol": "http",
+        },
+    ]
+
+
+def test_controlplane_persists_to_its_volume(gpu_rd, tiny_rd):
+    spec = _parse(gpu_rd)
+    deployment = build_controlplane_deployment(spec, CONFIG)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "reg/cp:1"
+    assert container["args"] == [
+        "controlplane",
+        "--port",
+        "50052",
+        "--data-dir",
+        "/var/lib/rimuru",
+        "--token-file",
+        "/var/run/secrets/rimuru/token",
+    ]
+    assert container["readinessProbe"]["grpc"] == {"port": 50052}
+    assert {"name": "policy", "persistentVolumeClaim": {"claimName": "qwen-moe-policy"}} in pod[
+        "volumes"
+    ]
+    assert build_policy_pvc(spec)["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "1Gi"}},
+    }
+    tiny_pod = build_controlplane_deployment(_parse(tiny_rd), CONFIG)["spec"]["template"]["spec"]
+    assert {"name": "policy", "emptyDir": {}} in tiny_pod["volumes"]
+
+
+def _changed(rd, path, value):
+    rd = copy.deepcopy(rd)
+    node = rd["spec"]
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node[key]
+    node[leaf] = value
+    return rd
+
+
+@pytest.mark.parametrize(
+    "path,value",
+    [
+        ("policy.mode", "fixed"),
+        ("policy.expertOffloadLimit", 20),
+        ("policy.growThreshold", 12),
+        ("policy.onlineHotness", False),
+        ("policy.ranking", {"configMapName": "other", "key": "r.json"}),
+    ],
+)
+def test_policy_change_leaves_every_child_unchanged(gpu_rd, path, value):
+    before = build_children(_parse(gpu_rd), CONFIG)
+    after_rd = _changed(gpu_rd, path, value)
+    after = build_children(_parse(after_rd), CONFIG)
+    assert after == before  # the pod template above all: tuning never rolls the pods
+    assert _parse(after_rd).policy != _parse(gpu_rd).policy
+
+
+@pytest.mark.parametrize(
+    "path,value",
+    [
+        ("engine.maxNumSeqs", 128),
+        ("model.dtype", "float16"),
+        ("dataPlane.image", "reg/dp:2"),
+        ("dataPlane.startupTimeoutSeconds", 600),
+    ],
+)
+def test_engine_change_rolls_the_pods(gpu_rd, path, value):
+    before = build_dataplane_deployment(_parse(gpu_rd), CONFIG)["spec"]["template"]
+    after = build_dataplane_deployment(_parse(_changed(gpu_rd, path, value)), CONFIG)
+    assert after["spec"]["template"] != before
+
+
+def test_scaling_changes_replicas_not_the_template(gpu_rd):
+    before = build_dataplane_deployment(_parse(gpu_rd), CONFIG)["spec"]
+    after = build_dataplane_deployment(_parse(_changed(gpu_rd, "dataPlane.replicas", 5)), CONFIG)
+    assert after["spec"]["replicas"] == 5
+    assert after["spec"]["template"] == before["template"]
+
+
+def test_policy_becomes_control_plane_tunables(gpu_rd):
+    assert _parse(gpu_rd).policy.tunables == Tunables(
+        mode="elastic",
+        expert_offload_limit=16,
+        shrink_threshold=2,
+        grow_threshold=9,
+        max_grow_per_round=5,
+        pages_per_expert=3,
+        online_hotness=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "path,value,field",
+    [
+        (
+            "engine",
+            {
+                "gpuMemoryUtilization": 0.5,
+                "maxNumSeqs": 1,
+                "maxNumBatchedTokens": 16,
+                "blockSize": 16,
+            },
+            "spec.engine.gpuMemoryUtilization",
+        ),
+        ("policy.growThreshold", 2, "spec.policy.growThreshold"),
+        ("engine.memoryBudget", "1.5", "spec.engine.memoryBudget"),
+    ],
+)
+def test_specs_that_can_never_work_name_the_field(tiny_rd, path, value, field):
+    # The CRD's CEL rules catch these too; the operator does not rely on them (clusters
+    # older than CEL validation, objects written with validation off).
+    with pytest.raises(SpecError) as info:
+        _parse(_changed(tiny_rd, path, value))
+    assert info.value.field == field
+
+
+def test_missing_defaults_mean_an_old_crd(tiny_rd):
+    rd = copy.deepcopy(tiny_rd)
+    del rd["spec"]["engine"]["blockSize"]
+    with pytest.raises(SpecError, match="upgrade the rimuru-operator chart"):
+        _parse(rd)
+
+
+def test_long_name_is_refused(tiny_rd):
+    rd = copy.deepcopy(tiny_rd)
+    rd["metadata"]["name"] = "n" * 51
+    with pytest.raises(SpecError, match="at most 50 characters"):
+        _parse(rd)

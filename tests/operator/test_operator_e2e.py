@@ -1,0 +1,293 @@
+"""The operator end to end: kopf (KopfRunner) against the kmock Kubernetes emulator, a
+real control plane (in-process gRPC, port 0) and a real CPU engine that follows it.
+
+    kubectl apply  -> children with the expected specs and owner references
+    kubectl patch spec.policy -> new version on the control plane, applied by the engine,
+                                 status PolicySynced, data-plane pod template untouched
+    kubectl patch spec.engine -> the pod template rolls (config hash), the policy does not
+    kubectl delete -> children deleted, finalizer released
+
+The emulator runs no controllers: the test plays the Deployment controller by writing
+the Deployments' status, as kubelet and kube-controller-manager would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import time
+
+import aiohttp
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+from rimuru.controlplane.client import ControlPlaneClient
+from rimuru.controlplane.plane import ControlPlane
+from rimuru.controlplane.server import create_server
+from rimuru.dataplane.adjust.tunables import Tunables as EngineTunables
+from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.serve.policy_watch import PolicyWatcher
+from rimuru.operator.builders import build_children
+from rimuru.operator.config import OperatorConfig
+from rimuru.operator.spec import parse_spec
+from rimuru.v1 import control_pb2 as pb
+
+TOKEN = "e2e-token-5f1c"
+NS = "default"
+RD = "rimuru.dev/v1alpha1/rimurudeployments"
+RD_PATH = f"/apis/rimuru.dev/v1alpha1/namespaces/{NS}/rimurudeployments"
+DEPLOYMENTS = "apps/v1/deployments"
+MODES = {pb.MODE_RESIDENT: "resident", pb.MODE_FIXED: "fixed", pb.MODE_ELASTIC: "elastic"}
+
+
+async def eventually(check, timeout: float = 20.0, what: str = ""):
+    """Poll `check()` until it returns a truthy value, without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except (KeyError, ValueError, TypeError):
+            result = None  # not there yet
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        await asyncio.sleep(0.05)
+
+
+def obj(kmock, resource: str, name: str) -> dict | None:
+    """The stored object as a GET would return it; None if never created or deleted."""
+    try:
+        stored = kmock.objects[resource, NS, name]
+    except KeyError:
+        return None
+    return None if stored.deleted else stored.raw
+
+
+@contextlib.asynccontextmanager
+async def operator_running():
+    # KopfRunner joins its thread on exit; do that off this loop, which serves kmock
+    # and the control plane the operator may still be talking to.
+    runner = KopfRunner(
+        ["run", "--verbose", "--standalone", "--all-namespaces", "-m", "rimuru.operator.handlers"],
+        timeout=30,
+    )
+    runner.__enter__()
+    try:
+        yield runner
+    finally:
+        await asyncio.to_thread(runner.__exit__, None, None, None)
+
+
+@pytest.fixture
+async def control_plane(tmp_path):
+    plane = ControlPlane.open(tmp_path / "cp")
+    server, port = await create_server("127.0.0.1:0", plane, token=TOKEN)
+    await server.start()
+    yield f"127.0.0.1:{port}"
+    await server.stop(None)
+    plane.close()
+
+
+class CpuDataPlane:
+    """A tiny CPU engine following the control plane like a data-plane pod does."""
+
+    def __init__(self, target: str, deployment: str, engine: Engine) -> None:
+        self.engine = engine
+        self.watcher = PolicyWatcher(target, f"{deployment}-dataplane-0", deployment, self.apply)
+
+    def apply(self, update: pb.PolicyUpdate) -> None:
+        t = update.policy.tunables
+        # ValueError (invalid, or a mode change that needs a restart) -> NACK.
+        self.engine.set_tunables(
+            EngineTunables(
+                mode=MODES[t.mode],
+                expert_offload_limit=t.expert_offload_limit,
+                shrink_threshold=t.shrink_threshold,
+                grow_threshold=t.grow_threshold,
+                max_grow_per_round=t.max_grow_per_round,
+                pages_per_expert=t.pages_per_expert,
+            )
+        )
+
+
+@pytest.fixture
+async def env(kmock, control_plane, tmp_path, monkeypatch):
+    kmock.resources[RD] = kmock.ResourceInfo(
+        kind="RimuruDeployment",
+        singular="rimurudeployment",
+        namespaced=True,
+        shortnames={"rd"},
+        verbs={"get", "list", "watch", "create", "patch", "delete"},
+        subresources={"status", "scale"},
+    )
+    # What every API server's discovery lists and kopf's core machinery looks up.
+    kmock.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False)
+    kmock.resources["v1/events"] = kmock.ResourceInfo(kind="Event", namespaced=True)
+    kmock.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
+        kind="CustomResourceDefinition", namespaced=False
+    )
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kmock", "cluster": {"server": str(kmock.url).rstrip("/")}}],
+        "users": [{"name": "op", "user": {"token": "operator-sa-token"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "op"}}],
+        "current-context": "kmock",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    # Out of cluster the operator dials the control plane directly, as in development.
+    monkeypatch.setenv("RIMURU_OPERATOR_CONTROLPLANE_TARGET", control_plane)
+    monkeypatch.setenv("RIMURU_OPERATOR_STATUS_INTERVAL_SECONDS", "0.2")
+    monkeypatch.setenv("RIMURU_OPERATOR_RETRY_DELAY_SECONDS", "0.2")
+    monkeypatch.setenv("RIMURU_OPERATOR_DATAPLANE_IMAGE", "reg/dp:e2e")
+    monkeypatch.setenv("RIMURU_OPERATOR_CONTROLPLANE_IMAGE", "reg/cp:e2e")
+    async with aiohttp.ClientSession(base_url=str(kmock.url)) as http:
+        yield http
+
+
+async def _call(http, method: str, path: str, body=None, content_type="application/json"):
+    headers = {"Content-Type": content_type}
+    async with http.request(method, path, json=body, headers=headers) as response:
+        assert response.status < 400, (method, path, response.status, await response.text())
+        return await response.json(content_type=None)
+
+
+async def emulate_rollout(http, name: str, replicas: int) -> None:
+    """What the Deployment controller and kubelet report once the pods are ready."""
+    status = {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas}
+    path = f"/apis/apps/v1/namespaces/{NS}/deployments/{name}/status"
+    await _call(http, "PATCH", path, {"status": status}, "application/merge-patch+json")
+
+
+async def get_policy(target: str, deployment: str):
+    # The client blocks; this loop serves the control plane, so call it from a thread.
+    def blocking():
+        with ControlPlaneClient(target) as cp:
+            return cp.get_policy(deployment)
+
+    return await asyncio.to_thread(blocking)
+
+
+def condition(rd: dict, type_: str) -> dict:
+    return next(c for c in rd["status"]["conditions"] if c["type"] == type_)
+
+
+@pytest.mark.slow
+async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
+    http = env
+    # The user's token Secret (authSecretRef); the control plane was started with it.
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "tiny-auth", "namespace": NS},
+        "data": {"token": base64.b64encode(TOKEN.encode()).decode()},
+    }
+    await _call(http, "POST", f"/api/v1/namespaces/{NS}/secrets", secret)
+    rd = copy.deepcopy(tiny_rd)
+    rd["spec"]["authSecretRef"] = {"name": "tiny-auth", "key": "token"}
+    rd["metadata"]["resourceVersion"] = "1"  # the emulator does not set these
+    engine = await asyncio.to_thread(Engine.from_config)
+    data_plane = CpuDataPlane(control_plane, "tiny", engine)
+    watch = asyncio.create_task(data_plane.watcher.run())
+    try:
+        async with operator_running() as runner:
+            await _call(http, "POST", RD_PATH, rd)
+
+            # 1. Children, exactly as the builders make them, owned by the RimuruDeployment.
+            expected = build_children(
+                parse_spec(rd["metadata"], rd["spec"]),
+                OperatorConfig(dataplane_image="reg/dp:e2e", controlplane_image="reg/cp:e2e"),
+            )
+            for child in expected:
+                kind, name = child["kind"], child["metadata"]["name"]
+                resource = {
+                    "Deployment": DEPLOYMENTS,
+                    "Service": "v1/services",
+                    "ConfigMap": "v1/configmaps",
+                }[kind]
+                stored = await eventually(lambda r=resource, n=name: obj(kmock, r, n), what=name)
+                for key in ("spec", "data"):
+                    assert stored.get(key) == child.get(key), (kind, name, key)
+                assert stored["metadata"]["ownerReferences"] == [
+                    {
+                        "apiVersion": "rimuru.dev/v1alpha1",
+                        "kind": "RimuruDeployment",
+                        "name": "tiny",
+                        "uid": "uid-tiny-1",
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ]
+            assert obj(kmock, "v1/secrets", "tiny-token") is None  # referenced, not generated
+
+            # 2. Pods "start"; the policy reaches the engine; status says so.
+            await emulate_rollout(http, "tiny-controlplane", 1)
+            await emulate_rollout(http, "tiny-dataplane", 1)
+
+            def synced(version: int):
+                rd_now = obj(kmock, RD, "tiny")
+                status = rd_now["status"]
+                ok = (
+                    condition(rd_now, "PolicySynced")["status"] == "True"
+                    and status["policy"]["appliedVersion"] == version
+                    and status["phase"] == "Available"
+                )
+                return rd_now if ok else None
+
+            status = (await eventually(lambda: synced(1), what="PolicySynced v1"))["status"]
+            assert status["readyReplicas"] == 1
+            assert status["selector"] == (
+                "app.kubernetes.io/instance=tiny,app.kubernetes.io/component=dataplane"
+            )
+            assert status["controlPlaneEndpoint"] == "tiny-controlplane.default.svc:50052"
+            assert engine.tunables.expert_offload_limit == 2
+            template_key = (DEPLOYMENTS, NS, "tiny-dataplane")
+            num_versions = len(kmock.objects[template_key].history)
+            template = copy.deepcopy(obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"])
+
+            # 3. Live tuning: kubectl patch rd tiny --type merge -p '{"spec":{"policy":...}}'
+            tuned = {"spec": {"policy": {"expertOffloadLimit": 4, "growThreshold": 12}}}
+            await _call(http, "PATCH", f"{RD_PATH}/tiny", tuned, "application/merge-patch+json")
+            status = (await eventually(lambda: synced(2), what="PolicySynced v2"))["status"]
+            assert status["policy"]["desiredVersion"] == 2
+            assert (engine.tunables.expert_offload_limit, engine.tunables.grow_threshold) == (4, 12)
+            policy = await get_policy(control_plane, "tiny")
+            assert (policy.version, policy.tunables.expert_offload_limit) == (2, 4)
+            # Not a single write to the data-plane Deployment: its pods keep running.
+            assert len(kmock.objects[template_key].history) == num_versions
+            assert obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"] == template
+
+            # 4. An engine change rolls the pods (new config hash) and pushes no policy.
+            rolled = {"spec": {"engine": {"maxNumSeqs": 8}}}
+            await _call(http, "PATCH", f"{RD_PATH}/tiny", rolled, "application/merge-patch+json")
+
+            def new_template():
+                spec = obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"]
+                return spec if spec["template"] != template["template"] else None
+
+            rolled_spec = await eventually(new_template, what="pod template roll")
+            assert rolled_spec["strategy"]["rollingUpdate"]["maxSurge"] == 0
+            engine_config = obj(kmock, "v1/configmaps", "tiny-engine")["data"]
+            assert engine_config["RIMURU_MAX_NUM_SEQS"] == "8"
+            assert (await get_policy(control_plane, "tiny")).version == 2
+
+            # 5. Delete: the finalizer holds the object until the children are gone.
+            await _call(http, "DELETE", f"{RD_PATH}/tiny")
+            await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+            for child in expected:
+                resource = {"Deployment": DEPLOYMENTS, "Service": "v1/services"}.get(
+                    child["kind"], "v1/configmaps"
+                )
+                assert obj(kmock, resource, child["metadata"]["name"]) is None, child["kind"]
+            # The user's Secret is theirs: never deleted.
+            assert obj(kmock, "v1/secrets", "tiny-auth") is not None
+        assert runner.exception is None
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
