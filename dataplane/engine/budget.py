@@ -76,12 +76,14 @@ def plan_memory(
     )
 
 
-def estimate_activation_bytes(config: ModelConfig, num_tokens: int, dtype: torch.dtype) -> int:
+def estimate_activation_bytes(
+    config: ModelConfig, num_tokens: int, num_seqs: int, dtype: torch.dtype
+) -> int:
     """Peak transient memory of one forward of `num_tokens` tokens (upper estimate).
 
     Live at once inside a layer: the residual stream, its norm, q/k/v/o, the router's fp32
     logits and top-k, the MoE's per-expert [n, I] intermediates (K per token) and output,
-    plus the fp32 logits of the sampled rows (at most max_num_seqs, bounded here by T)."""
+    plus the fp32 logits of the sampled rows (at most max_num_seqs of them)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     t = num_tokens
     per_token = (
@@ -93,7 +95,7 @@ def estimate_activation_bytes(config: ModelConfig, num_tokens: int, dtype: torch
         + 3 * config.shared_expert_intermediate_size
     ) * itemsize
     attention_scores = 4 * config.num_heads * min(t, 8192) * 16  # chunked SDPA scratch, fp32
-    logits = 4 * config.vocab_size * min(t, 256)
+    logits = 4 * config.vocab_size * min(t, num_seqs)
     return math.ceil(1.25 * (t * per_token + attention_scores + logits))
 
 

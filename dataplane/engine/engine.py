@@ -133,7 +133,9 @@ class Engine:
         reserve_bytes = (
             config.activation_reserve
             if config.activation_reserve is not None
-            else estimate_activation_bytes(mc, config.max_num_batched_tokens, self.dtype)
+            else estimate_activation_bytes(
+                mc, config.max_num_batched_tokens, config.max_num_seqs, self.dtype
+            )
         )
         self.plan: MemoryPlan = plan_memory(
             budget, self.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry
@@ -227,26 +229,20 @@ class Engine:
         if t.mode == "fixed":
             n = int(self.config.fixed_expert_share * capacity)
             return list(_hottest(min(n, len(everything)), self.ranking, empty))
-        # elastic: start with as many of the hottest as fit, keeping grow_threshold pages free
-        n = max(
-            0, (self.allocator.num_free(PageType.EXPERT) - t.grow_threshold) // pages_per_expert
-        )
-        chosen = list(_hottest(min(n, len(everything)), self.ranking, empty))
-        per_layer = [0] * mc.num_layers
-        for layer, _ in chosen:
-            per_layer[layer] += 1
-        short = [
-            layer
-            for layer in range(mc.num_layers)
-            if mc.num_experts - per_layer[layer] > t.expert_offload_limit
-        ]
-        if short:
+        # elastic: every layer's hottest E - expert_offload_limit first (the adjuster never
+        # offloads more), then the globally hottest of the rest while grow_threshold pages
+        # stay free.
+        n = max(0, (self.allocator.num_free(PageType.EXPERT) - t.grow_threshold) // pages_per_expert)
+        keep = max(0, mc.num_experts - t.expert_offload_limit)
+        chosen = [(layer, e) for layer in range(mc.num_layers) for e in self.ranking.order[layer][:keep]]
+        if len(chosen) > capacity:
             raise ValueError(
-                f"the pool holds {capacity} experts but elastic mode keeps at least "
-                f"{mc.num_experts - t.expert_offload_limit} per layer resident "
-                f"(expert_offload_limit={t.expert_offload_limit}): raise the memory budget or "
-                f"expert_offload_limit"
+                f"the pool holds {capacity} experts but elastic mode keeps at least {keep} per "
+                f"layer resident ({len(chosen)} in all, expert_offload_limit="
+                f"{t.expert_offload_limit}): raise the memory budget or expert_offload_limit"
             )
+        partial = [frozenset(self.ranking.order[layer][:keep]) for layer in range(mc.num_layers)]
+        chosen += _hottest(max(0, min(n, len(everything)) - len(chosen)), self.ranking, partial)
         return chosen
 
     def _load_initial_experts(self) -> None:

@@ -96,6 +96,8 @@ class ExpertManager:
         self.top_k = top_k
         self.moe_kernel = moe_kernel
         self.counters = ExpertCounters()
+        # tokens routed to each expert since the last reset: the online-hotness signal
+        self.routing_counts = torch.zeros(self.num_layers, self.num_experts, dtype=torch.int64)
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     # ------------------------------------------------------------------ residency
@@ -175,6 +177,9 @@ class ExpertManager:
         if buffer.layer != layer:
             buffer.reset(layer)
         needed = torch.unique(topk_ids).tolist()
+        self.routing_counts[layer] += torch.bincount(
+            topk_ids.flatten().cpu(), minlength=self.num_experts
+        )
         missing = [e for e in needed if e not in self.resident[layer]]
         self.counters.predictor_needed += len(missing) if layer > 0 else 0
         self.counters.predictor_hits += (

@@ -1,0 +1,204 @@
+"""`rimuru bench`: the three memory policies on the same request stream and budget.
+
+Default (no flags): the CPU setup of the README's quick start — `tiny` preset, the bundled
+ShareGPT slice, a budget small enough that memory is the bottleneck, all requests at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.bench.arrivals import arrival_times, parse_request_rate
+from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_sweep
+from rimuru.dataplane.bench.results import BenchResult, write_results
+from rimuru.dataplane.bench.trace import load_trace
+from rimuru.dataplane.memory.units import parse_bytes
+
+POLICIES = ("resident", "fixed", "elastic")
+CPU_DEFAULT_BUDGET = (
+    "304MiB"  # tiny: ~75 MiB non-pool weights + ~198 MiB activations; experts 24 MiB
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="preset name or local HF directory")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None)
+    p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help="comma-separated subset of resident,fixed,elastic",
+    )
+    p.add_argument("--trace", default="sharegpt_qwen_cpu", help="bundled trace name or .npz path")
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument(
+        "--request-rate",
+        default="inf",
+        help="requests/s, comma-separated for a sweep; inf = all at once",
+    )
+    p.add_argument(
+        "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)"
+    )
+    p.add_argument(
+        "--memory-budget",
+        default=None,
+        help=f"bytes, e.g. 28.8GiB (CPU default {CPU_DEFAULT_BUDGET})",
+    )
+    p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    p.add_argument("--expert-offload-limit", type=int, default=16)
+    p.add_argument("--fixed-expert-share", type=float, default=0.5)
+    p.add_argument(
+        "--router-skew", type=float, default=1.0, help="presets: Zipf exponent of expert popularity"
+    )
+    p.add_argument(
+        "--hotness", default=None, help="offline ranking file; default: profile on the trace"
+    )
+    p.add_argument("--profile-prompts", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="out/bench")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (tiny models gain nothing from more)",
+    )
+    p.add_argument(
+        "--target", default=None, help="host:port of a data plane: benchmark through gRPC"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        return _run(args)
+    except ValueError as exc:
+        print(f"rimuru bench: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+    from rimuru.dataplane.engine.config import EngineConfig
+    from rimuru.dataplane.engine.engine import Engine
+    from rimuru.dataplane.engine.hotness_profile import profile_hotness
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise ValueError(f"unknown policy {unknown}: choose from {', '.join(POLICIES)}")
+    rates = [parse_request_rate(r) for r in str(args.request_rate).split(",")]
+    if args.num_prompts < 1:
+        raise ValueError("--num-prompts must be >= 1")
+    if args.device == "cpu":
+        torch.set_num_threads(max(1, args.threads))
+    trace = load_trace(args.trace)
+    trace = trace.head(min(args.num_prompts, len(trace)))
+    if args.target:
+        from rimuru.dataplane.bench.remote import run_remote
+
+        return run_remote(args, trace, rates)
+    budget = args.memory_budget
+    if budget is None and args.gpu_memory_utilization is None and args.device == "cpu":
+        budget = CPU_DEFAULT_BUDGET
+    base = EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        router_skew=args.router_skew,
+        memory_budget=parse_bytes(budget) if budget is not None else None,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        fixed_expert_share=args.fixed_expert_share,
+        hotness_path=args.hotness,
+    )
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ranking = None
+    results: list[BenchResult] = []
+    for policy in policies:
+        config = replace(
+            base, tunables=Tunables(mode=policy, expert_offload_limit=args.expert_offload_limit)
+        )
+        engine = Engine(config)
+        if ranking is None and args.hotness is None:
+            started = time.monotonic()
+            sample = [list(r.prompt_token_ids) for r in trace.requests[: args.profile_prompts]]
+            ranking = profile_hotness(
+                engine, sample, source=f"{args.trace}: first {len(sample)} prompts"
+            )
+            ranking.save(out_dir / "hotness.json")
+            logging.info(
+                "hotness profiled on %d prompts in %.1fs", len(sample), time.monotonic() - started
+            )
+        if ranking is not None:
+            engine.set_ranking(ranking)
+        for rate in rates:
+            arrivals = arrival_times(len(trace), rate, args.burstiness, args.seed).tolist()
+            result = run_trace(
+                engine,
+                trace,
+                arrivals,
+                rate,
+                progress=not args.no_progress,
+                desc=f"{policy} @ {rate:g} req/s",
+            )
+            engine.check_invariants()
+            if engine.num_leaked_pages():
+                raise RuntimeError(f"{policy}: {engine.num_leaked_pages()} KV pages leaked")
+            results.append(result)
+    path = write_results(out_dir / "results.json", results)
+    figures = [
+        plot_memory_split(
+            [r for r in results if r.request_rate == rates[-1]], out_dir / "fig4_memory_split.png"
+        )
+    ]
+    if len(rates) > 1 and all(math.isfinite(r) for r in rates):
+        figures.append(plot_rate_sweep(results, out_dir / "fig9_rate_sweep.png"))
+    print(format_table(results))
+    print(f"\nresults: {path}\nfigures: {', '.join(str(f) for f in figures)}")
+    return 0
+
+
+def run_trace(*args, **kwargs):
+    from rimuru.dataplane.bench.runner import run_trace as _run_trace
+
+    return _run_trace(*args, **kwargs)
+
+
+COLUMNS = (
+    ("policy", "policy", "{}"),
+    ("rate", "request_rate", "{:g}"),
+    ("peak conc", "peak_running", "{}"),
+    ("steps", "forward_steps", "{}"),
+    ("out tok/s", "output_tok_s", "{:.1f}"),
+    ("TTFT p50 ms", "ttft_p50_ms", "{:.0f}"),
+    ("TTFT p99 ms", "ttft_p99_ms", "{:.0f}"),
+    ("TPOT p50 ms", "tpot_p50_ms", "{:.1f}"),
+    ("TPOT p99 ms", "tpot_p99_ms", "{:.1f}"),
+    ("preempt", "preemptions", "{}"),
+    ("evict", "evictions", "{}"),
+    ("loads", "loads", "{}"),
+)
+
+
+def format_table(results: list[BenchResult]) -> str:
+    rows = [[title for title, _, _ in COLUMNS]]
+    for r in results:
+        h = r.headline()
+        rows.append([fmt.format(h[key]) if h[key] is not None else "-" for _, key, fmt in COLUMNS])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

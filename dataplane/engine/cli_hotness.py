@@ -1,0 +1,53 @@
+"""`rimuru profile-hotness`: write the offline hotness ranking from sample prompts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="preset name or local HF directory")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--router-skew", type=float, default=1.0)
+    p.add_argument(
+        "--trace", default="sharegpt_qwen_cpu", help="bundled trace or .npz with sample prompts"
+    )
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--max-prompt-tokens", type=int, default=256)
+    p.add_argument("--output", "-o", default="hotness.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rimuru.dataplane.adjust.tunables import Tunables
+    from rimuru.dataplane.bench.trace import load_trace
+    from rimuru.dataplane.engine.config import EngineConfig
+    from rimuru.dataplane.engine.engine import Engine
+    from rimuru.dataplane.engine.hotness_profile import profile_hotness
+
+    try:
+        trace = load_trace(args.trace).head(args.num_prompts)
+        engine = Engine(
+            EngineConfig(
+                model=args.model,
+                device=args.device,
+                router_skew=args.router_skew,
+                tunables=Tunables(mode="resident"),
+                max_num_batched_tokens=1024,
+                max_num_seqs=64,
+            )
+        )
+        prompts = [list(r.prompt_token_ids)[: args.max_prompt_tokens] for r in trace.requests]
+        ranking = profile_hotness(engine, prompts, source=f"{args.trace}: {len(prompts)} prompts")
+    except ValueError as exc:
+        print(f"rimuru profile-hotness: {exc}", file=sys.stderr)
+        return 2
+    ranking.save(args.output)
+    top = ", ".join(
+        f"L{layer}: e{ranking.order[layer][0]} ({ranking.prob[layer][0]:.2f})"
+        for layer in range(min(4, ranking.num_layers))
+    )
+    print(
+        f"wrote {args.output}: {ranking.num_layers} layers x {ranking.num_experts} experts; hottest {top}"
+    )
+    return 0

@@ -1,0 +1,25 @@
+"""Offline hotness profiling: route sample prompts and rank experts by how often they win."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rimuru.dataplane.adjust.hotness import HotnessRanking
+from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.request import SamplingParams
+
+
+def profile_hotness(
+    engine: Engine, prompts: Sequence[Sequence[int]], source: str = ""
+) -> HotnessRanking:
+    """Prefill `prompts` (one output token each) and rank experts per layer by routed tokens.
+
+    The memory policy does not change routing, so any engine will do; its counters of
+    routed tokens are reset before and after."""
+    if not prompts:
+        raise ValueError("profiling needs at least one sample prompt")
+    engine.experts.routing_counts.zero_()
+    engine.generate(prompts, SamplingParams(max_tokens=1, ignore_eos=True))
+    counts = engine.experts.routing_counts.tolist()
+    engine.experts.routing_counts.zero_()
+    return HotnessRanking.from_counts(counts, source=source or f"{len(prompts)} prompts routed")

@@ -1,0 +1,77 @@
+"""Bad input gets an error that says what is wrong, and disturbs nothing."""
+
+import pytest
+
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.request import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(EngineConfig(activation_reserve=0, max_num_batched_tokens=128, memory_budget=100 * 2**20, max_model_len=4096), log_plan=False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens must be an integer >= 1"),
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
+        ({"top_k": -5}, "top_k must be -1, 0"),
+        ({"seed": -3}, "seed must be a non-negative integer"),
+    ],
+)
+def test_invalid_sampling_parameters(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_prompt_longer_than_context(engine):
+    with pytest.raises(ValueError, match="exceeds the model's context of 4096 tokens"):
+        engine.add_request([1] * 4090, SamplingParams(max_tokens=10))
+
+
+def test_request_that_can_never_fit_says_what_would(engine):
+    fits = engine.max_kv_tokens()
+    with pytest.raises(ValueError, match=f"at most {fits} tokens fit"):
+        engine.add_request([1] * (fits - 5), SamplingParams(max_tokens=10))
+
+
+def test_bad_tokens_and_empty_prompt(engine):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.add_request([151936])
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        engine.add_request([])
+
+
+def test_rejections_disturb_nothing(engine):
+    ok = engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+    with pytest.raises(ValueError):
+        engine.add_request([1] * 5000, SamplingParams(max_tokens=10))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert len(engine.requests[ok].output_token_ids) == 3
+    engine.check_invariants()
+    assert engine.num_leaked_pages() == 0
+
+
+def test_budget_that_cannot_hold_the_weights():
+    with pytest.raises(ValueError, match="cannot hold the non-pool weights"):
+        Engine(EngineConfig(memory_budget=10 * 2**20, activation_reserve=0), log_plan=False)
+
+
+def test_abort_frees_pages_and_live_tunables(engine):
+    rid = engine.add_request(list(range(10, 60)), SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    assert engine.allocator.owner_of  # engine has pages for rid now
+    assert engine.abort(rid) is True
+    assert engine.abort(rid) is False
+    engine.check_invariants()
+    assert engine.num_leaked_pages() == 0
+    with pytest.raises(ValueError, match="changing the memory policy needs a restart"):
+        engine.set_tunables(Tunables(mode="resident"))
+    engine.set_tunables(Tunables(expert_offload_limit=2))
+    assert engine.tunables.expert_offload_limit == 2
