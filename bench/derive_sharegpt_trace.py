@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from importlib import metadata as package_metadata
 from pathlib import Path
 
-from rimuru.dataplane.bench.trace import Trace, TraceRequest, save_trace
 from tqdm import tqdm
+
+from rimuru.dataplane.bench.trace import Trace, TraceRequest, save_trace
 
 Tokenize = Callable[[str], list[int]]
 

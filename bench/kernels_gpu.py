@@ -28,6 +28,8 @@ import triton
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).parent))
+from tune_moe import MODELS, TOKEN_COUNTS, MoeShape, make_experts, random_routing
+
 from rimuru.kernels import (
     fused_moe_contiguous,
     fused_moe_paged,
@@ -40,7 +42,6 @@ from rimuru.kernels import (
     write_kv_pages,
     write_kv_pages_reference,
 )
-from tune_moe import MODELS, TOKEN_COUNTS, MoeShape, make_experts, random_routing
 
 PEAK_FLOPS = 755e12  # bf16 dense matmul, measured on this H200 (task brief)
 PEAK_BYTES = 4.17e12  # device copy, read + write, measured on this H200 (task brief)

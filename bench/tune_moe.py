@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from rimuru.kernels.moe_align import moe_align_block_size
 from rimuru.kernels.moe_configs import CONFIG_DIR, GemmTile, MoeConfig, config_file_name, shape_key
 from rimuru.kernels.moe_gemm import WeightSource, launch_down_gemm, launch_up_gemm

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 
 import grpc
+
 from rimuru.controlplane.errors import Unauthenticated
 from rimuru.controlplane.status import code_for
 

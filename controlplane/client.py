@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import grpc
+
 from rimuru.controlplane import convert
 from rimuru.controlplane.policy import Policy, Tunables
 from rimuru.controlplane.ranking import LayerRanking, Ranking

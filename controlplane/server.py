@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
 from rimuru.controlplane.auth import BearerTokenInterceptor
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.servicers import PolicyDiscoveryServicer, PolicyServicer

@@ -11,6 +11,7 @@ import inspect
 from collections.abc import Callable
 
 import grpc
+
 from rimuru.controlplane import errors
 
 _CODES: dict[type[errors.ControlPlaneError], grpc.StatusCode] = {

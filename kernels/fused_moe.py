@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
 from rimuru.kernels.moe_align import moe_align_block_size
 from rimuru.kernels.moe_configs import MoeConfig, get_moe_config
 from rimuru.kernels.moe_gemm import WeightSource, launch_down_gemm, launch_up_gemm

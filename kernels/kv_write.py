@@ -13,6 +13,7 @@ row-strided views (e.g. slices of a fused qkv projection) as long as each token'
 import torch
 import triton
 import triton.language as tl
+
 from rimuru.kernels.kv_pages import PAGE_TOKENS, check_kv_pages
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
 from rimuru.kernels.moe_align import MoeAlignment
 from rimuru.kernels.moe_configs import GemmTile
 

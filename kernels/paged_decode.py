@@ -18,6 +18,7 @@ When there are too few (sequence, KV head) pairs to fill the GPU the context is 
 import torch
 import triton
 import triton.language as tl
+
 from rimuru.kernels.kv_pages import (
     attend_sequence_reference,
     check_block_tables,

@@ -18,6 +18,7 @@ chunk's K/V with write_kv_pages before calling.
 import torch
 import triton
 import triton.language as tl
+
 from rimuru.kernels.kv_pages import (
     attend_sequence_reference,
     check_block_tables,

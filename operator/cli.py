@@ -9,6 +9,7 @@ import logging
 import os
 
 import kopf
+
 from rimuru.operator.config import OperatorConfig
 
 # flag dest -> OperatorConfig field (each also RIMURU_OPERATOR_<FIELD> in the environment)

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import kopf
+
 from rimuru.operator import reconcile
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.kube import KubeClient, KubeError, connection_info

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import torch
+
     from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.engine.engine import Engine
     from rimuru.dataplane.engine.hotness_profile import profile_hotness

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
+
 from rimuru.dataplane.bench.results import BenchResult
 
 GIB = float(1 << 30)

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+
 from rimuru.dataplane.memory.geometry import PageGeometry
 from rimuru.dataplane.memory.units import format_bytes
 from rimuru.dataplane.model.config import ModelConfig

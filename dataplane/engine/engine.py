@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
+
 from rimuru.dataplane.adjust.adjuster import _hottest, decide, reserve
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
@@ -232,9 +233,13 @@ class Engine:
         # elastic: every layer's hottest E - expert_offload_limit first (the adjuster never
         # offloads more), then the globally hottest of the rest while grow_threshold pages
         # stay free.
-        n = max(0, (self.allocator.num_free(PageType.EXPERT) - t.grow_threshold) // pages_per_expert)
+        n = max(
+            0, (self.allocator.num_free(PageType.EXPERT) - t.grow_threshold) // pages_per_expert
+        )
         keep = max(0, mc.num_experts - t.expert_offload_limit)
-        chosen = [(layer, e) for layer in range(mc.num_layers) for e in self.ranking.order[layer][:keep]]
+        chosen = [
+            (layer, e) for layer in range(mc.num_layers) for e in self.ranking.order[layer][:keep]
+        ]
         if len(chosen) > capacity:
             raise ValueError(
                 f"the pool holds {capacity} experts but elastic mode keeps at least {keep} per "

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
 from rimuru.dataplane.adjust.adjuster import ChangeList
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType

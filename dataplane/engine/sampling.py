@@ -6,6 +6,7 @@ Shape key: B = requests sampled this step, V = vocab.
 from __future__ import annotations
 
 import torch
+
 from rimuru.dataplane.engine.request import SamplingParams
 
 

@@ -16,6 +16,7 @@ sure no two live users ever hold overlapping pages.
 from __future__ import annotations
 
 import torch
+
 from rimuru.dataplane.memory.geometry import PageGeometry, PageType
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
 from rimuru.dataplane.model.config import ModelConfig
 from rimuru.dataplane.model.weights import (
     AttentionWeights,

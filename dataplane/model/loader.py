@@ -23,10 +23,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+
 from rimuru.dataplane.model.config import ModelConfig, load_config
 from rimuru.dataplane.model.hf_layout import Fetch, build_global_weights, build_layer_weights
 from rimuru.dataplane.model.weights import ExpertWeights, GlobalWeights, LayerWeights, host_empty
-from safetensors import safe_open
 
 _INDEX = "model.safetensors.index.json"
 

@@ -35,6 +35,7 @@ import hashlib
 import math
 
 import torch
+
 from rimuru.dataplane.model.config import ModelConfig
 from rimuru.dataplane.model.hf_layout import (
     Fetch,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from rimuru.dataplane.model.weights import ExpertWeights
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from rimuru.dataplane.model.backends import AttentionBackend, ExpertBackend
 from rimuru.dataplane.model.config import ModelConfig
 from rimuru.dataplane.model.layers import (

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
 from rimuru.dataplane.model.config import ModelConfig
 
 

@@ -12,7 +12,10 @@ import sys
 
 # name -> (module that defines `add_arguments(parser)` and `run(args) -> int`, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "bench": ("rimuru.dataplane.bench.cli", "run the serving benchmark (default: CPU, tiny preset)"),
+    "bench": (
+        "rimuru.dataplane.bench.cli",
+        "run the serving benchmark (default: CPU, tiny preset)",
+    ),
     "generate": ("rimuru.dataplane.engine.cli_generate", "generate text for one prompt"),
     "profile-hotness": (
         "rimuru.dataplane.engine.cli_hotness",

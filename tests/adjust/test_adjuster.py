@@ -1,4 +1,5 @@
 import pytest
+
 from rimuru.dataplane.adjust.adjuster import ChangeList, decide, num_to_evict, num_to_load, reserve
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables

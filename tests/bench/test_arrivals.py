@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from rimuru.dataplane.bench.arrivals import arrival_times, parse_request_rate
 
 

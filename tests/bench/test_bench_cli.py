@@ -7,7 +7,18 @@ from rimuru.cli import main
 
 def test_bench_runs_three_policies_and_writes_results(tmp_path, capsys):
     out = tmp_path / "bench"
-    code = main(["bench", "--num-prompts", "60", "--output-dir", str(out), "--no-progress", "--profile-prompts", "8"])
+    code = main(
+        [
+            "bench",
+            "--num-prompts",
+            "60",
+            "--output-dir",
+            str(out),
+            "--no-progress",
+            "--profile-prompts",
+            "8",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "resident" in printed and "elastic" in printed and "peak conc" in printed
@@ -25,11 +36,15 @@ def test_bench_runs_three_policies_and_writes_results(tmp_path, capsys):
 def test_bench_rejects_unknown_policy(tmp_path, capsys):
     code = main(["bench", "--policies", "turbo", "--output-dir", str(tmp_path)])
     assert code == 2
-    assert "unknown policy ['turbo']: choose from resident, fixed, elastic" in capsys.readouterr().err
+    assert (
+        "unknown policy ['turbo']: choose from resident, fixed, elastic" in capsys.readouterr().err
+    )
 
 
 def test_bench_budget_too_small_says_what_fits(tmp_path, capsys):
-    code = main(["bench", "--memory-budget", "64MiB", "--output-dir", str(tmp_path), "--num-prompts", "2"])
+    code = main(
+        ["bench", "--memory-budget", "64MiB", "--output-dir", str(tmp_path), "--num-prompts", "2"]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "cannot hold the non-pool weights" in err and "give at least" in err

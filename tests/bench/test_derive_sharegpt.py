@@ -6,6 +6,7 @@ import json
 import random
 
 import pytest
+
 from rimuru.dataplane.bench.trace import Trace, TraceRequest
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 from matplotlib.image import imread
+
 from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_sweep
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

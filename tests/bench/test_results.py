@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 
 import pytest
+
 from rimuru.dataplane.bench.results import read_results, write_results
 
 

@@ -9,6 +9,7 @@ from importlib import resources
 
 import numpy as np
 import pytest
+
 from rimuru.dataplane.bench.trace import (
     Trace,
     TraceRequest,

@@ -1,4 +1,5 @@
 import pytest
+
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine

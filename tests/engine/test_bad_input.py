@@ -10,7 +10,15 @@ from rimuru.dataplane.engine.request import SamplingParams
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(EngineConfig(activation_reserve=0, max_num_batched_tokens=128, memory_budget=100 * 2**20, max_model_len=4096), log_plan=False)
+    return Engine(
+        EngineConfig(
+            activation_reserve=0,
+            max_num_batched_tokens=128,
+            memory_budget=100 * 2**20,
+            max_model_len=4096,
+        ),
+        log_plan=False,
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """A memory policy never changes the math: same tokens under resident, fixed and elastic."""
 
 import pytest
+
 from rimuru.dataplane.engine.request import SamplingParams
 
 PARAMS = [
@@ -30,6 +31,7 @@ def test_same_tokens_under_every_policy_even_when_memory_is_tight(prompts, param
 def test_matches_the_dense_reference_backends(prompts, make_engine):
     """Paged KV + pool experts == contiguous KV + dense experts (the model's oracle)."""
     import torch
+
     from rimuru.dataplane.model import ContiguousKVAttention, ContiguousKVMeta, DenseExperts
 
     engine = make_engine("elastic")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+
 from rimuru.kernels import (
     GemmTile,
     MoeConfig,

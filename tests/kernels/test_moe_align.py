@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from rimuru.kernels.moe_align import moe_align_block_size, moe_align_block_size_reference
 
 

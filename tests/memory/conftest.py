@@ -1,4 +1,5 @@
 import pytest
+
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry
 
 

@@ -1,4 +1,5 @@
 import pytest
+
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
 from rimuru.dataplane.memory.reclaim import DeferredReclaim

@@ -5,6 +5,7 @@ import random
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
 from rimuru.dataplane.memory.reclaim import DeferredReclaim

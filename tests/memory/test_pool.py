@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageGeometry, PageType
 from rimuru.dataplane.memory.pool import UnifiedPool

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from rimuru.dataplane.model import PRESETS, config_from_hf, load_config
 
 # The public config.json values of the three real models (the keys the parser reads).

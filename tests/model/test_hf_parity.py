@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
+
 from rimuru.dataplane.model import (
     CheckpointWeights,
     ContiguousKVAttention,
@@ -15,7 +17,6 @@ from rimuru.dataplane.model import (
     MoETransformer,
     WeightSource,
 )
-from safetensors.torch import save_file
 
 FAMILIES = ["qwen2_moe", "qwen3_moe", "mixtral"]
 PROMPTS = [[5, 17, 300, 42, 9, 511, 77, 1, 250, 3, 64], [100, 2, 33], [7, 7, 7, 7, 8, 480, 12]]

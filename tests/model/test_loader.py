@@ -7,9 +7,10 @@ import shutil
 
 import pytest
 import torch
+from safetensors import safe_open
+
 from rimuru.dataplane.model import CheckpointWeights, open_weights
 from rimuru.dataplane.model.presets import RandomWeights
-from safetensors import safe_open
 
 
 def test_sharded_checkpoint_loads_the_same_tensors(hf_checkpoints, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from rimuru.dataplane.model import (
     ContiguousKVAttention,
     ContiguousKVMeta,

@@ -6,6 +6,7 @@ import copy
 
 import kubernetes_validate
 import pytest
+
 from rimuru.controlplane.policy import Tunables
 from rimuru.operator.builders import (
     build_children,

@@ -23,6 +23,7 @@ import aiohttp
 import pytest
 import yaml
 from kopf.testing import KopfRunner
+
 from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.server import create_server
