@@ -1,0 +1,158 @@
+"""Idempotent apply's patches, and the status as a pure function of observations."""
+
+from __future__ import annotations
+
+from rimuru.operator.apply import manifest_hash, patch_operations, with_applied_hash
+from rimuru.operator.builders import build_dataplane_service
+from rimuru.operator.policy_sync import PolicyState
+from rimuru.operator.spec import parse_spec
+from rimuru.operator.status import Blocker, Observation, Problem, compute_status
+
+NOW = "2026-01-02T03:04:05Z"
+
+
+def test_service_patch_keeps_what_others_own(tiny_rd):
+    desired = with_applied_hash(
+        build_dataplane_service(parse_spec(tiny_rd["metadata"], tiny_rd["spec"]))
+    )
+    current = {
+        "metadata": {
+            "labels": {"team": "ml"},
+            "annotations": {"rimuru.dev/applied-hash": "old", "note": "kept"},
+        },
+        "spec": {"clusterIP": "10.0.0.7", "type": "ClusterIP", "ports": [], "selector": {}},
+    }
+    ops = patch_operations(current, desired)
+    paths = [op["path"] for op in ops]
+    # Labels and annotations one by one (others' keys stay), the owned spec fields whole.
+    assert "/metadata/labels/app.kubernetes.io~1instance" in paths
+    assert "/metadata/annotations/rimuru.dev~1applied-hash" in paths
+    assert "/metadata/annotations/note" not in paths
+    assert paths[-3:] == ["/spec/type", "/spec/selector", "/spec/ports"]
+    assert not any(p.startswith("/spec/clusterIP") for p in paths)
+    assert all(op["op"] == "add" for op in ops)
+
+
+def test_applied_hash_is_stable_and_content_sensitive(tiny_rd):
+    service = build_dataplane_service(parse_spec(tiny_rd["metadata"], tiny_rd["spec"]))
+    assert manifest_hash(service) == manifest_hash(dict(reversed(list(service.items()))))
+    changed = {**service, "spec": {**service["spec"], "type": "NodePort"}}
+    assert manifest_hash(changed) != manifest_hash(service)
+
+
+def _obs(**kw) -> Observation:
+    base = dict(
+        generation=4,
+        desired_replicas=2,
+        current_replicas=2,
+        ready_replicas=2,
+        updated_replicas=2,
+        controlplane_ready=True,
+        policy=PolicyState(
+            desired_version=7,
+            applied_version=7,
+            num_subscribers=2,
+            num_synced=2,
+            last_error="",
+            ranking_digest="",
+        ),
+    )
+    base.update(kw)
+    return Observation(**base)
+
+
+def _status(obs, previous=()):
+    return compute_status(
+        obs, list(previous), now=NOW, selector="sel", controlplane_endpoint="cp:50052"
+    )
+
+
+def _conditions(status):
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def test_all_good_is_available_and_synced():
+    status = _status(_obs())
+    assert status["phase"] == "Available"
+    assert _conditions(status) == {
+        "Available": ("True", "ReplicasReady"),
+        "Progressing": ("False", "RolloutComplete"),
+        "PolicySynced": ("True", "Applied"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert status["policy"] == {
+        "desiredVersion": 7,
+        "appliedVersion": 7,
+        "subscribers": 2,
+        "lastError": "",
+        "rankingDigest": "",
+    }
+    assert (status["observedGeneration"], status["replicas"], status["readyReplicas"]) == (4, 2, 2)
+    assert all(c["observedGeneration"] == 4 for c in status["conditions"])
+
+
+def test_one_replica_behind_is_pending_not_synced():
+    policy = PolicyState(7, 6, 2, 1, "", "")
+    status = _status(_obs(policy=policy))
+    assert _conditions(status)["PolicySynced"] == ("False", "Pending")
+    assert status["policy"]["appliedVersion"] == 6
+
+
+def test_a_nack_degrades():
+    policy = PolicyState(7, 6, 2, 1, "mode change needs a restart", "")
+    status = _status(_obs(policy=policy))
+    assert status["phase"] == "Degraded"
+    assert _conditions(status)["PolicySynced"] == ("False", "Rejected")
+    assert _conditions(status)["Degraded"] == ("True", "PolicyRejected")
+
+
+def test_rollout_in_progress():
+    status = _status(_obs(updated_replicas=1, ready_replicas=1))
+    assert status["phase"] == "Progressing"
+    assert _conditions(status)["Progressing"] == ("True", "RollingOut")
+    assert _conditions(status)["Available"] == ("True", "ReplicasReady")
+
+
+def test_waiting_on_the_control_plane():
+    problem = Problem(Blocker.CONTROL_PLANE_UNAVAILABLE, "control plane at cp:50052: deadline")
+    status = _status(_obs(policy=None, problem=problem, ready_replicas=0, controlplane_ready=False))
+    assert status["phase"] == "Pending"
+    assert _conditions(status)["Progressing"] == ("True", "ControlPlaneUnavailable")
+    assert _conditions(status)["PolicySynced"] == ("Unknown", "ControlPlaneUnavailable")
+    assert "policy" not in status  # the last known versions stay (merge patch)
+
+
+def test_permanent_problem_fails():
+    problem = Problem(Blocker.POLICY_REJECTED, "control plane rejected the policy")
+    status = _status(_obs(problem=problem))
+    assert status["phase"] == "Failed"
+    assert _conditions(status)["Degraded"] == ("True", "PolicyRejected")
+
+
+def test_scaled_to_zero():
+    policy = PolicyState(7, 0, 0, 0, "", "")
+    status = _status(
+        _obs(
+            desired_replicas=0,
+            current_replicas=0,
+            ready_replicas=0,
+            updated_replicas=0,
+            policy=policy,
+        )
+    )
+    assert _conditions(status)["Available"] == ("False", "ScaledToZero")
+    assert _conditions(status)["PolicySynced"] == ("False", "NoSubscribers")
+
+
+def test_transition_time_moves_only_on_a_change():
+    first = _status(_obs())
+    later = compute_status(
+        _obs(ready_replicas=1, updated_replicas=2),
+        first["conditions"],
+        now="2026-01-02T09:00:00Z",
+        selector="sel",
+        controlplane_endpoint="cp:50052",
+    )
+    times = {c["type"]: c["lastTransitionTime"] for c in later["conditions"]}
+    assert times["Available"] == NOW  # still True
+    assert times["Progressing"] == "2026-01-02T09:00:00Z"  # False -> True
