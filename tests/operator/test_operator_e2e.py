@@ -292,3 +292,51 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watch
+
+
+@pytest.mark.slow
+async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
+    http = env
+    # No authSecretRef: the operator generates NAME-token and owns it. This control plane
+    # was started with another token, so the operator's writes are refused: status says so.
+    other = copy.deepcopy(tiny_rd)
+    other["metadata"].update(name="other", uid="uid-other-1", resourceVersion="1")
+    # Written past the API server's CEL rules (e.g. validation off): can never work.
+    broken = copy.deepcopy(tiny_rd)
+    broken["metadata"].update(name="broken", uid="uid-broken-1", resourceVersion="1")
+    broken["spec"]["engine"] = {
+        "gpuMemoryUtilization": 0.9,
+        "maxNumSeqs": 16,
+        "maxNumBatchedTokens": 8192,
+        "blockSize": 16,
+    }
+    async with operator_running() as runner:
+        await _call(http, "POST", RD_PATH, other)
+        await _call(http, "POST", RD_PATH, broken)
+
+        secret = await eventually(lambda: obj(kmock, "v1/secrets", "other-token"), what="token")
+        assert len(base64.b64decode(secret["data"]["token"])) >= 32
+        assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-other-1"
+
+        def refused():
+            c = condition(obj(kmock, RD, "other"), "Progressing")
+            return c if c["reason"] == "ControlPlaneUnauthenticated" else None
+
+        progressing = await eventually(refused, what="ControlPlaneUnauthenticated")
+        assert "other-token" in progressing["message"]
+        assert obj(kmock, RD, "other")["status"]["phase"] in ("Pending", "Progressing")
+
+        failed = await eventually(
+            lambda: obj(kmock, RD, "broken")["status"]["phase"] == "Failed", what="Failed"
+        )
+        assert failed
+        degraded = condition(obj(kmock, RD, "broken"), "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+        assert "spec.engine.gpuMemoryUtilization" in degraded["message"]
+        assert obj(kmock, DEPLOYMENTS, "broken-dataplane") is None  # nothing was created
+
+        await _call(http, "DELETE", f"{RD_PATH}/other")
+        await eventually(lambda: obj(kmock, RD, "other") is None, what="other deleted")
+        # The generated Secret was the operator's: deleted with the rest.
+        assert obj(kmock, "v1/secrets", "other-token") is None
+    assert runner.exception is None

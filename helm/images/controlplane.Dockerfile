@@ -1,0 +1,24 @@
+# Control plane: `rimuru controlplane` (policies, rankings, live push). Slim: no torch.
+#   docker build -f helm/images/controlplane.Dockerfile -t ghcr.io/rimuru-dev/rimuru-controlplane:0.1.0 .
+# Extra: controlplane.
+
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY protos protos
+COPY dataplane dataplane
+COPY controlplane controlplane
+COPY kernels kernels
+COPY operator operator
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[controlplane]"
+
+FROM python:3.11-slim-bookworm
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels "rimuru[controlplane]" \
+    && rm -rf /wheels \
+    && useradd --uid 10001 --user-group --no-create-home --home-dir /tmp rimuru
+USER 10001:10001
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+EXPOSE 50052
+ENTRYPOINT ["rimuru"]
+CMD ["controlplane"]
