@@ -20,7 +20,7 @@ import multiprocessing
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import torch
@@ -56,7 +56,17 @@ _SMALL_TILES = [  # (block_n, block_k, num_warps, num_stages): weight streaming,
     (128, 64, 4, 4),
     (64, 64, 4, 5),
 ]
-_LARGE_TILES = [  # tensor-core bound tiles
+# Tensor-core bound tiles. The up GEMM keeps two accumulators (gate and up), so its
+# tiles are half as wide as the down GEMM's.
+_LARGE_UP_TILES = [
+    (64, 64, 4, 4),
+    (128, 64, 4, 3),
+    (128, 64, 8, 3),
+    (128, 64, 8, 4),
+    (64, 128, 4, 3),
+    (64, 64, 8, 5),
+]
+_LARGE_DOWN_TILES = [
     (64, 64, 4, 4),
     (128, 64, 4, 3),
     (128, 64, 8, 4),
@@ -76,10 +86,12 @@ def block_ms_for(num_tokens: int, shape: MoeShape) -> list[int]:
     return ms or [16]
 
 
-def tiles_for(block_m: int) -> list[GemmTile]:
+def tiles_for(block_m: int, up: bool) -> list[GemmTile]:
     if block_m <= 32:
         return [GemmTile(n, k, 1, w, s) for n, k, w, s in _SMALL_TILES]
-    return [GemmTile(n, k, 8, w, s) for n, k, w, s in _LARGE_TILES]
+    return [
+        GemmTile(n, k, 8, w, s) for n, k, w, s in (_LARGE_UP_TILES if up else _LARGE_DOWN_TILES)
+    ]
 
 
 @dataclass(frozen=True)
@@ -95,9 +107,7 @@ class PagedExperts:
     expert_table: torch.Tensor  # [E, 3] int32
 
     def paged_source(self) -> WeightSource:
-        return WeightSource(
-            self.pool_pages, self.buffer_pages, self.expert_table, self.pool_pages.stride(0), 0
-        )
+        return WeightSource(self.pool_pages, self.buffer_pages, True, self.pool_pages.stride(0), 0)
 
 
 def make_experts(
@@ -156,35 +166,40 @@ def _gemm_closures(
     device = experts.pool_pages.device
     ids, weights = random_routing(num_tokens, shape, device, seed)
     x = torch.randn(num_tokens, shape.hidden_size, device=device).to(experts.pool_pages.dtype)
-    align = moe_align_block_size(ids, shape.num_experts, block_m)
+    align = moe_align_block_size(ids, shape.num_experts, block_m, experts.expert_table)
     P, inter = ids.numel(), shape.inter_size
-    h = torch.randn(P, 2 * inter, device=device).to(x.dtype)
-    h_out = torch.empty_like(h)
+    act = torch.randn(P, inter, device=device).to(x.dtype)
+    act_out = torch.empty_like(act)
     y = torch.empty(P, shape.hidden_size, device=device, dtype=x.dtype)
     w = weights.reshape(-1).float()
     src = experts.paged_source()
     k = shape.top_k
 
     def up(tile):
-        return lambda: launch_up_gemm(x, h_out, src, align, w, tile, inter_size=inter, top_k=k)
+        return lambda: launch_up_gemm(x, act_out, src, align, w, tile, inter_size=inter, top_k=k)
 
     def down(tile):
-        return lambda: launch_down_gemm(h, y, src, align, w, tile, inter_size=inter, top_k=k)
+        return lambda: launch_down_gemm(act, y, src, align, w, tile, inter_size=inter, top_k=k)
 
     return up, down
 
 
-def _all_block_configs(shapes: list[MoeShape], tokens: list[int]) -> list[tuple[int, GemmTile]]:
-    pairs = {
-        (bm, t) for s in shapes for n in tokens for bm in block_ms_for(n, s) for t in tiles_for(bm)
+def _all_block_configs(
+    shapes: list[MoeShape], tokens: list[int]
+) -> list[tuple[int, GemmTile, bool]]:
+    work = {
+        (bm, tile, up)
+        for s in shapes
+        for n in tokens
+        for bm in block_ms_for(n, s)
+        for up in (True, False)
+        for tile in tiles_for(bm, up)
     }
-    return sorted(
-        pairs, key=lambda p: (p[0], p[1].block_n, p[1].block_k, p[1].num_warps, p[1].num_stages)
-    )
+    return sorted(work, key=lambda w: (w[0], w[2], *astuple(w[1])))
 
 
 def _precompile_worker(args) -> int:
-    """Run each (block_m, tile) once on small data of every shape: fills Triton's disk cache."""
+    """Run each (block_m, tile, gemm) once on small data of every shape: fills Triton's disk cache."""
     work, shapes, dtype_name = args
     dtype = getattr(torch, dtype_name)
     device = torch.device("cuda")
@@ -192,14 +207,13 @@ def _precompile_worker(args) -> int:
     for shape in shapes:
         small = MoeShape(shape.name, 4, shape.inter_size, shape.hidden_size, min(2, shape.top_k))
         experts = make_experts(small, dtype, device, seed=0, buffered_share=0.25)
-        for bm, tile in work:
+        for bm, tile, is_up in work:
             up, down = _gemm_closures(experts, small, 64, bm, seed=1)
-            for fn in (up(tile), down(tile)):
-                try:
-                    fn()
-                    done += 1
-                except Exception:
-                    pass
+            try:
+                (up if is_up else down)(tile)()
+                done += 1
+            except Exception:
+                pass
         torch.cuda.synchronize()
     return done
 
@@ -226,8 +240,8 @@ def tune_shape(shape: MoeShape, tokens: list[int], dtype: torch.dtype, rep_ms: f
         best = None
         for bm in block_ms_for(n, shape):
             up, down = _gemm_closures(experts, shape, n, bm, seed=n)
-            t_up = {tile: _bench(up(tile), rep_ms) for tile in tiles_for(bm)}
-            t_down = {tile: _bench(down(tile), rep_ms) for tile in tiles_for(bm)}
+            t_up = {tile: _bench(up(tile), rep_ms) for tile in tiles_for(bm, up=True)}
+            t_down = {tile: _bench(down(tile), rep_ms) for tile in tiles_for(bm, up=False)}
             tile1, tile2 = min(t_up, key=t_up.get), min(t_down, key=t_down.get)
             total = t_up[tile1] + t_down[tile2]
             if best is None or total < best[0]:

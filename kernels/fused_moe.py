@@ -2,8 +2,9 @@
 
 Shape key: T = tokens, D = hidden, I = expert intermediate, E = experts, K = top-k, P = T*K.
 
-Launchers (one call = block-align + gemm1 + gemm2 + top-k sum, no host synchronisation, so
-they can be captured in a CUDA graph; ``config`` defaults to the tuned table's entry):
+Launchers (one call = block-align + up GEMM with SiLU(gate)*up + down GEMM + top-k sum, no
+host synchronisation, so they can be captured in a CUDA graph; ``config`` defaults to the
+tuned table's entry):
 
     fused_moe_paged(x [T, D], topk_ids [T, K] int, topk_weights [T, K] float,
                     pool_pages [num_pages, I*D], buffer_pages [num_slots, I*D] | None,
@@ -96,6 +97,7 @@ def _run(
     topk_weights: torch.Tensor,
     up_source: WeightSource,
     down_source: WeightSource,
+    expert_table: torch.Tensor | None,
     num_experts: int,
     inter_size: int,
     config: MoeConfig | None,
@@ -107,16 +109,16 @@ def _run(
         return out
     if config is None:
         config = get_moe_config(num_experts, inter_size, D, T, top_k, x.dtype, x.device)
-    align = moe_align_block_size(topk_ids, num_experts, config.block_m)
+    align = moe_align_block_size(topk_ids, num_experts, config.block_m, expert_table)
     weights = topk_weights.to(torch.float32).contiguous().view(-1)  # [P]
-    h = torch.empty(T * top_k, 2 * inter_size, dtype=x.dtype, device=x.device)  # [P, 2I]
+    act = torch.empty(T * top_k, inter_size, dtype=x.dtype, device=x.device)  # [P, I]
     launch_up_gemm(
-        x, h, up_source, align, weights, config.gemm1, inter_size=inter_size, top_k=top_k
+        x, act, up_source, align, weights, config.gemm1, inter_size=inter_size, top_k=top_k
     )
     # With top-1 each token has one pair, so gemm2 writes the output rows directly.
     y = out if top_k == 1 else torch.empty(T * top_k, D, dtype=x.dtype, device=x.device)
     launch_down_gemm(
-        h, y, down_source, align, weights, config.gemm2, inter_size=inter_size, top_k=top_k
+        act, y, down_source, align, weights, config.gemm2, inter_size=inter_size, top_k=top_k
     )
     if top_k > 1:
         torch.sum(y.view(T, top_k, D), dim=1, out=out)
@@ -158,10 +160,10 @@ def fused_moe_paged(
             f"buffer_pages row stride {buffer_pages.stride(0)} differs from pool_pages "
             f"{pool_pages.stride(0)}; use the same page size"
         )
-    source = WeightSource(pool_pages, buffer_pages, table, pool_pages.stride(0), 0)
+    source = WeightSource(pool_pages, buffer_pages, True, pool_pages.stride(0), 0)
     inter_size = pool_pages.shape[1] // D
     out = _check_out(out, x)
-    return _run(x, topk_ids, topk_weights, source, source, E, inter_size, config, out)
+    return _run(x, topk_ids, topk_weights, source, source, table, E, inter_size, config, out)
 
 
 def fused_moe_contiguous(
@@ -196,10 +198,10 @@ def fused_moe_contiguous(
         raise ValueError("w13 and w2 must be contiguous; call .contiguous() once at load time")
     if w13.device != x.device or w2.device != x.device:
         raise ValueError(f"w13 and w2 must be on x's device {x.device}")
-    up = WeightSource(w13, w13, None, 0, w13.stride(0))
-    down = WeightSource(w2, w2, None, 0, w2.stride(0))
+    up = WeightSource(w13, w13, False, 0, w13.stride(0))
+    down = WeightSource(w2, w2, False, 0, w2.stride(0))
     out = _check_out(out, x)
-    return _run(x, topk_ids, topk_weights, up, down, E, inter_size, config, out)
+    return _run(x, topk_ids, topk_weights, up, down, None, E, inter_size, config, out)
 
 
 ExpertMatrices = Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]

@@ -45,6 +45,9 @@ class MoeAlignment:
     num_padded: torch.Tensor  # [1] int32 on the device: rows in use, a multiple of BM
     block_m: int
     num_pairs: int
+    # [NB, 3] int32 page ids (w1, w3, w2) of each block's expert, copied from the expert
+    # table so that a GEMM tile finds its page with one load; None when no table was given.
+    block_pages: torch.Tensor | None = None
 
     @property
     def max_blocks(self) -> int:
@@ -61,10 +64,13 @@ def _write_pads_and_block_experts(
     sorted_ptr,
     block_expert_ptr,
     num_padded_ptr,
+    table_ptr,  # [E, 3] expert table, read only if WITH_PAGES
+    block_pages_ptr,  # [NB, 3] written only if WITH_PAGES
     num_pairs,
     max_blocks,
     BLOCK_M: tl.constexpr,
     EXPERTS: tl.constexpr,
+    WITH_PAGES: tl.constexpr,
 ):
     """Write padding rows, block experts and num_padded; return each expert's first row."""
     padded = tl.cdiv(counts, BLOCK_M) * BLOCK_M
@@ -84,6 +90,12 @@ def _write_pads_and_block_experts(
         expert = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
         expert = tl.where(row < total, expert, -1)
         tl.store(block_expert_ptr + b, expert, mask=b < max_blocks)
+        if WITH_PAGES:
+            # Only experts that own a block are looked up: unrouted table rows stay unread.
+            routed = (b < max_blocks) & (expert >= 0)
+            for j in tl.static_range(3):
+                page = tl.load(table_ptr + expert * 3 + j, mask=routed, other=0)
+                tl.store(block_pages_ptr + b * 3 + j, page, mask=b < max_blocks)
     return starts
 
 
@@ -93,11 +105,14 @@ def _align_single_program_kernel(
     sorted_ptr,
     block_expert_ptr,
     num_padded_ptr,
+    table_ptr,
+    block_pages_ptr,
     num_pairs,
     max_blocks,
     BLOCK_M: tl.constexpr,
     PAIRS: tl.constexpr,
     EXPERTS: tl.constexpr,
+    WITH_PAGES: tl.constexpr,
 ):
     p = tl.arange(0, PAIRS)
     expert_of_pair = tl.load(topk_ids_ptr + p, mask=p < num_pairs, other=-1).to(tl.int32)
@@ -105,7 +120,8 @@ def _align_single_program_kernel(
     onehot = (expert_of_pair[:, None] == e[None, :]).to(tl.int32)  # [PAIRS, EXPERTS]
     counts = tl.sum(onehot, axis=0)
     starts = _write_pads_and_block_experts(
-        counts, sorted_ptr, block_expert_ptr, num_padded_ptr, num_pairs, max_blocks, BLOCK_M, EXPERTS
+        counts, sorted_ptr, block_expert_ptr, num_padded_ptr, table_ptr, block_pages_ptr,
+        num_pairs, max_blocks, BLOCK_M, EXPERTS, WITH_PAGES,
     )  # fmt: skip
     rank = tl.cumsum(onehot, axis=0) - onehot  # stable rank of the pair inside its expert
     pos = tl.sum(onehot * (starts[None, :] + rank), axis=1)
@@ -128,16 +144,20 @@ def _align_offsets_kernel(
     sorted_ptr,
     block_expert_ptr,
     num_padded_ptr,
+    table_ptr,
+    block_pages_ptr,
     num_pairs,
     num_experts,
     max_blocks,
     BLOCK_M: tl.constexpr,
     EXPERTS: tl.constexpr,
+    WITH_PAGES: tl.constexpr,
 ):
     e = tl.arange(0, EXPERTS)
     counts = tl.load(counts_ptr + e, mask=e < num_experts, other=0)
     starts = _write_pads_and_block_experts(
-        counts, sorted_ptr, block_expert_ptr, num_padded_ptr, num_pairs, max_blocks, BLOCK_M, EXPERTS
+        counts, sorted_ptr, block_expert_ptr, num_padded_ptr, table_ptr, block_pages_ptr,
+        num_pairs, max_blocks, BLOCK_M, EXPERTS, WITH_PAGES,
     )  # fmt: skip
     tl.store(starts_ptr + e, starts, mask=e < num_experts)
 
@@ -155,11 +175,17 @@ def _align_scatter_kernel(
     tl.store(sorted_ptr + pos, p, mask=valid)
 
 
-def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
+def moe_align_block_size(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    expert_table: torch.Tensor | None = None,
+) -> MoeAlignment:
     """Group the pairs of ``topk_ids`` [T, K] by expert into blocks of ``block_m`` rows.
 
-    Expert ids must lie in [0, num_experts); they are not checked (that would need a host
-    synchronisation).
+    With ``expert_table`` (int32 [E, 3], contiguous) each block's page ids are copied into
+    ``block_pages``. Expert ids must lie in [0, num_experts); they are not checked (that
+    would need a host synchronisation).
     """
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(
@@ -177,12 +203,17 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int)
     sorted_ids = torch.empty(nb * block_m, dtype=torch.int32, device=device)
     block_experts = torch.empty(nb, dtype=torch.int32, device=device)
     num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    with_pages = expert_table is not None
+    block_pages = torch.empty(nb, 3, dtype=torch.int32, device=device) if with_pages else None
+    table = expert_table if with_pages else block_experts  # placeholder pointer when unused
+    pages = block_pages if with_pages else block_experts
     experts_p2 = triton.next_power_of_2(num_experts)
     pairs_p2 = triton.next_power_of_2(max(num_pairs, 1))
     if pairs_p2 * experts_p2 <= _SINGLE_PROGRAM_MAX_CELLS:
         _align_single_program_kernel[(1,)](
-            ids, sorted_ids, block_experts, num_padded, num_pairs, nb,
-            BLOCK_M=block_m, PAIRS=pairs_p2, EXPERTS=experts_p2, num_warps=4,
+            ids, sorted_ids, block_experts, num_padded, table, pages, num_pairs, nb,
+            BLOCK_M=block_m, PAIRS=pairs_p2, EXPERTS=experts_p2, WITH_PAGES=with_pages,
+            num_warps=4,
         )  # fmt: skip
     else:
         counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
@@ -191,11 +222,12 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int)
         grid = (triton.cdiv(num_pairs, _CHUNK),)
         _align_rank_kernel[grid](ids, counts, ranks, num_pairs, CHUNK=_CHUNK, num_warps=4)
         _align_offsets_kernel[(1,)](
-            counts, starts, sorted_ids, block_experts, num_padded, num_pairs, num_experts, nb,
-            BLOCK_M=block_m, EXPERTS=experts_p2, num_warps=4,
+            counts, starts, sorted_ids, block_experts, num_padded, table, pages,
+            num_pairs, num_experts, nb,
+            BLOCK_M=block_m, EXPERTS=experts_p2, WITH_PAGES=with_pages, num_warps=4,
         )  # fmt: skip
         _align_scatter_kernel[grid](ids, starts, ranks, sorted_ids, num_pairs, CHUNK=_CHUNK)
-    return MoeAlignment(sorted_ids, block_experts, num_padded, block_m, num_pairs)
+    return MoeAlignment(sorted_ids, block_experts, num_padded, block_m, num_pairs, block_pages)
 
 
 def moe_align_block_size_reference(

@@ -1,24 +1,25 @@
-"""The grouped GEMM of the fused MoE, over expert pages or over contiguous expert stacks.
+"""The two grouped GEMMs of the fused MoE, over expert pages or over contiguous expert stacks.
 
 Shape key: P = pairs (T*K), D = hidden, I = expert intermediate, E = experts, BM/BN/BK = tile.
 
-One kernel serves both GEMMs of an expert MLP:
+    up   (gemm1): act[p, n] = silu(x[p // K] . w1[n]) * (x[p // K] . w3[n])     act [P, I]
+    down (gemm2): y[p, d]   = weight[p] * act[p] . w2[d]                        y   [P, D]
 
-    gemm1: h[p, half*I + n] = x[p // K] . W[n]      W = w1 page (half 0) or w3 page (half 1), [I, D]
-    gemm2: y[p, d] = w_p * (silu(h[p, :I]) * h[p, I:]) . w2[d]            w2 page [D, I]
+The up GEMM's output is the 2I-wide [gate | up] product, and a program's tile is column
+block n..n+BN of it in *both* halves: the gate half reads the w1 page, the up half reads
+the w3 page, each through its own base pointer (never concatenated); the two accumulators
+meet in the epilogue, where SiLU(gate)*up is applied before the one store. The down GEMM
+is then a plain GEMM whose operand loads pipeline.
 
-Output tiles never straddle the gate/up boundary: gemm1's grid has cdiv(I, BN) column tiles
-per half, and the half picks the matrix. Where the matrix lies is resolved once per output
-tile:
+Where a matrix lies is resolved once per output tile:
 
-    PAGED:      page = expert_table[e, FIRST_COLUMN + half]
+    PAGED:      page = block_pages[block, j]        (j = 0 w1, 1 w3, 2 w2; from the align step)
                 page >= 0 -> pool_pages base + page * page_elems
                 page <  0 -> buffer_pages base + (-page - 1) * page_elems   (loading buffer)
-    contiguous: stack base + e * expert_stride + half * I * D               (w13 [E, 2I, D], w2 [E, D, I])
+    contiguous: stack base + e * expert_stride (+ I*D for the up half of w13 [E, 2I, D])
 
-so the paged kernel and its contiguous twin run the same instructions apart from that base.
-Only experts that own a block are looked up, so table rows of unrouted experts may hold
-anything. SiLU(gate)*up is fused into gemm2's operand load (no separate activation pass).
+so the paged kernel and its contiguous twin differ only in that base: one load of a page
+id in place of one load of an expert id.
 """
 
 from dataclasses import dataclass
@@ -32,36 +33,37 @@ from rimuru.kernels.moe_configs import GemmTile
 
 
 @triton.jit
-def _silu(x):
-    return x / (1.0 + tl.exp(-x))
+def _page_base(pool_ptr, buffer_ptr, page, page_elems):
+    if page >= 0:
+        base = pool_ptr + page.to(tl.int64) * page_elems
+    else:
+        base = buffer_ptr + (-1 - page).to(tl.int64) * page_elems
+    return base
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k"])
 def _moe_gemm_kernel(
-    a_ptr,  # gemm1: x [T, D]; gemm2: h [P, 2I]
+    a_ptr,  # up: x [T, D]; down: act [P, I]
     pool_ptr,  # PAGED: pool pages [*, page_elems]; else the expert stack
     buffer_ptr,  # PAGED: loading-buffer slots [*, page_elems]
-    out_ptr,  # gemm1: h [P, 2I]; gemm2: y [P, D]
+    out_ptr,  # up: act [P, I]; down: y [P, D]
     topk_weights_ptr,  # [P] fp32
     sorted_ptr,
     block_expert_ptr,
+    block_pages_ptr,  # [NB, 3] int32 (PAGED)
     num_padded_ptr,
-    expert_table_ptr,  # [E, 3] int32
     num_pairs,
     top_k,
-    N,  # output columns per half
+    N,  # output columns
     K,  # reduction length
     stride_am,
     stride_om,
     page_elems,
     expert_stride,
     num_m_blocks,
-    FIRST_COLUMN: tl.constexpr,
-    NUM_HALVES: tl.constexpr,
+    PAGE_COLUMN: tl.constexpr,  # 0 for the up GEMM (w1, and w3 next to it), 2 for down (w2)
     PAGED: tl.constexpr,
-    GATHER_TOKENS: tl.constexpr,
-    SWIGLU_INPUT: tl.constexpr,
-    MUL_ROUTING_WEIGHT: tl.constexpr,
+    UP: tl.constexpr,  # gather x rows by token, two accumulators, SiLU(gate)*up epilogue
     EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -70,8 +72,7 @@ def _moe_gemm_kernel(
     GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    tiles_per_half = tl.cdiv(N, BLOCK_N)
-    num_n = NUM_HALVES * tiles_per_half
+    num_n = tl.cdiv(N, BLOCK_N)
     # Grouped order: GROUP_M row blocks sweep the same weight columns while they sit in L2.
     group = GROUP_M * num_n
     first_m = (pid // group) * GROUP_M
@@ -80,30 +81,36 @@ def _moe_gemm_kernel(
     pid_n = (pid % group) // group_size
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if PAGED:
+        w_ptr = _page_base(
+            pool_ptr, buffer_ptr, tl.load(block_pages_ptr + pid_m * 3 + PAGE_COLUMN), page_elems
+        )
+        if UP:
+            w3_ptr = _page_base(
+                pool_ptr, buffer_ptr, tl.load(block_pages_ptr + pid_m * 3 + 1), page_elems
+            )
+    else:
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        w_ptr = pool_ptr + expert * expert_stride
+        if UP:
+            w3_ptr = w_ptr + N * K  # w13 [E, 2I, D]: the up rows follow the gate rows
     pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM]
     row_mask = pair < num_pairs
-    half = pid_n // tiles_per_half
-    cols = (pid_n % tiles_per_half) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] inside the half
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     col_mask = cols < N
 
-    if PAGED:
-        page = tl.load(expert_table_ptr + expert * 3 + FIRST_COLUMN + half)
-        if page >= 0:
-            w_ptr = pool_ptr + page.to(tl.int64) * page_elems
-        else:
-            w_ptr = buffer_ptr + (-1 - page).to(tl.int64) * page_elems
-    else:
-        w_ptr = pool_ptr + expert * expert_stride + half.to(tl.int64) * N * K
-
-    if GATHER_TOKENS:
+    if UP:
         a_rows = pair // top_k
     else:
         a_rows = pair
     k_offs = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am + k_offs[None, :]  # [BM, BK]
-    b_ptrs = w_ptr + cols.to(tl.int64)[None, :] * K + k_offs[:, None]  # [BK, BN]
+    b_offs = cols.to(tl.int64)[None, :] * K + k_offs[:, None]  # [BK, BN] into an [N, K] matrix
+    b_ptrs = w_ptr + b_offs
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if UP:
+        b3_ptrs = w3_ptr + b_offs
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a_mask = row_mask[:, None]
@@ -113,91 +120,66 @@ def _moe_gemm_kernel(
             a_mask = row_mask[:, None] & (k_offs[None, :] < k_left)
             b_mask = col_mask[None, :] & (k_offs[:, None] < k_left)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        if SWIGLU_INPUT:
-            up = tl.load(a_ptrs + K, mask=a_mask, other=0.0)
-            a = (_silu(a.to(tl.float32)) * up.to(tl.float32)).to(up.dtype)
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(a, tl.load(b_ptrs, mask=b_mask, other=0.0), acc, input_precision=DOT_PRECISION)
+        if UP:
+            b3 = tl.load(b3_ptrs, mask=b_mask, other=0.0)
+            acc3 = tl.dot(a, b3, acc3, input_precision=DOT_PRECISION)
+            b3_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
 
-    if MUL_ROUTING_WEIGHT:
+    if UP:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc3  # SiLU(gate) * up
+    else:
         weight = tl.load(topk_weights_ptr + pair, mask=row_mask, other=0.0)
         acc = acc * weight[:, None]
-    out_cols = half * N + cols
-    out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + out_cols[None, :]
+    out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + cols[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
 
 @dataclass(frozen=True)
 class WeightSource:
-    """Where one GEMM finds its expert matrices.
+    """Where the GEMMs find the expert matrices.
 
     Paged: ``primary`` = pool pages [num_pages, page_elems], ``buffer`` = loading-buffer
-    slots, ``expert_table`` = [E, 3] int32. Contiguous: ``primary`` = the stack
-    ([E, 2I, D] or [E, D, I]); ``buffer`` is ``primary`` and ``expert_table`` is None.
+    slots, and the alignment carries ``block_pages``. Contiguous: ``primary`` = the stack
+    ([E, 2I, D] for up, [E, D, I] for down) and ``buffer`` is ``primary``.
     """
 
     primary: torch.Tensor
     buffer: torch.Tensor
-    expert_table: torch.Tensor | None
+    paged: bool
     page_elems: int  # elements between two pages (paged only)
     expert_stride: int  # elements between two experts of the stack (contiguous only)
 
-    @property
-    def paged(self) -> bool:
-        return self.expert_table is not None
 
-
-def launch_moe_gemm(
-    a: torch.Tensor,
-    out: torch.Tensor,
-    weights: WeightSource,
-    align: MoeAlignment,
-    topk_weights: torch.Tensor,
-    tile: GemmTile,
-    *,
-    n: int,
-    k: int,
-    top_k: int,
-    first_column: int,
-    num_halves: int,
-    gather_tokens: bool,
-    swiglu_input: bool,
-    mul_routing_weight: bool,
-) -> None:
-    """Run one GEMM of the fused MoE. Callers (fused_moe.py) have checked every tensor."""
-    num_n = num_halves * triton.cdiv(n, tile.block_n)
-    grid = (align.max_blocks * num_n,)
-    table = weights.expert_table if weights.paged else align.block_expert_ids
-    precision = "ieee" if a.dtype == torch.float32 else "tf32"
+def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, tile: GemmTile,
+            *, n: int, k: int, top_k: int, up: bool) -> None:  # fmt: skip
+    if source.paged and align.block_pages is None:
+        raise ValueError("a paged GEMM needs the alignment built with expert_table")
+    grid = (align.max_blocks * triton.cdiv(n, tile.block_n),)
+    pages = align.block_pages if source.paged else align.block_expert_ids
     _moe_gemm_kernel[grid](
-        a, weights.primary, weights.buffer, out, topk_weights,
-        align.sorted_pair_ids, align.block_expert_ids, align.num_padded, table,
+        a, source.primary, source.buffer, out, topk_weights,
+        align.sorted_pair_ids, align.block_expert_ids, pages, align.num_padded,
         align.num_pairs, top_k, n, k, a.stride(0), out.stride(0),
-        weights.page_elems, weights.expert_stride, align.max_blocks,
-        FIRST_COLUMN=first_column, NUM_HALVES=num_halves, PAGED=weights.paged,
-        GATHER_TOKENS=gather_tokens, SWIGLU_INPUT=swiglu_input,
-        MUL_ROUTING_WEIGHT=mul_routing_weight, EVEN_K=k % tile.block_k == 0,
-        DOT_PRECISION=precision, BLOCK_M=align.block_m, BLOCK_N=tile.block_n,
-        BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+        source.page_elems, source.expert_stride, align.max_blocks,
+        PAGE_COLUMN=0 if up else 2, PAGED=source.paged, UP=up, EVEN_K=k % tile.block_k == 0,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        BLOCK_M=align.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
 
-def launch_up_gemm(x, h, source, align, topk_weights, tile, *, inter_size: int, top_k: int):
-    """gemm1: h [P, 2I] = [x w1^T | x w3^T] for every pair's token."""
-    launch_moe_gemm(
-        x, h, source, align, topk_weights, tile,
-        n=inter_size, k=x.shape[1], top_k=top_k, first_column=0, num_halves=2,
-        gather_tokens=True, swiglu_input=False, mul_routing_weight=False,
-    )  # fmt: skip
+def launch_up_gemm(x, act, source, align, topk_weights, tile, *, inter_size: int, top_k: int):
+    """act [P, I] = silu(x w1^T) * (x w3^T) for every pair's token. Callers check tensors."""
+    _launch(
+        x, act, source, align, topk_weights, tile, n=inter_size, k=x.shape[1], top_k=top_k, up=True
+    )
 
 
-def launch_down_gemm(h, y, source, align, topk_weights, tile, *, inter_size: int, top_k: int):
-    """gemm2: y [P, D] = weight * (silu(h[:, :I]) * h[:, I:]) w2^T."""
-    launch_moe_gemm(
-        h, y, source, align, topk_weights, tile,
-        n=y.shape[1], k=inter_size, top_k=top_k, first_column=2, num_halves=1,
-        gather_tokens=False, swiglu_input=True, mul_routing_weight=True,
-    )  # fmt: skip
+def launch_down_gemm(act, y, source, align, topk_weights, tile, *, inter_size: int, top_k: int):
+    """y [P, D] = weight * act w2^T. Callers check tensors."""
+    _launch(
+        act, y, source, align, topk_weights, tile, n=y.shape[1], k=inter_size, top_k=top_k, up=False
+    )
