@@ -25,12 +25,14 @@ Rules (the Rimuru paper's multi-level allocator):
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from rimuru.dataplane.memory.geometry import PARENT, PageGeometry, PageType
 
 Owner = Hashable
+_AFFINITY_LOOKBACK = 4
 PageKey = tuple[PageType, int]
 
 
@@ -108,29 +110,43 @@ class PageAllocator:
             raise ValueError("owner must not be None")
         if n > self.num_free(page_type):
             return None
-        pages = [self._take_one(page_type, owner) for _ in range(n)]
+        pages: list[int] = []
+        while len(pages) < n:
+            pages += self._take_from_one_parent(page_type, n - len(pages), owner)
         self.stats.allocations += n
         return pages
 
     def _take_one(self, page_type: PageType, owner: Owner) -> int:
+        return self._take_from_one_parent(page_type, 1, owner)[0]
+
+    def _take_from_one_parent(self, page_type: PageType, n: int, owner: Owner) -> list[int]:
+        """Up to n pages from the parent `_pick_parent` chooses (lowest ids first)."""
         parent_id = self._pick_parent(page_type, owner)
         split = self._splits[(PARENT[page_type], parent_id)]
-        page_id = heapq.heappop(split.free_children)
-        split.num_free -= 1
-        self._num_free_children[page_type] -= 1
-        self._owner[(page_type, page_id)] = owner
+        k = min(n, split.num_free)
+        heap = split.free_children
+        taken = [heapq.heappop(heap) for _ in range(k)]
+        split.num_free -= k
+        self._num_free_children[page_type] -= k
+        key_owner = self._owner
+        for page_id in taken:
+            key_owner[(page_type, page_id)] = owner
         by_parent = self._affinity.setdefault(owner, {}).setdefault(page_type, {})
-        by_parent[parent_id] = by_parent.get(parent_id, 0) + 1
-        return page_id
+        by_parent[parent_id] = by_parent.get(parent_id, 0) + k
+        return taken
 
     def _pick_parent(self, page_type: PageType, owner: Owner) -> int:
         """A split parent with a free child of `page_type`; splits a new one if needed."""
         parent_type = PARENT[page_type]
-        # 1. affinity: a parent this owner already has pages under
-        for parent_id in self._affinity.get(owner, {}).get(page_type, {}):
-            split = self._splits.get((parent_type, parent_id))
-            if split is not None and split.num_free > 0:
-                return parent_id
+        # 1. affinity: a parent this owner already has pages under, most recent first (a
+        #    growing request fills its newest parent; older ones are usually full, so only
+        #    the last few are looked at). Split marks have no affinity.
+        if owner is not _SPLIT:
+            by_parent = self._affinity.get(owner, {}).get(page_type, {})
+            for parent_id in itertools.islice(reversed(by_parent), _AFFINITY_LOOKBACK):
+                split = self._splits.get((parent_type, parent_id))
+                if split is not None and split.num_free > 0:
+                    return parent_id
         # 2. the lowest already-split parent with a free child
         heap, members = self._partial[page_type], self._in_partial[page_type]
         while heap:

@@ -23,6 +23,10 @@ BLOCK_SIZE = 16  # tokens per KV page, as in vLLM
 
 
 class PageType(enum.Enum):
+    # Members are singletons compared by identity: hash them the fast (C) way, since page
+    # types key every dict of the allocator's hot path.
+    __hash__ = object.__hash__
+
     HUGE = "huge"
     EXPERT = "expert"
     KV = "kv"
