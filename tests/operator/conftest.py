@@ -136,3 +136,35 @@ def gpu_rd() -> dict[str, Any]:
     assert errors == []
     obj["metadata"].update(namespace="serving", uid="uid-qwen-1", generation=3)
     return obj
+
+
+@pytest.fixture
+def kube_api(kmock, tmp_path, monkeypatch):
+    """The kmock emulator set up as the API server of a cluster with the CRD installed,
+    and KUBECONFIG pointing at it (for the operator in-process or as a subprocess)."""
+    kmock.resources["rimuru.dev/v1alpha1/rimurudeployments"] = kmock.ResourceInfo(
+        kind="RimuruDeployment",
+        singular="rimurudeployment",
+        namespaced=True,
+        shortnames={"rd"},
+        verbs={"get", "list", "watch", "create", "patch", "delete"},
+        subresources={"status", "scale"},
+    )
+    # What every API server's discovery lists and kopf's core machinery looks up.
+    kmock.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False)
+    kmock.resources["v1/events"] = kmock.ResourceInfo(kind="Event", namespaced=True)
+    kmock.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
+        kind="CustomResourceDefinition", namespaced=False
+    )
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kmock", "cluster": {"server": str(kmock.url).rstrip("/")}}],
+        "users": [{"name": "op", "user": {"token": "operator-sa-token"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "op"}}],
+        "current-context": "kmock",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    return kmock

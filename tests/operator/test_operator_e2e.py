@@ -21,7 +21,6 @@ import time
 
 import aiohttp
 import pytest
-import yaml
 from kopf.testing import KopfRunner
 
 from rimuru.controlplane.client import ControlPlaneClient
@@ -115,39 +114,14 @@ class CpuDataPlane:
 
 
 @pytest.fixture
-async def env(kmock, control_plane, tmp_path, monkeypatch):
-    kmock.resources[RD] = kmock.ResourceInfo(
-        kind="RimuruDeployment",
-        singular="rimurudeployment",
-        namespaced=True,
-        shortnames={"rd"},
-        verbs={"get", "list", "watch", "create", "patch", "delete"},
-        subresources={"status", "scale"},
-    )
-    # What every API server's discovery lists and kopf's core machinery looks up.
-    kmock.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False)
-    kmock.resources["v1/events"] = kmock.ResourceInfo(kind="Event", namespaced=True)
-    kmock.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
-        kind="CustomResourceDefinition", namespaced=False
-    )
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "kmock", "cluster": {"server": str(kmock.url).rstrip("/")}}],
-        "users": [{"name": "op", "user": {"token": "operator-sa-token"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "op"}}],
-        "current-context": "kmock",
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(kubeconfig))
-    monkeypatch.setenv("KUBECONFIG", str(path))
+async def env(kube_api, control_plane, monkeypatch):
     # Out of cluster the operator dials the control plane directly, as in development.
     monkeypatch.setenv("RIMURU_OPERATOR_CONTROLPLANE_TARGET", control_plane)
     monkeypatch.setenv("RIMURU_OPERATOR_STATUS_INTERVAL_SECONDS", "0.2")
     monkeypatch.setenv("RIMURU_OPERATOR_RETRY_DELAY_SECONDS", "0.2")
     monkeypatch.setenv("RIMURU_OPERATOR_DATAPLANE_IMAGE", "reg/dp:e2e")
     monkeypatch.setenv("RIMURU_OPERATOR_CONTROLPLANE_IMAGE", "reg/cp:e2e")
-    async with aiohttp.ClientSession(base_url=str(kmock.url)) as http:
+    async with aiohttp.ClientSession(base_url=str(kube_api.url)) as http:
         yield http
 
 
