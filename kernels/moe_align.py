@@ -93,9 +93,9 @@ def _write_pads_and_block_experts(
         if WITH_PAGES:
             # Only experts that own a block are looked up: unrouted table rows stay unread.
             routed = (b < max_blocks) & (expert >= 0)
-            for j in tl.static_range(3):
-                page = tl.load(table_ptr + expert * 3 + j, mask=routed, other=0)
-                tl.store(block_pages_ptr + b * 3 + j, page, mask=b < max_blocks)
+            for col in tl.static_range(3):
+                page = tl.load(table_ptr + expert * 3 + col, mask=routed, other=0)
+                tl.store(block_pages_ptr + b * 3 + col, page, mask=b < max_blocks)
     return starts
 
 
