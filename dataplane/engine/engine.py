@@ -210,7 +210,11 @@ class Engine:
         return paged_fused_moe
 
     def _attention_kernels(self):
-        return None  # the Triton attention kernels plug in here on CUDA (kernels issue)
+        if not self._use_kernels():
+            return None
+        from rimuru.dataplane.engine.paged_attention import triton_attend
+
+        return {"attend": triton_attend}
 
     def _use_kernels(self) -> bool:
         if self.config.use_kernels is not None:

@@ -39,6 +39,12 @@ class SequenceSlice:
 class PagedAttentionMeta:
     sequences: tuple[SequenceSlice, ...]
     slot_mapping: torch.Tensor  # [L, T] int64
+    # kernel inputs, on the device (built once per step, shared by all layers)
+    block_tables: torch.Tensor  # [L, S, max_blocks] int32
+    cu_seqlens_q: torch.Tensor  # [S + 1] int32
+    seq_lens: torch.Tensor  # [S] int32 (cached + new)
+    max_query_len: int
+    max_seq_len: int
 
     @classmethod
     def build(
@@ -52,7 +58,39 @@ class PagedAttentionMeta:
                 for pos in range(s.num_computed_tokens, s.context_len):
                     row.append(table[pos // block_size] * block_size + pos % block_size)
             slots.append(row)
-        return cls(tuple(sequences), torch.tensor(slots, dtype=torch.int64, device=device))
+        max_blocks = max(len(s.block_tables[0]) for s in sequences)
+        tables = [
+            [
+                list(s.block_tables[layer]) + [0] * (max_blocks - len(s.block_tables[layer]))
+                for s in sequences
+            ]
+            for layer in range(num_layers)
+        ]
+        cu = [0]
+        for s in sequences:
+            cu.append(cu[-1] + s.num_new_tokens)
+        return cls(
+            tuple(sequences),
+            torch.tensor(slots, dtype=torch.int64, device=device),
+            torch.tensor(tables, dtype=torch.int32, device=device),
+            torch.tensor(cu, dtype=torch.int32, device=device),
+            torch.tensor([s.context_len for s in sequences], dtype=torch.int32, device=device),
+            max(s.num_new_tokens for s in sequences),
+            max(s.context_len for s in sequences),
+        )
+
+
+def triton_attend(layer, q, k, v, meta: PagedAttentionMeta, kv: torch.Tensor, scale: float):
+    """The CUDA path: KV write, then decode (one query per sequence) or prefill kernels."""
+    from rimuru.kernels import paged_decode_attention, paged_prefill_attention, write_kv_pages
+
+    write_kv_pages(k, v, kv, meta.slot_mapping[layer])
+    tables = meta.block_tables[layer]
+    if meta.max_query_len == 1:
+        return paged_decode_attention(q, kv, tables, meta.seq_lens, meta.max_seq_len, scale=scale)
+    return paged_prefill_attention(
+        q, kv, tables, meta.cu_seqlens_q, meta.seq_lens, meta.max_query_len, scale=scale
+    )
 
 
 class PagedAttention:
