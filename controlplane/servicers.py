@@ -93,6 +93,7 @@ class PolicyDiscoveryServicer(pb_grpc.PolicyDiscoveryServiceServicer):
                 ranking = self._plane.ranking_of(policy)
                 if ranking is not None:
                     update.ranking.CopyFrom(convert.ranking_to_proto(ranking))
+
                 yield update
         finally:
             watch.close()

@@ -1,0 +1,167 @@
+"""`rimuru policy get|set|watch|subscribers`: read and change policies on a control plane.
+
+`set` changes only the tunables given as flags: it reads the current version and writes
+the next one with compare-and-set, so a concurrent write is reported, not overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+
+import grpc
+
+from rimuru.controlplane import convert
+from rimuru.controlplane.auth import read_token_file
+from rimuru.controlplane.client import ControlPlaneClient
+from rimuru.controlplane.errors import ControlPlaneError, InvalidArgument, NotFound
+from rimuru.controlplane.policy import MODES, Policy, Tunables
+from rimuru.controlplane.status import code_for, error_from_rpc
+from rimuru.v1 import control_pb2 as pb
+from rimuru.v1 import control_pb2_grpc as pb_grpc
+
+INT_TUNABLES = (
+    "expert_offload_limit",
+    "shrink_threshold",
+    "grow_threshold",
+    "max_grow_per_round",
+    "pages_per_expert",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--target",
+        default=os.environ.get("RIMURU_CP_TARGET", "localhost:50051"),
+        help="control plane host:port (RIMURU_CP_TARGET)",
+    )
+    common.add_argument(
+        "--deployment", default=os.environ.get("RIMURU_DEPLOYMENT", ""), help="deployment name"
+    )
+    common.add_argument("--tls-ca", help="PEM root certificate: talk TLS to the control plane")
+    common.add_argument("--timeout-s", type=float, default=10.0)
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    verbs.add_parser("get", parents=[common], help="print the current policy (JSON)")
+    set_parser = verbs.add_parser(
+        "set", parents=[common], help="write a new version; prints its number"
+    )
+    set_parser.add_argument(
+        "--token-file",
+        default=os.environ.get("RIMURU_CP_TOKEN_FILE"),
+        help="file holding the bearer token (RIMURU_CP_TOKEN_FILE)",
+    )
+    set_parser.add_argument("--mode", choices=MODES)
+    for name in INT_TUNABLES:
+        set_parser.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
+    set_parser.add_argument("--online-hotness", action=argparse.BooleanOptionalAction, default=None)
+    watch = verbs.add_parser(
+        "watch", parents=[common], help="print each pushed version (ACKs them) until Ctrl-C"
+    )
+    watch.add_argument("--node-id", default=f"rimuru-policy-watch-{os.getpid()}")
+    watch.add_argument("--count", type=int, default=0, help="exit after this many pushes")
+    verbs.add_parser("subscribers", parents=[common], help="list data planes and ACK/NACK state")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.verb == "watch":
+            return asyncio.run(_watch(args))
+        with _client(args) as client:
+            if args.verb == "get":
+                _print_json(_policy_json(client.get_policy(args.deployment)))
+            elif args.verb == "set":
+                policy = _set(client, args)
+                print(policy.version)
+            else:
+                for s in client.list_subscribers(args.deployment):
+                    _print_json(dataclasses.asdict(s))
+    except ControlPlaneError as exc:
+        print(f"rimuru policy {args.verb}: {code_for(exc).name}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _client(args: argparse.Namespace) -> ControlPlaneClient:
+    token = read_token_file(args.token_file) if getattr(args, "token_file", None) else None
+    return ControlPlaneClient(
+        args.target, token, root_certificates=_read_ca(args.tls_ca), timeout_s=args.timeout_s
+    )
+
+
+def _read_ca(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise SystemExit(f"cannot read --tls-ca {path}: {exc}") from exc
+
+
+def _set(client: ControlPlaneClient, args: argparse.Namespace) -> Policy:
+    try:
+        current = client.get_policy(args.deployment)
+        base, expected = current.tunables, current.version
+    except NotFound:
+        base, expected = None, 0
+    changes = {name: getattr(args, name) for name in ("mode", *INT_TUNABLES, "online_hotness")}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if not changes and base is not None:
+        raise InvalidArgument("tunables", "nothing to change: give at least one tunable flag")
+    # Validation happens in the constructor; the server checks again.
+    tunables = dataclasses.replace(base, **changes) if base else Tunables(**changes)
+    return client.set_policy(args.deployment, tunables, expected_version=expected)
+
+
+def _policy_json(policy: Policy) -> dict:
+    return dataclasses.asdict(policy)
+
+
+def _print_json(data: dict) -> None:
+    print(json.dumps(data, sort_keys=True), flush=True)
+
+
+async def _watch(args: argparse.Namespace) -> int:
+    """Watch as a data plane would, ACKing every push (it shows up in `subscribers`)."""
+    opening = pb.PolicyDiscoveryRequest(node_id=args.node_id, deployment=args.deployment)
+    answers: asyncio.Queue[pb.PolicyDiscoveryRequest] = asyncio.Queue()
+    await answers.put(opening)
+
+    async def requests():
+        while True:
+            yield await answers.get()
+
+    channel = (
+        grpc.aio.insecure_channel(args.target)
+        if args.tls_ca is None
+        else grpc.aio.secure_channel(
+            args.target, grpc.ssl_channel_credentials(_read_ca(args.tls_ca))
+        )
+    )
+    seen = 0
+    async with channel:
+        call = pb_grpc.PolicyDiscoveryServiceStub(channel).WatchPolicy(requests())
+        try:
+            async for update in call:
+                _print_json(_policy_json(convert.policy_from_proto(update.policy)))
+                await answers.put(
+                    pb.PolicyDiscoveryRequest(
+                        node_id=args.node_id,
+                        deployment=args.deployment,
+                        version_info=update.version,
+                        response_nonce=update.nonce,
+                    )
+                )
+                seen += 1
+                if args.count and seen >= args.count:
+                    break
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+        finally:
+            call.cancel()
+    return 0

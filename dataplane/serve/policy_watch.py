@@ -1,0 +1,252 @@
+"""Data-plane side of the control plane: follow policy pushes, report routing counts.
+
+`PolicyWatcher` keeps one WatchPolicy stream open (xDS semantics, see control.proto):
+on every (re)connect it sends the version it has applied, so the control plane pushes
+only newer ones; each push goes to the `apply` callback, and a ValueError from it turns
+into a NACK (the previous version stays applied), anything else returned into an ACK.
+When the control plane is unreachable the last applied policy simply stays in force and
+the watcher retries with exponential backoff and jitter.
+
+`RoutingReporter` streams per-layer expert routing counts every `interval_s` for online
+hotness; counts that could not be sent are kept and sent with the next report.
+
+Imports only rimuru.v1 (the data plane may not import rimuru.controlplane).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from rimuru.v1 import control_pb2 as pb
+from rimuru.v1 import control_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+# A push handler: apply atomically or raise ValueError (-> NACK with its message).
+ApplyFn = Callable[[pb.PolicyUpdate], Awaitable[None] | None]
+# Per-layer routing counts since the previous call: {layer: [count per expert]}.
+CountsFn = Callable[[], Mapping[int, Sequence[int]]]
+
+# Pings keep a quiet stream honest: a control plane that vanished without closing the
+# connection is noticed within keepalive_time + keepalive_timeout.
+CHANNEL_OPTIONS = (
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """gRPC's connection backoff: initial * multiplier**attempt, capped, +-jitter."""
+
+    initial_s: float = 0.5
+    multiplier: float = 1.6
+    max_s: float = 30.0
+    jitter: float = 0.2
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        base = min(self.max_s, self.initial_s * self.multiplier**attempt)
+        return base * (1.0 + rng.uniform(-self.jitter, self.jitter))
+
+
+def open_channel(target: str, root_certificates: bytes | None) -> grpc.aio.Channel:
+    if root_certificates is None:
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+    return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+
+
+class PolicyWatcher:
+    def __init__(
+        self,
+        target: str,
+        node_id: str,
+        deployment: str,
+        apply: ApplyFn,
+        *,
+        applied_version: int = 0,
+        root_certificates: bytes | None = None,
+        backoff: Backoff = Backoff(),
+        rng: random.Random | None = None,
+    ) -> None:
+        """applied_version: what the node runs already (0 = start-up flags only)."""
+        self.target = target
+        self.node_id = node_id
+        self.deployment = deployment
+        self._apply = apply
+        self._root_certificates = root_certificates
+        self._backoff = backoff
+        self._rng = rng or random.Random()
+        self.applied_version = applied_version
+        self.last_applied: pb.PolicyUpdate | None = None
+        self.num_connects = 0
+        self.connected = False
+        self._changed = asyncio.Condition()
+
+    async def run(self) -> None:
+        """Follow the control plane until cancelled."""
+        attempt = 0
+        while True:
+            num_connects_before = self.num_connects
+            try:
+                await self._follow_once()
+                reason = "stream ended"
+            except grpc.aio.AioRpcError as exc:
+                reason = f"{exc.code().name}: {exc.details()}"
+            await self._set_connected(False)
+            if self.num_connects > num_connects_before:
+                attempt = 0  # it was up: start over from the shortest delay
+            delay = self._backoff.delay(attempt, self._rng)
+            attempt += 1
+            log.warning(
+                "policy watch %s: %s; retrying in %.1f s, keeping version %d",
+                self.target,
+                reason,
+                delay,
+                self.applied_version,
+            )
+            await asyncio.sleep(delay)
+
+    async def wait_for(self, predicate: Callable[[PolicyWatcher], bool]) -> None:
+        """Block until `predicate(self)` holds (checked after every state change)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: predicate(self))
+
+    async def _follow_once(self) -> None:
+        answers: asyncio.Queue[pb.PolicyDiscoveryRequest] = asyncio.Queue()
+        answers.put_nowait(self._request(version_info=self.applied_version))
+
+        async def requests():
+            while True:
+                yield await answers.get()
+
+        async with open_channel(self.target, self._root_certificates) as channel:
+            call = pb_grpc.PolicyDiscoveryServiceStub(channel).WatchPolicy(requests())
+            try:
+                await call.wait_for_connection()
+                self.num_connects += 1
+                await self._set_connected(True)
+                async for update in call:
+                    answers.put_nowait(await self._handle(update))
+                    await self._notify()
+            finally:
+                call.cancel()
+
+    async def _handle(self, update: pb.PolicyUpdate) -> pb.PolicyDiscoveryRequest:
+        try:
+            result = self._apply(update)
+            if inspect.isawaitable(result):
+                await result
+        except ValueError as exc:
+            log.warning("policy version %d rejected: %s", update.version, exc)
+            return self._request(self.applied_version, update.nonce, str(exc) or "rejected")
+        self.applied_version = update.version
+        self.last_applied = update
+        log.info("policy version %d applied", update.version)
+        return self._request(update.version, update.nonce)
+
+    def _request(
+        self, version_info: int, nonce: str = "", error_detail: str = ""
+    ) -> pb.PolicyDiscoveryRequest:
+        return pb.PolicyDiscoveryRequest(
+            node_id=self.node_id,
+            deployment=self.deployment,
+            version_info=version_info,
+            response_nonce=nonce,
+            error_detail=error_detail,
+        )
+
+    async def _set_connected(self, connected: bool) -> None:
+        self.connected = connected
+        await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+
+class RoutingReporter:
+    def __init__(
+        self,
+        target: str,
+        node_id: str,
+        deployment: str,
+        counts: CountsFn,
+        *,
+        interval_s: float = 10.0,
+        root_certificates: bytes | None = None,
+        backoff: Backoff = Backoff(),
+        rng: random.Random | None = None,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0; got {interval_s}")
+        self.target = target
+        self.node_id = node_id
+        self.deployment = deployment
+        self._counts = counts
+        self._interval_s = interval_s
+        self._root_certificates = root_certificates
+        self._backoff = backoff
+        self._rng = rng or random.Random()
+        self._unsent: dict[int, list[int]] = {}
+        self.num_reports_sent = 0
+
+    async def run(self) -> None:
+        """Report until cancelled."""
+        attempt = 0
+        while True:
+            num_sent_before = self.num_reports_sent
+            try:
+                await self._report_once()
+            except grpc.aio.AioRpcError as exc:
+                if self.num_reports_sent > num_sent_before:
+                    attempt = 0
+                delay = self._backoff.delay(attempt, self._rng)
+                attempt += 1
+                log.warning(
+                    "routing reports to %s: %s; retrying in %.1f s",
+                    self.target,
+                    exc.code().name,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+
+    async def _report_once(self) -> None:
+        async with open_channel(self.target, self._root_certificates) as channel:
+            call = pb_grpc.PolicyDiscoveryServiceStub(channel).ReportRouting()
+            try:
+                while True:
+                    await asyncio.sleep(self._interval_s)
+                    self._take_counts()
+                    if not self._unsent:
+                        continue
+                    await call.write(self._report())
+                    self._unsent.clear()
+                    self.num_reports_sent += 1
+            finally:
+                call.cancel()
+
+    def _take_counts(self) -> None:
+        for layer, row in self._counts().items():
+            kept = self._unsent.setdefault(layer, [0] * len(row))
+            if len(kept) != len(row):  # a different shape: the newer counts win
+                kept[:] = [0] * len(row)
+            for e, c in enumerate(row):
+                kept[e] += int(c)
+
+    def _report(self) -> pb.RoutingReport:
+        return pb.RoutingReport(
+            node_id=self.node_id,
+            deployment=self.deployment,
+            layers=[
+                pb.LayerRoutingCounts(layer=layer, counts=row)
+                for layer, row in sorted(self._unsent.items())
+            ],
+        )

@@ -1,0 +1,189 @@
+"""WatchPolicy's xDS semantics over real gRPC: push, ACK, NACK, stale nonces, reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from rimuru.v1 import control_pb2 as pb
+
+GOOD = pb.Tunables(
+    mode=pb.MODE_ELASTIC,
+    shrink_threshold=2,
+    grow_threshold=9,
+    max_grow_per_round=5,
+    pages_per_expert=3,
+)
+
+
+class RawNode:
+    """A hand-driven data plane: sends exactly what the test says, reads pushes."""
+
+    def __init__(self, stub, node_id: str, deployment: str = "qwen", version: int = 0) -> None:
+        self.node_id, self.deployment = node_id, deployment
+        self._out: asyncio.Queue = asyncio.Queue()
+        self._out.put_nowait(self.request(version))
+        self.call = stub.WatchPolicy(self._requests())
+        self._pending: asyncio.Future | None = None
+
+    async def _requests(self):
+        while True:
+            yield await self._out.get()
+
+    def request(self, version: int, nonce: str = "", error: str = "") -> pb.PolicyDiscoveryRequest:
+        return pb.PolicyDiscoveryRequest(
+            node_id=self.node_id,
+            deployment=self.deployment,
+            version_info=version,
+            response_nonce=nonce,
+            error_detail=error,
+        )
+
+    def send(self, version: int, nonce: str, error: str = "") -> None:
+        self._out.put_nowait(self.request(version, nonce, error))
+
+    async def push(self, timeout: float = 5.0) -> pb.PolicyUpdate:
+        update = await asyncio.wait_for(asyncio.shield(self._read()), timeout)
+        self._pending = None
+        return update
+
+    async def no_push(self, wait_s: float = 0.3) -> None:
+        pending = self._read()
+        done, _ = await asyncio.wait({pending}, timeout=wait_s)
+        assert not done, f"unexpected push: {pending.result()}"
+
+    def _read(self) -> asyncio.Future:
+        """The read in flight; it survives a timeout, so no push is lost between waits."""
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self.call.read())
+        return self._pending
+
+
+async def set_policy(policy_stub, auth, **changes) -> pb.Policy:
+    tunables = pb.Tunables()
+    tunables.CopyFrom(GOOD)
+    for name, value in changes.items():
+        setattr(tunables, name, value)
+    return await policy_stub.SetPolicy(
+        pb.SetPolicyRequest(deployment="qwen", tunables=tunables), metadata=auth
+    )
+
+
+async def subscriber(policy_stub, node_id: str) -> pb.Subscriber:
+    listed = await policy_stub.ListSubscribers(pb.ListSubscribersRequest(deployment="qwen"))
+    return next(s for s in listed.subscribers if s.node_id == node_id)
+
+
+async def eventually(predicate, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_ack_nack_and_stale_nonces(policy_stub, discovery_stub, auth):
+    await set_policy(policy_stub, auth, expert_offload_limit=1)
+    node = RawNode(discovery_stub, "pod-a")
+    first = await node.push()
+    assert first.version == 1 and first.policy.tunables.expert_offload_limit == 1
+    assert first.nonce and not first.HasField("ranking")
+    node.send(1, first.nonce)  # ACK
+
+    async def acked() -> bool:
+        s = await subscriber(policy_stub, "pod-a")
+        return s.applied_version == 1 and s.connected
+
+    await eventually(acked)
+
+    # Version 2 is pushed to the open stream; the node NACKs it.
+    await set_policy(policy_stub, auth, expert_offload_limit=2)
+    second = await node.push()
+    assert second.version == 2 and second.nonce != first.nonce
+    node.send(1, second.nonce, "expert_offload_limit 2 exceeds this model's 1")
+
+    async def nacked() -> bool:
+        s = await subscriber(policy_stub, "pod-a")
+        return s.last_error != ""
+
+    await eventually(nacked)
+    s = await subscriber(policy_stub, "pod-a")
+    assert (s.applied_version, s.pushed_version, s.last_nacked_version) == (1, 2, 2)
+    assert s.last_error == "expert_offload_limit 2 exceeds this model's 1"
+
+    # A NACKed version is not pushed again on the same stream.
+    await node.no_push()
+
+    # Version 3: a stale answer (old nonce) changes nothing, the right one ACKs.
+    await set_policy(policy_stub, auth, expert_offload_limit=3)
+    third = await node.push()
+    assert third.version == 3
+    node.send(3, first.nonce)  # stale: answers an old push
+    node.send(3, "made-up-nonce")  # stale: never sent
+    await asyncio.sleep(0.2)
+    s = await subscriber(policy_stub, "pod-a")
+    assert s.applied_version == 1 and s.last_error != ""
+    node.send(3, third.nonce)
+
+    async def acked_three() -> bool:
+        s = await subscriber(policy_stub, "pod-a")
+        return s.applied_version == 3
+
+    await eventually(acked_three)
+    s = await subscriber(policy_stub, "pod-a")
+    assert s.last_error == "" and s.last_nacked_version == 2  # ACK clears the error
+    # Repeating an answered nonce is stale too.
+    node.send(1, third.nonce, "late duplicate")
+    await asyncio.sleep(0.2)
+    assert (await subscriber(policy_stub, "pod-a")).applied_version == 3
+    node.call.cancel()
+
+    async def disconnected() -> bool:
+        return not (await subscriber(policy_stub, "pod-a")).connected
+
+    await eventually(disconnected)
+
+
+async def test_reconnect_pushes_only_when_newer(policy_stub, discovery_stub, auth):
+    for limit in (1, 2):
+        await set_policy(policy_stub, auth, expert_offload_limit=limit)
+    # A node that already runs version 2 gets nothing on connect.
+    up_to_date = RawNode(discovery_stub, "pod-b", version=2)
+    await up_to_date.no_push()
+    assert (await subscriber(policy_stub, "pod-b")).applied_version == 2
+    # One on version 1 gets version 2 at once.
+    behind = RawNode(discovery_stub, "pod-c", version=1)
+    assert (await behind.push()).version == 2
+    # Every open stream of the deployment gets the next version, nobody else's.
+    other = RawNode(discovery_stub, "pod-d", deployment="mixtral")
+    await set_policy(policy_stub, auth, expert_offload_limit=3)
+    assert (await up_to_date.push()).version == 3
+    assert (await behind.push()).version == 3
+    await other.no_push()
+    for node in (up_to_date, behind, other):
+        node.call.cancel()
+
+
+async def test_a_reconnect_takes_over_the_old_stream(policy_stub, discovery_stub, auth):
+    await set_policy(policy_stub, auth)
+    old = RawNode(discovery_stub, "pod-e")
+    old_push = await old.push()
+    new = RawNode(discovery_stub, "pod-e", version=1)
+    await new.no_push()
+    # The old stream ends; its late ACK cannot touch the new stream's record.
+    assert await old.push() is grpc.aio.EOF
+    assert await old.call.code() == grpc.StatusCode.OK
+    old.send(5, old_push.nonce)
+    await asyncio.sleep(0.1)
+    s = await subscriber(policy_stub, "pod-e")
+    assert s.applied_version == 1 and s.connected
+    new.call.cancel()
+
+
+async def test_watch_with_bad_identity_is_invalid_argument(discovery_stub):
+    node = RawNode(discovery_stub, "", deployment="qwen")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await node.push()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("node_id:")
