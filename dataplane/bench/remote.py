@@ -1,0 +1,133 @@
+"""`rimuru bench --target host:port`: the benchmark through a running data plane's gRPC API.
+
+Each trace request is sent at its scheduled arrival time as one Generate stream asking for
+exactly its trace output length (`ignore_eos`, as in-process). Latencies are measured on the
+client, from the scheduled arrival, so they include gRPC and the server's queue. The
+server's policy and engine counters (evictions, loads, preemptions) come from EngineStats
+before and after each run; per-step records exist only in-process, so the remote results
+have no steps and those counters are reported beside the table instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+import grpc
+
+from rimuru.dataplane.bench.arrivals import arrival_times
+from rimuru.dataplane.bench.metrics import RequestRecord
+from rimuru.dataplane.bench.progress import RequestProgress
+from rimuru.dataplane.bench.results import BenchResult, write_results
+from rimuru.dataplane.bench.trace import Trace
+from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.serve.client import StreamResult, stream_generate
+from rimuru.v1 import inference_pb2 as pb
+from rimuru.v1 import inference_pb2_grpc as pb_grpc
+
+_COUNTERS = ("num_expert_evictions", "num_expert_loads", "num_preemptions", "bytes_host_to_device")
+
+
+def run_remote(args: argparse.Namespace, trace: Trace, rates: list[float]) -> int:
+    from pathlib import Path
+
+    from rimuru.dataplane.bench.cli import format_table
+
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results, counters = asyncio.run(_run_all(args, trace, rates))
+    path = write_results(out_dir / "results.json", results)
+    print(format_table(results))
+    for result, delta in zip(results, counters, strict=True):
+        print(
+            f"server counters @ {result.request_rate:g} req/s: "
+            + ", ".join(f"{k} {v}" for k, v in delta.items())
+        )
+    print(f"\nresults: {path}")
+    return 0
+
+
+async def _run_all(
+    args: argparse.Namespace, trace: Trace, rates: list[float]
+) -> tuple[list[BenchResult], list[dict[str, int]]]:
+    results, counters = [], []
+    async with grpc.aio.insecure_channel(args.target) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        try:
+            info = await stub.ModelInfo(pb.ModelInfoRequest(), timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            raise ValueError(
+                f"cannot reach the data plane at {args.target}: {exc.code().name} {exc.details()}"
+            ) from None
+        for rate in rates:
+            before = await stub.EngineStats(pb.EngineStatsRequest(), timeout=30)
+            arrivals = arrival_times(len(trace), rate, args.burstiness, args.seed).tolist()
+            result = await _run_one(args, stub, trace, arrivals, rate, before.policy_mode)
+            after = await stub.EngineStats(pb.EngineStatsRequest(), timeout=30)
+            delta = {k: getattr(after, k) - getattr(before, k) for k in _COUNTERS}
+            config = {
+                "target": args.target,
+                "model": info.model_name,
+                "policy_version": after.policy_version,
+                "server_counters": delta,
+            }
+            results.append(
+                BenchResult.build(before.policy_mode, rate, config, result[0], [], result[1])
+            )
+            counters.append(delta)
+    return results, counters
+
+
+async def _run_one(
+    args: argparse.Namespace,
+    stub: pb_grpc.InferenceStub,
+    trace: Trace,
+    arrivals: list[float],
+    rate: float,
+    policy: str,
+) -> tuple[list[RequestRecord], float]:
+    start = time.monotonic()
+    finished = 0
+    failures: list[StreamResult] = []
+
+    async def one(i: int, at: float, bar: RequestProgress) -> StreamResult:
+        nonlocal finished
+        await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+        request = trace.requests[i]
+        result = await stream_generate(
+            stub,
+            request.prompt_token_ids,
+            SamplingParams(max_tokens=request.output_len, ignore_eos=True),
+            request_id=f"bench-{i}",
+        )
+        finished += 1
+        bar.advance_to(finished)
+        return result
+
+    disable = None if not args.no_progress else True
+    with RequestProgress(len(trace), desc=f"{policy} @ {rate:g} req/s", disable=disable) as bar:
+        streams = await asyncio.gather(*(one(i, at, bar) for i, at in enumerate(arrivals)))
+    duration = time.monotonic() - start
+    records = []
+    for i, (at, result) in enumerate(zip(arrivals, streams, strict=True)):
+        if not result.ok or not result.token_times:
+            failures.append(result)
+            continue
+        times = [t - start for t in result.token_times]
+        records.append(
+            RequestRecord.from_token_times(
+                f"bench-{i}", min(at, times[0]), result.prompt_tokens, times
+            )
+        )
+    if failures:
+        first = failures[0]
+        print(
+            f"rimuru bench: {len(failures)} of {len(trace)} requests failed "
+            f"(first: {first.status.name} {first.details})",
+            file=sys.stderr,
+        )
+    if not records:
+        raise ValueError("no request finished: see the errors above")
+    return records, duration

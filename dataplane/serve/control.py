@@ -1,0 +1,111 @@
+"""The data plane's link to the control plane: follow policy pushes, report routing counts.
+
+The xDS mechanics (streams, ACK/NACK, reconnects with backoff and jitter) are
+policy_watch.py's; this module only connects them to the engine thread:
+
+  * a push is converted (a version that does not convert is NACKed) and handed to the
+    engine thread, which applies all of it between two steps or raises ValueError (NACK,
+    the old policy stays);
+  * routing counts are the increments of the engine's cumulative counters, read from the
+    snapshots the engine thread publishes (the event loop never touches the engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rimuru.dataplane.serve import convert
+from rimuru.dataplane.serve.engine_loop import EngineLoop
+from rimuru.dataplane.serve.errors import EngineFailed
+from rimuru.dataplane.serve.events import EngineSnapshot
+from rimuru.dataplane.serve.policy_watch import Backoff, PolicyWatcher, RoutingReporter
+from rimuru.v1 import control_pb2 as cpb
+
+log = logging.getLogger("rimuru.serve.control")
+
+
+@dataclass(frozen=True)
+class ControlPlaneLink:
+    """Where the control plane is and who this data plane is to it."""
+
+    target: str  # host:port
+    deployment: str
+    node_id: str
+    report_interval_s: float = 10.0
+    backoff: Backoff = field(default_factory=Backoff)
+
+
+class RoutingDeltas:
+    """Per-layer routing counts since the previous call, from cumulative snapshots."""
+
+    def __init__(self, latest: Callable[[], EngineSnapshot | None]) -> None:
+        self._latest = latest
+        snapshot = latest()
+        self._last = snapshot.routing_counts if snapshot is not None else None
+
+    def __call__(self) -> dict[int, list[int]]:
+        snapshot = self._latest()
+        if snapshot is None:
+            return {}
+        counts = snapshot.routing_counts  # [L, E]
+        last = self._last
+        if last is None or last.shape != counts.shape or bool((counts < last).any()):
+            last = torch.zeros_like(counts)  # counters were reset: count from zero again
+        self._last = counts
+        delta = counts - last
+        if not bool(delta.any()):
+            return {}
+        # Every layer, zeros included: the control plane takes a report of layers 0..L-1.
+        return dict(enumerate(delta.tolist()))
+
+
+class PolicyFollower:
+    """Runs the watcher and the reporter as tasks of the current event loop."""
+
+    def __init__(self, link: ControlPlaneLink, engine: EngineLoop) -> None:
+        self.link = link
+        self._engine = engine
+        self.watcher = PolicyWatcher(
+            link.target, link.node_id, link.deployment, self._apply, backoff=link.backoff
+        )
+        self.reporter = RoutingReporter(
+            link.target,
+            link.node_id,
+            link.deployment,
+            RoutingDeltas(lambda: engine.snapshot),
+            interval_s=link.report_interval_s,
+            backoff=link.backoff,
+        )
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self.watcher.run(), name="rimuru-policy-watch"),
+            asyncio.create_task(self.reporter.run(), name="rimuru-routing-report"),
+        ]
+        log.info(
+            "following policies of %r on %s as %r",
+            self.link.deployment,
+            self.link.target,
+            self.link.node_id,
+        )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _apply(self, update: cpb.PolicyUpdate) -> None:
+        change = convert.policy_change(update)  # ValueError -> NACK
+        try:
+            await asyncio.wrap_future(self._engine.apply_policy(change))  # ValueError -> NACK
+        except EngineFailed as exc:
+            raise ValueError(str(exc)) from None

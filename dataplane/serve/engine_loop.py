@@ -1,0 +1,411 @@
+"""The engine thread: the one owner of the Engine, stepping it off the event loop.
+
+    event loop                           engine thread
+    ----------                           -------------
+    submit(spec, sink)  ──┐              repeat:
+    abort(id)           ──┼── inbox ──>    take commands (block only while idle)
+    call(fn) / policy   ──┘                apply them, in order, between two steps
+                                           step() while there is work
+    sink(event)  <── call_soon_threadsafe ─ hand each stream its events (one batch a step)
+    snapshot     <── atomic reference ──── publish an EngineSnapshot
+
+What must stay true:
+  * only this thread touches the Engine; the event loop reads published snapshots;
+  * commands are applied between two steps, so a policy version is never half-applied
+    and an abort never races a forward;
+  * a sink receives TokensEvents then exactly one FinishedEvent, or one RejectedEvent
+    alone; after a client's own abort it receives nothing more;
+  * an aborted request's pages are released by the next step (run even when idle), so
+    `Engine.num_leaked_pages()` is 0 whenever no request is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rimuru.dataplane.engine.engine import Engine, RequestOutput
+from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
+from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.serve.errors import EngineFailed, InvalidArgument, QueueFull
+from rimuru.dataplane.serve.events import (
+    EngineSnapshot,
+    Event,
+    FinishedEvent,
+    GenerateSpec,
+    ModelInfo,
+    PolicyChange,
+    RejectedEvent,
+    Timing,
+    TokensEvent,
+    Usage,
+)
+from rimuru.dataplane.serve.observer import Observer
+
+log = logging.getLogger("rimuru.serve.engine")
+
+Sink = Callable[[Event], None]  # called on the event loop
+_KEEP_STEP_STATS = 64  # the engine appends one StepStats a step; a server keeps only recent ones
+
+
+@dataclass
+class _Submit:
+    engine_id: str
+    spec: GenerateSpec
+    sink: Sink
+
+
+@dataclass
+class _Abort:
+    engine_id: str
+    notify: bool  # True: the server aborts (drain past its grace) and the client hears it
+
+
+@dataclass
+class _Call:
+    fn: Callable[[Engine], Any]
+    future: concurrent.futures.Future
+
+
+class _Stop:
+    pass
+
+
+@dataclass
+class _Stream:
+    request: Request
+    sink: Sink
+    scheduled_time: float | None = None
+    num_tokens_sent: int = 0
+    events: list[Event] = field(default_factory=list)
+
+
+class EngineLoop:
+    def __init__(
+        self,
+        build_engine: Callable[[], Engine],
+        *,
+        max_waiting: int | None = None,
+        observer: Observer | None = None,
+    ) -> None:
+        """max_waiting: requests allowed to wait for their first schedule (None = any)."""
+        if max_waiting is not None and max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0 or None; got {max_waiting}")
+        self._build_engine = build_engine
+        self._max_waiting = max_waiting
+        self._observer = observer or Observer()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._needs_reclaim_step = False
+        self._policy_version = 0
+        self._pending: list[tuple[Sink, Event]] = []  # events of this round, sent in one batch
+        # Resolved by the thread: ready -> ModelInfo once warmed up; done -> when it exits.
+        self.ready: concurrent.futures.Future[ModelInfo] = concurrent.futures.Future()
+        self.done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.snapshot: EngineSnapshot | None = None
+
+    # ------------------------------------------------------------------ event-loop side
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the engine loop is already started")
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="rimuru-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, engine_id: str, spec: GenerateSpec, sink: Sink) -> None:
+        self._inbox.put(_Submit(engine_id, spec, sink))
+
+    def abort(self, engine_id: str, *, notify: bool = False) -> None:
+        self._inbox.put(_Abort(engine_id, notify))
+
+    def call(self, fn: Callable[[Engine], Any]) -> concurrent.futures.Future:
+        """Run fn(engine) on the engine thread between two steps; its result or exception."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if self.done.done():
+            future.set_exception(EngineFailed("the engine loop has stopped"))
+        else:
+            self._inbox.put(_Call(fn, future))
+        return future
+
+    def apply_policy(self, change: PolicyChange) -> concurrent.futures.Future:
+        """All of `change` or none of it (ValueError, the old policy stays)."""
+        return self.call(lambda engine: self._apply_policy(engine, change))
+
+    def stop(self) -> None:
+        """Abort what is left (clients get FINISH_REASON_ABORT) and end the thread."""
+        self._inbox.put(_Stop())
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        try:
+            engine = self._build_engine()
+            info = _warm_up(engine)
+            self._publish(engine)
+        except BaseException as exc:
+            log.exception("the engine failed to start")
+            self.ready.set_exception(exc)
+            self.done.set_result(None)
+            return
+        self.ready.set_result(info)
+        try:
+            self._serve(engine)
+        except BaseException as exc:
+            log.exception("the engine loop failed")
+            self._fail_all(EngineFailed(f"the engine failed: {exc!r}"))
+        finally:
+            self._drain_calls()
+            self.done.set_result(None)
+
+    def _serve(self, engine: Engine) -> None:
+        while True:
+            idle = not engine.has_unfinished_requests() and not self._needs_reclaim_step
+            for command in self._take_commands(block=idle):
+                if isinstance(command, _Stop):
+                    for engine_id in list(self._streams):
+                        self._abort(engine, engine_id, notify=True)
+                    engine.step()  # completes the reclaim of the aborted requests' pages
+                    self._flush_events()
+                    return
+                self._apply(engine, command)
+            self._flush_events()
+            if engine.has_unfinished_requests() or self._needs_reclaim_step:
+                self._step(engine)
+            self._publish(engine)
+
+    def _take_commands(self, block: bool) -> list:
+        commands = [self._inbox.get()] if block else []
+        while True:
+            try:
+                commands.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _apply(self, engine: Engine, command) -> None:
+        if isinstance(command, _Submit):
+            self._add(engine, command)
+        elif isinstance(command, _Abort):
+            self._abort(engine, command.engine_id, command.notify)
+        elif isinstance(command, _Call) and command.future.set_running_or_notify_cancel():
+            try:
+                command.future.set_result(command.fn(engine))
+            except Exception as exc:
+                command.future.set_exception(exc)
+
+    def _add(self, engine: Engine, command: _Submit) -> None:
+        spec = command.spec
+        if self._max_waiting is not None and len(engine.scheduler.waiting) >= self._max_waiting:
+            error = QueueFull(
+                f"{len(engine.scheduler.waiting)} requests are already waiting "
+                f"(--max-waiting {self._max_waiting}): retry later or on another replica"
+            )
+            self._post(command.sink, RejectedEvent(error))
+            return
+        try:
+            engine.add_request(
+                spec.prompt_token_ids,
+                spec.params,
+                request_id=command.engine_id,
+                arrival_time=spec.arrival_time,
+            )
+        except ValueError as exc:
+            # The server checked the prompt and the context length before submitting; what is
+            # left depends on the pool and the policy: the request can never fit.
+            self._post(
+                command.sink, RejectedEvent(InvalidArgument("sampling.max_tokens", str(exc)))
+            )
+            return
+        request = engine.requests[command.engine_id]
+        self._streams[command.engine_id] = _Stream(request, command.sink)
+
+    def _abort(self, engine: Engine, engine_id: str, notify: bool) -> None:
+        stream = self._streams.pop(engine_id, None)
+        if stream is None:  # finished meanwhile, or never added
+            return
+        engine.abort(engine_id)
+        engine.requests.pop(engine_id, None)
+        self._needs_reclaim_step = True
+        if notify:
+            self._post(stream.sink, _finished(stream, "aborted"))
+
+    def _step(self, engine: Engine) -> None:
+        started = time.monotonic()
+        outputs = engine.step()
+        self._needs_reclaim_step = False
+        if len(engine.stats) > _KEEP_STEP_STATS:
+            del engine.stats[:-1]
+        for stream in self._streams.values():
+            if stream.scheduled_time is None and stream.request.status is not RequestStatus.WAITING:
+                stream.scheduled_time = started
+                self._observer.on_scheduled(
+                    len(stream.request.prompt_token_ids), started - stream.request.arrival_time
+                )
+        self._deliver(engine, outputs)
+
+    def _deliver(self, engine: Engine, outputs: list[RequestOutput]) -> None:
+        num_new = 0
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            num_new += len(out.new_token_ids)
+            stream.num_tokens_sent += len(out.new_token_ids)
+            self._post(stream.sink, TokensEvent(tuple(out.new_token_ids)))
+            if out.finished:
+                del self._streams[out.request_id]
+                engine.requests.pop(out.request_id, None)
+                finished = _finished(stream, out.finish_reason or "stopped")
+                self._observer.on_finished(finished, tuple(stream.request.token_times))
+                self._post(stream.sink, finished)
+        self._observer.on_tokens(num_new)
+        self._flush_events()
+
+    def _post(self, sink: Sink, event: Event) -> None:
+        self._pending.append((sink, event))
+
+    def _flush_events(self) -> None:
+        """One call_soon_threadsafe per round: one wake-up of the event loop per step."""
+        batch, self._pending = self._pending, []
+        if not batch or self._loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody listens any more
+            self._loop.call_soon_threadsafe(_deliver_batch, batch)
+
+    def _fail_all(self, error: EngineFailed) -> None:
+        for stream in self._streams.values():
+            self._post(stream.sink, RejectedEvent(error))
+        self._streams.clear()
+        self._flush_events()
+
+    def _drain_calls(self) -> None:
+        for command in self._take_commands(block=False):
+            if isinstance(command, _Call):
+                command.future.set_exception(EngineFailed("the engine loop has stopped"))
+            elif isinstance(command, _Submit):
+                self._post(command.sink, RejectedEvent(EngineFailed("the engine has stopped")))
+        self._flush_events()
+
+    def _apply_policy(self, engine: Engine, change: PolicyChange) -> int:
+        """Runs on the engine thread. Checks everything before changing anything."""
+        ranking = change.ranking
+        if ranking is not None and (ranking.num_layers, ranking.num_experts) != (
+            engine.ranking.num_layers,
+            engine.ranking.num_experts,
+        ):
+            raise ValueError(
+                f"ranking is for {ranking.num_layers} layers x {ranking.num_experts} experts; "
+                f"this model has {engine.ranking.num_layers} x {engine.ranking.num_experts}"
+            )
+        engine.set_tunables(change.tunables)  # raises ValueError before changing anything
+        if ranking is not None:
+            engine.set_ranking(ranking)
+        self._policy_version = change.version
+        log.info(
+            "policy version %d applied: %s%s",
+            change.version,
+            change.tunables,
+            f", ranking {ranking.source!r}" if ranking is not None else "",
+        )
+        return change.version
+
+    def _publish(self, engine: Engine) -> None:
+        self.snapshot = _snapshot(engine, self._policy_version)
+        self._observer.on_snapshot(self.snapshot)
+
+
+def _deliver_batch(batch: list[tuple[Sink, Event]]) -> None:
+    for sink, event in batch:
+        sink(event)
+
+
+def _finished(stream: _Stream, finish_reason: str) -> FinishedEvent:
+    r = stream.request
+    now = time.monotonic()
+    times = r.token_times
+    first = r.first_token_time
+    last = times[-1] if times else (r.finish_time or now)
+    scheduled = stream.scheduled_time
+    return FinishedEvent(
+        finish_reason,
+        Usage(len(r.prompt_token_ids), len(r.output_token_ids), r.num_preemptions),
+        Timing(
+            queue_seconds=(scheduled if scheduled is not None else last) - r.arrival_time,
+            time_to_first_token_seconds=(first - r.arrival_time) if first is not None else 0.0,
+            mean_inter_token_seconds=(times[-1] - times[0]) / (len(times) - 1)
+            if len(times) > 1
+            else 0.0,
+            e2e_seconds=last - r.arrival_time,
+        ),
+    )
+
+
+def _warm_up(engine: Engine) -> ModelInfo:
+    """One tiny generate through every layer, so the first client pays no start-up costs."""
+    mc = engine.model_config
+    token = mc.bos_token_id if mc.bos_token_id is not None else 0
+    request_id = engine.add_request([token], SamplingParams(max_tokens=2, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.requests.pop(request_id, None)
+    config = engine.config
+    return ModelInfo(
+        model_name=config.model,
+        preset=config.model if "/" not in config.model else "",
+        family=mc.family,
+        dtype=str(engine.dtype).removeprefix("torch."),
+        vocab_size=mc.vocab_size,
+        max_model_len=engine.max_model_len,
+        num_layers=mc.num_layers,
+        hidden_size=mc.hidden_size,
+        num_experts=mc.num_experts,
+        num_experts_per_token=mc.top_k,
+        moe_intermediate_size=mc.moe_intermediate_size,
+        num_kv_heads=mc.num_kv_heads,
+        head_dim=mc.head_dim,
+        kv_block_size=config.block_size,
+        eos_token_ids=tuple(mc.eos_token_ids),
+    )
+
+
+def _snapshot(engine: Engine, policy_version: int) -> EngineSnapshot:
+    allocator, g, c = engine.allocator, engine.geometry, engine.experts.counters
+    last = engine.stats[-1] if engine.stats else None
+    kv_used = last.num_kv_pages_used if last is not None else allocator.num_owned(PageType.KV)
+    kv_free = allocator.num_free(PageType.KV)
+    resident = tuple(len(r) for r in engine.experts.resident)
+    expert_pages = sum(resident) * engine.tunables.pages_per_expert
+    return EngineSnapshot(
+        step=engine.step_id,
+        num_requests_running=len(engine.scheduler.running),
+        num_requests_waiting=len(engine.scheduler.waiting),
+        num_pool_pages=engine.pool.num_pages(PageType.EXPERT),
+        num_free_pages=allocator.num_free(PageType.EXPERT),
+        num_kv_pages=kv_used,
+        num_expert_pages=expert_pages,
+        kv_cache_usage_perc=kv_used / (kv_used + kv_free) if kv_used + kv_free else 0.0,
+        num_experts_resident=resident,
+        num_expert_evictions=c.evictions,
+        num_expert_loads=c.loads,
+        bytes_host_to_device=c.bytes_h2d,
+        num_preemptions=engine.scheduler.num_preemptions,
+        predictor_hits=c.predictor_hits,
+        predictor_needed=c.predictor_needed,
+        policy_version=policy_version,
+        policy_mode=engine.tunables.mode,
+        kv_pool_bytes=kv_used * g.kv_page_bytes,
+        expert_pool_bytes=expert_pages * g.expert_page_bytes,
+        routing_counts=engine.experts.routing_counts.clone(),
+    )
