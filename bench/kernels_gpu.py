@@ -28,7 +28,7 @@ import triton
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tune_moe import MODELS, TOKEN_COUNTS, MoeShape, make_experts, random_routing
+from tune_moe import MODELS, TOKEN_COUNTS, MoeShape, graph_of, make_experts, random_routing
 
 from rimuru.kernels import (
     fused_moe_contiguous,
@@ -68,19 +68,6 @@ def measure_ceilings() -> dict:
         "copy_bytes_per_s": 2 * 2 * n / (copy_ms * 1e-3),
         "bf16_matmul_flops": 2 * 8192**3 / (mm_ms * 1e-3),
     }
-
-
-def graph_of(fn) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def moe_floor_s(shape: MoeShape, num_tokens: int, touched: int) -> tuple[float, float]:
