@@ -4,7 +4,9 @@ No I/O and no kopf: each `build_*` takes the typed spec (and the operator's sett
 and returns one plain Kubernetes object. The tests compare their output field by field.
 
 Invariant that keeps live tuning restart-free: nothing in the data-plane pod template
-depends on spec.policy. The policy reaches the pods only through the control plane.
+depends on the live fields of spec.policy; they reach the pods only through the control
+plane. (`mode` and `pagesPerExpert` are the exception the engine imposes: it cannot
+switch them while running, so they are engine config and a change rolls the pods.)
 """
 
 from __future__ import annotations

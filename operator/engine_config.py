@@ -1,7 +1,10 @@
 """The engine's configuration as environment variables of `rimuru serve` (ConfigMap data).
 
 Everything that shapes the engine lives here and only here; its hash is stamped on the
-data-plane pod template, so changing it rolls the pods.
+data-plane pod template, so changing it rolls the pods. Two policy fields belong here
+too: the engine cannot change its memory policy (`mode`) or `pagesPerExpert` while it
+runs (it NACKs such a push), so new pods must start with them. Every other policy field
+is live and stays out of this file.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
     config["RIMURU_MAX_NUM_SEQS"] = str(engine.max_num_seqs)
     config["RIMURU_MAX_NUM_BATCHED_TOKENS"] = str(engine.max_num_batched_tokens)
     config["RIMURU_BLOCK_SIZE"] = str(engine.block_size)
+    tunables = spec.policy.tunables
+    config["RIMURU_POLICY_MODE"] = tunables.mode
+    config["RIMURU_PAGES_PER_EXPERT"] = str(tunables.pages_per_expert)
     return config
 
 

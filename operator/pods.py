@@ -1,7 +1,7 @@
 """Pod templates of the data plane and the control plane.
 
 The data-plane template is a function of the engine config, the image and the pod
-placement only; spec.policy never reaches it (live tuning must not roll pods). The
+placement only; the live policy fields never reach it (live tuning must not roll pods). The
 engine config travels in a ConfigMap (envFrom), so its hash is stamped on the template:
 an engine change rolls the pods, a policy change does not.
 """

@@ -9,11 +9,15 @@ returns the defaulted object or the list of error messages.
 from __future__ import annotations
 
 import copy
+import itertools
 from pathlib import Path
 from typing import Any
 
+import attrs
 import celpy
+import jsonpatch
 import jsonschema
+import kmock
 import pytest
 import yaml
 
@@ -168,3 +172,58 @@ def kube_api(kmock, tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump(kubeconfig))
     monkeypatch.setenv("KUBECONFIG", str(path))
     return kmock
+
+
+@attrs.define(kw_only=True)
+class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus what the API server does with resource versions: every
+    write gets a new metadata.resourceVersion (and a create a uid), a list reports the
+    latest, a watch from version X sends only later events, and a JSON patch whose
+    `test` of the version fails is a 422. kopf relies on these to tell its own fresh
+    writes from stale events."""
+
+    _versions: itertools.count = attrs.field(factory=lambda: itertools.count(100), init=False)
+    _latest: int = attrs.field(default=0, init=False)
+
+    async def _handle(self, request):
+        if request.resource is not None and request.action in (
+            kmock.action.CREATE,
+            kmock.action.UPDATE,
+        ):
+            self._latest = next(self._versions)
+            version = str(self._latest)
+            if isinstance(request.data, dict):
+                meta = request.data.setdefault("metadata", {})
+                meta["resourceVersion"] = version
+                if request.action == kmock.action.CREATE:
+                    meta.setdefault("uid", f"uid-{version}")
+            elif isinstance(request.data, list):  # a JSON patch
+                request.data.append(
+                    {"op": "add", "path": "/metadata/resourceVersion", "value": version}
+                )
+        return await super()._handle(request)
+
+    async def _serve_list(self, request):
+        payload = await super()._serve_list(request)
+        payload["metadata"]["resourceVersion"] = str(self._latest)
+        return payload
+
+    async def _serve_watch(self, request):
+        since = request.params.get("resourceVersion", "")
+        since = int(since) if since.isdigit() else 0
+        async for event in super()._serve_watch(request):
+            if isinstance(event, dict):
+                version = event.get("object", {}).get("metadata", {}).get("resourceVersion", "")
+                if version.isdigit() and int(version) <= since:
+                    continue  # the list already showed it
+            yield event
+
+    async def _render_error(self, exc: Exception):
+        if isinstance(exc, jsonpatch.JsonPatchTestFailed):
+            exc = kmock.KubernetesError(status=422, reason="Invalid", message=str(exc))
+        return await super()._render_error(exc)
+
+
+@pytest.fixture
+def kmock_options(kmock_options):
+    return {**kmock_options, "cls": VersionedKubernetesEmulator}

@@ -147,6 +147,8 @@ def test_engine_config_map(gpu_rd, tiny_rd):
         "RIMURU_MAX_NUM_SEQS": "256",
         "RIMURU_MAX_NUM_BATCHED_TOKENS": "8192",
         "RIMURU_BLOCK_SIZE": "16",
+        "RIMURU_POLICY_MODE": "elastic",
+        "RIMURU_PAGES_PER_EXPERT": "3",
     }
     assert build_engine_config_map(_parse(tiny_rd))["data"] == {
         "RIMURU_DTYPE": "float32",
@@ -156,6 +158,8 @@ def test_engine_config_map(gpu_rd, tiny_rd):
         "RIMURU_MAX_NUM_SEQS": "16",
         "RIMURU_MAX_NUM_BATCHED_TOKENS": "8192",
         "RIMURU_BLOCK_SIZE": "16",
+        "RIMURU_POLICY_MODE": "elastic",
+        "RIMURU_PAGES_PER_EXPERT": "3",
     }
 
 
@@ -226,8 +230,9 @@ def _changed(rd, path, value):
 @pytest.mark.parametrize(
     "path,value",
     [
-        ("policy.mode", "fixed"),
         ("policy.expertOffloadLimit", 20),
+        ("policy.shrinkThreshold", 1),
+        ("policy.maxGrowPerRound", 2),
         ("policy.growThreshold", 12),
         ("policy.onlineHotness", False),
         ("policy.ranking", {"configMapName": "other", "key": "r.json"}),
@@ -248,6 +253,9 @@ def test_policy_change_leaves_every_child_unchanged(gpu_rd, path, value):
         ("model.dtype", "float16"),
         ("dataPlane.image", "reg/dp:2"),
         ("dataPlane.startupTimeoutSeconds", 600),
+        # The engine cannot switch these while running (it NACKs them): new pods must.
+        ("policy.mode", "fixed"),
+        ("policy.pagesPerExpert", 4),
     ],
 )
 def test_engine_change_rolls_the_pods(gpu_rd, path, value):

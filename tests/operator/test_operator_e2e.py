@@ -5,6 +5,8 @@ real control plane (in-process gRPC, port 0) and a real CPU engine that follows 
     kubectl patch spec.policy -> new version on the control plane, applied by the engine,
                                  status PolicySynced, data-plane pod template untouched
     kubectl patch spec.engine -> the pod template rolls (config hash), the policy does not
+    kubectl patch spec.policy.mode -> rolls too (the engine cannot switch it live); the
+                                 running data plane NACKs it: status Degraded
     kubectl delete -> children deleted, finalizer released
 
 The emulator runs no controllers: the test plays the Deployment controller by writing
@@ -26,8 +28,9 @@ from kopf.testing import KopfRunner
 from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.server import create_server
-from rimuru.dataplane.adjust.tunables import Tunables as EngineTunables
 from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.serve.convert import policy_change
+from rimuru.dataplane.serve.engine_loop import EngineLoop
 from rimuru.dataplane.serve.policy_watch import PolicyWatcher
 from rimuru.operator.builders import build_children
 from rimuru.operator.config import OperatorConfig
@@ -39,7 +42,6 @@ NS = "default"
 RD = "rimuru.dev/v1alpha1/rimurudeployments"
 RD_PATH = f"/apis/rimuru.dev/v1alpha1/namespaces/{NS}/rimurudeployments"
 DEPLOYMENTS = "apps/v1/deployments"
-MODES = {pb.MODE_RESIDENT: "resident", pb.MODE_FIXED: "fixed", pb.MODE_ELASTIC: "elastic"}
 
 
 async def eventually(check, timeout: float = 20.0, what: str = ""):
@@ -92,25 +94,29 @@ async def control_plane(tmp_path):
 
 
 class CpuDataPlane:
-    """A tiny CPU engine following the control plane like a data-plane pod does."""
+    """The serving path of a data-plane pod on the CPU `tiny` preset: the engine loop
+    (engine thread; a policy applied whole between two steps) following the control
+    plane through the policy watcher, as `rimuru serve` wires them."""
 
-    def __init__(self, target: str, deployment: str, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, target: str, deployment: str) -> None:
+        self.engine_loop = EngineLoop(Engine.from_config)
         self.watcher = PolicyWatcher(target, f"{deployment}-dataplane-0", deployment, self.apply)
 
-    def apply(self, update: pb.PolicyUpdate) -> None:
-        t = update.policy.tunables
+    async def start(self) -> asyncio.Task:
+        self.engine_loop.start(asyncio.get_running_loop())
+        await asyncio.wrap_future(self.engine_loop.ready)  # model loaded and warmed up
+        return asyncio.create_task(self.watcher.run())
+
+    async def apply(self, update: pb.PolicyUpdate) -> None:
         # ValueError (invalid, or a mode change that needs a restart) -> NACK.
-        self.engine.set_tunables(
-            EngineTunables(
-                mode=MODES[t.mode],
-                expert_offload_limit=t.expert_offload_limit,
-                shrink_threshold=t.shrink_threshold,
-                grow_threshold=t.grow_threshold,
-                max_grow_per_round=t.max_grow_per_round,
-                pages_per_expert=t.pages_per_expert,
-            )
-        )
+        await asyncio.wrap_future(self.engine_loop.apply_policy(policy_change(update)))
+
+    async def tunables(self):
+        return await asyncio.wrap_future(self.engine_loop.call(lambda engine: engine.tunables))
+
+    def stop(self) -> None:
+        self.engine_loop.stop()
+        self.engine_loop.join(10)
 
 
 @pytest.fixture
@@ -166,9 +172,8 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
     rd = copy.deepcopy(tiny_rd)
     rd["spec"]["authSecretRef"] = {"name": "tiny-auth", "key": "token"}
     rd["metadata"]["resourceVersion"] = "1"  # the emulator does not set these
-    engine = await asyncio.to_thread(Engine.from_config)
-    data_plane = CpuDataPlane(control_plane, "tiny", engine)
-    watch = asyncio.create_task(data_plane.watcher.run())
+    data_plane = CpuDataPlane(control_plane, "tiny")
+    watch = await data_plane.start()
     try:
         async with operator_running() as runner:
             await _call(http, "POST", RD_PATH, rd)
@@ -220,7 +225,7 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
                 "app.kubernetes.io/instance=tiny,app.kubernetes.io/component=dataplane"
             )
             assert status["controlPlaneEndpoint"] == "tiny-controlplane.default.svc:50052"
-            assert engine.tunables.expert_offload_limit == 2
+            assert (await data_plane.tunables()).expert_offload_limit == 2
             template_key = (DEPLOYMENTS, NS, "tiny-dataplane")
             num_versions = len(kmock.objects[template_key].history)
             template = copy.deepcopy(obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"])
@@ -230,7 +235,8 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
             await _call(http, "PATCH", f"{RD_PATH}/tiny", tuned, "application/merge-patch+json")
             status = (await eventually(lambda: synced(2), what="PolicySynced v2"))["status"]
             assert status["policy"]["desiredVersion"] == 2
-            assert (engine.tunables.expert_offload_limit, engine.tunables.grow_threshold) == (4, 12)
+            tunables = await data_plane.tunables()
+            assert (tunables.expert_offload_limit, tunables.grow_threshold) == (4, 12)
             policy = await get_policy(control_plane, "tiny")
             assert (policy.version, policy.tunables.expert_offload_limit) == (2, 4)
             # Not a single write to the data-plane Deployment: its pods keep running.
@@ -251,7 +257,35 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
             assert engine_config["RIMURU_MAX_NUM_SEQS"] == "8"
             assert (await get_policy(control_plane, "tiny")).version == 2
 
-            # 5. Delete: the finalizer holds the object until the children are gone.
+            # 5. A mode change: the engine cannot switch its memory policy while running,
+            # so the template rolls (new pods start in the new mode) and the running
+            # data plane NACKs the pushed version, which the status reports as Degraded.
+            rolled_template = copy.deepcopy(rolled_spec["template"])
+            fixed = {"spec": {"policy": {"mode": "fixed"}}}
+            await _call(http, "PATCH", f"{RD_PATH}/tiny", fixed, "application/merge-patch+json")
+
+            def rejected():
+                rd_now = obj(kmock, RD, "tiny")
+                c = condition(rd_now, "PolicySynced")
+                return rd_now if c["reason"] == "Rejected" else None
+
+            status = (await eventually(rejected, what="NACK reported"))["status"]
+            assert status["phase"] == "Degraded"
+            assert (status["policy"]["desiredVersion"], status["policy"]["appliedVersion"]) == (
+                3,
+                2,
+            )
+            degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+            assert (degraded["status"], degraded["reason"]) == ("True", "PolicyRejected")
+            assert "restart" in degraded["message"]
+            assert (await data_plane.tunables()).mode == "elastic"  # the old policy stays
+            new_spec = obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"]
+            assert new_spec["template"] != rolled_template
+            assert (
+                obj(kmock, "v1/configmaps", "tiny-engine")["data"]["RIMURU_POLICY_MODE"] == "fixed"
+            )
+
+            # 6. Delete: the finalizer holds the object until the children are gone.
             await _call(http, "DELETE", f"{RD_PATH}/tiny")
             await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
             for child in expected:
@@ -266,6 +300,7 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watch
+        await asyncio.to_thread(data_plane.stop)
 
 
 @pytest.mark.slow
