@@ -135,6 +135,7 @@ async def _watch(args: argparse.Namespace) -> int:
     async def requests():
         while True:
             yield await answers.get()
+            answers.task_done()  # gRPC asks for the next one once this one is written
 
     channel = (
         grpc.aio.insecure_channel(args.target)
@@ -159,6 +160,8 @@ async def _watch(args: argparse.Namespace) -> int:
                 )
                 seen += 1
                 if args.count and seen >= args.count:
+                    # Let the last ACK reach the server before the stream is cancelled.
+                    await asyncio.wait_for(answers.join(), args.timeout_s)
                     break
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None

@@ -112,8 +112,11 @@ class Watch:
             return Answer.STALE
         record.nonce = ""  # answered: a repeat of this nonce is stale
         if error_detail:
+            # A NACK's version_info is what the node still runs; it also covers an ACK
+            # that was overtaken by this push and so went stale.
             record.view = replace(
                 record.view,
+                applied_version=version_info,
                 last_error=error_detail[:4096],
                 last_nacked_version=record.view.pushed_version,
             )

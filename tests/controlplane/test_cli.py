@@ -1,0 +1,125 @@
+"""`rimuru controlplane` as a real process, configured by environment; `rimuru policy` verbs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rimuru.cli import main
+
+TOKEN = "cli-token"
+
+
+def start_process(data_dir: Path, token_file: Path) -> tuple[subprocess.Popen, int]:
+    env = {
+        **os.environ,
+        "RIMURU_CP_HOST": "127.0.0.1",
+        "RIMURU_CP_PORT": "0",
+        "RIMURU_CP_DATA_DIR": str(data_dir),
+        "RIMURU_CP_TOKEN_FILE": str(token_file),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rimuru", "controlplane"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    for line in process.stderr:
+        if found := re.search(r"control plane on port (\d+)", line):
+            return process, int(found.group(1))
+        assert time.monotonic() < deadline, "no start-up line"
+    raise AssertionError(f"control plane exited with {process.wait()}")
+
+
+def stop_process(process: subprocess.Popen) -> int:
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=15)
+    finally:
+        process.stderr.close()
+
+
+def policy(capsys, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["policy", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    return path
+
+
+def test_controlplane_process_and_policy_verbs(tmp_path, token_file, capsys):
+    process, port = start_process(tmp_path / "data", token_file)
+    try:
+        target = ["--target", f"127.0.0.1:{port}", "--deployment", "qwen"]
+        auth = ["--token-file", str(token_file)]
+
+        code, _, err = policy(capsys, "get", *target)
+        assert code == 1 and "NOT_FOUND" in err
+
+        code, out, _ = policy(capsys, "set", *target, *auth, "--expert-offload-limit", "4")
+        assert (code, out) == (0, "1\n")
+        code, out, _ = policy(capsys, "set", *target, *auth, "--mode", "fixed", "--online-hotness")
+        assert (code, out) == (0, "2\n")
+        code, out, _ = policy(capsys, "get", *target)
+        got = json.loads(out)
+        assert got["version"] == 2 and got["tunables"]["mode"] == "fixed"
+        assert got["tunables"]["expert_offload_limit"] == 4 and got["tunables"]["online_hotness"]
+
+        # Bad input: the status and the field, non-zero exit, nothing stored.
+        code, _, err = policy(capsys, "set", *target, *auth, "--grow-threshold", "1")
+        assert code == 1
+        assert "INVALID_ARGUMENT: tunables.grow_threshold: must exceed shrink_threshold" in err
+        code, _, err = policy(capsys, "set", *target, "--pages-per-expert", "2")
+        assert code == 1 and "UNAUTHENTICATED" in err
+
+        code, out, _ = policy(capsys, "watch", *target, "--node-id", "cli-node", "--count", "1")
+        assert code == 0 and json.loads(out)["version"] == 2
+        code, out, _ = policy(capsys, "subscribers", *target)
+        row = json.loads(out)
+        assert (row["node_id"], row["applied_version"]) == ("cli-node", 2)
+    finally:
+        assert stop_process(process) == 0
+
+    # Restarted on the same data dir: the same version, and numbering goes on.
+    process, port = start_process(tmp_path / "data", token_file)
+    try:
+        target = ["--target", f"127.0.0.1:{port}", "--deployment", "qwen"]
+        code, out, _ = policy(capsys, "get", *target)
+        assert json.loads(out)["version"] == 2
+        code, out, _ = policy(
+            capsys, "set", *target, "--token-file", str(token_file), "--max-grow-per-round", "2"
+        )
+        assert out == "3\n"
+    finally:
+        assert stop_process(process) == 0
+
+
+def test_policy_set_against_nothing_reports_unavailable(capsys):
+    code, _, err = policy(
+        capsys,
+        "set",
+        "--target",
+        "127.0.0.1:1",
+        "--deployment",
+        "qwen",
+        "--timeout-s",
+        "1",
+        "--mode",
+        "elastic",
+    )
+    assert code == 1 and "UNAVAILABLE" in err

@@ -1,0 +1,101 @@
+"""The domain objects without gRPC: tunables rules, rankings, the xDS state machine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rimuru.controlplane.errors import InvalidArgument
+from rimuru.controlplane.policy import Policy, Tunables
+from rimuru.controlplane.ranking import LayerRanking, digest, layers_from_hotness_json
+from rimuru.controlplane.subscribers import Answer, SubscriberRegistry
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"mode": "lazy"}, "tunables.mode"),
+        ({"expert_offload_limit": -1}, "tunables.expert_offload_limit"),
+        ({"expert_offload_limit": 2**31}, "tunables.expert_offload_limit"),
+        ({"shrink_threshold": 9}, "tunables.grow_threshold"),
+        ({"max_grow_per_round": 0}, "tunables.max_grow_per_round"),
+        ({"pages_per_expert": True}, "tunables.pages_per_expert"),
+        ({"online_hotness": 1}, "tunables.online_hotness"),
+        ({"mode": "resident"}, "tunables.expert_offload_limit"),
+    ],
+)
+def test_tunables_rules(kwargs, field):
+    with pytest.raises(InvalidArgument) as info:
+        Tunables(**kwargs)
+    assert info.value.field == field
+
+
+def test_defaults_are_valid_and_match_the_data_plane():
+    t = Tunables()
+    assert (t.mode, t.expert_offload_limit, t.shrink_threshold, t.grow_threshold) == (
+        "elastic",
+        8,
+        2,
+        9,
+    )
+    assert (t.max_grow_per_round, t.pages_per_expert, t.online_hotness) == (5, 3, False)
+    assert Tunables(mode="resident", expert_offload_limit=0).mode == "resident"
+
+
+def test_digest_ignores_layer_order_but_not_content():
+    a = [LayerRanking(0, (1, 0), (0.6, 0.4)), LayerRanking(1, (0, 1), (0.5, 0.5))]
+    assert digest(a) == digest(list(reversed(a)))
+    assert digest(a) != digest([a[0], LayerRanking(1, (1, 0), (0.5, 0.5))])
+
+
+def test_reads_the_data_planes_ranking_file_format():
+    data = {
+        "format": "rimuru.hotness/v1",
+        "num_layers": 2,
+        "num_experts": 2,
+        "layers": [{"order": [1, 0], "prob": [0.7, 0.3]}, {"order": [0, 1], "prob": [0.5, 0.5]}],
+    }
+    assert layers_from_hotness_json(data) == (
+        LayerRanking(0, (1, 0), (0.7, 0.3)),
+        LayerRanking(1, (0, 1), (0.5, 0.5)),
+    )
+    with pytest.raises(InvalidArgument):
+        layers_from_hotness_json({"format": "other"})
+
+
+async def test_watch_state_machine():
+    clock = iter(range(100))
+    registry = SubscriberRegistry(clock=lambda: float(next(clock)))
+    current: dict[str, Policy] = {"qwen": Policy("qwen", 1, Tunables())}
+    watch = registry.open_watch("pod", "qwen", 0, current.get)
+    policy, nonce = await watch.next_push()
+    assert policy.version == 1
+    assert watch.answer(1, "other", "") is Answer.STALE
+    assert watch.answer(1, nonce, "") is Answer.ACK
+    assert watch.answer(1, nonce, "") is Answer.STALE  # answered already
+
+    # Nothing newer: next_push waits until notify; a version is pushed once.
+    waiting = asyncio.create_task(watch.next_push())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    current["qwen"] = Policy("qwen", 2, Tunables(expert_offload_limit=1))
+    registry.notify("qwen")
+    policy, nonce = await asyncio.wait_for(waiting, 1)
+    assert policy.version == 2
+    assert watch.answer(1, nonce, "too big") is Answer.NACK
+    (view,) = registry.list("qwen")
+    assert (view.applied_version, view.pushed_version, view.last_nacked_version) == (1, 2, 2)
+    assert view.last_error == "too big" and view.connected
+
+    # A reconnect takes over: the old watch ends, its answers are stale.
+    newer = registry.open_watch("pod", "qwen", 1, current.get)
+    assert await asyncio.wait_for(watch.next_push(), 1) is None
+    assert watch.answer(2, nonce, "") is Answer.STALE
+    assert (await newer.next_push())[0].version == 2  # 2 is newer than the 1 it runs
+    watch.close()  # the old stream's close does not mark the node disconnected
+    assert registry.list("qwen")[0].connected
+    newer.close()
+    assert not registry.list("qwen")[0].connected
+    with pytest.raises(InvalidArgument):
+        registry.open_watch("", "qwen", 0, current.get)
