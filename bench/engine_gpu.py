@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--skip-fig4", action="store_true")
     ap.add_argument("--router-skew", default="1.0")
     ap.add_argument("--expert-offload-limit", default="10")
+    ap.add_argument("--policies", default="resident,fixed,elastic")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -105,7 +106,8 @@ def main() -> int:
                 "--max-num-batched-tokens", "2048",
                 "--expert-offload-limit", args.expert_offload_limit,
                 "--router-skew", args.router_skew,
-                "--output-dir", str(out / f"fig4_skew{args.router_skew}"),
+                "--policies", args.policies,
+                "--output-dir", str(out / f"fig4_skew{args.router_skew}_limit{args.expert_offload_limit}"),
                 "--no-progress",
             ]
         )  # fmt: skip
