@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
+import importlib
 
 import kubernetes_validate
 import pytest
@@ -320,3 +322,64 @@ def test_long_name_is_refused(tiny_rd):
     rd["metadata"]["name"] = "n" * 51
     with pytest.raises(SpecError, match="at most 50 characters"):
         _parse(rd)
+
+
+def _parse_args(module_name: str, args: list[str]) -> argparse.Namespace:
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return parser.parse_args(args)
+
+
+def test_controlplane_container_args_are_its_cli(gpu_rd):
+    pod = build_controlplane_deployment(_parse(gpu_rd), CONFIG)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][0] == "controlplane"
+    args = _parse_args("rimuru.controlplane.cli", container["args"][1:])
+    assert (args.port, str(args.data_dir), args.token_file) == (
+        50052,
+        "/var/lib/rimuru",
+        "/var/run/secrets/rimuru/token",
+    )
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/var/lib/rimuru", "/var/run/secrets/rimuru"} <= mounts
+
+
+def test_dataplane_pod_is_what_rimuru_serve_reads(gpu_rd, monkeypatch):
+    """The pod's args and its ConfigMap environment, read by `rimuru serve`'s own parser,
+    give the engine the spec asked for."""
+    spec = _parse(gpu_rd)
+    pod = build_dataplane_deployment(spec, CONFIG)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    for key, value in build_engine_config_map(spec)["data"].items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("RIMURU_NODE_ID", "qwen-moe-dataplane-7d9f-abcde")  # the fieldRef
+    assert container["args"][0] == "serve"
+    args = _parse_args("rimuru.dataplane.serve.cli", container["args"][1:])
+    assert (args.port, args.metrics_port) == (50051, 9464)
+    assert (args.control_plane, args.deployment) == ("qwen-moe-controlplane:50052", "qwen-moe")
+    assert args.node_id == "qwen-moe-dataplane-7d9f-abcde"
+    from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
+
+    engine = serve_engine_config(args)
+    assert (engine.model, engine.dtype, engine.device) == (
+        "/models/Qwen1.5-MoE-A2.7B",
+        "bfloat16",
+        "cuda",
+    )
+    assert (engine.gpu_memory_utilization, engine.memory_budget) == (0.9, None)
+    assert (engine.max_num_seqs, engine.max_num_batched_tokens, engine.block_size) == (
+        256,
+        8192,
+        16,
+    )
+    assert (engine.tunables.mode, engine.tunables.pages_per_expert) == ("elastic", 3)
+
+
+def test_memory_budget_reaches_rimuru_serve_in_bytes(tiny_rd, monkeypatch):
+    for key, value in build_engine_config_map(_parse(tiny_rd))["data"].items():
+        monkeypatch.setenv(key, value)
+    from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
+
+    engine = serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", []))
+    assert (engine.model, engine.device, engine.memory_budget) == ("tiny", "cpu", 512 * 2**20)

@@ -5,6 +5,7 @@ operator it installs (CLI flags, RBAC for every kind the operator touches)."""
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import helm_python as helm
@@ -153,3 +154,12 @@ def test_every_values_key_is_commented():
         stripped = line.strip()
         if stripped and not stripped.startswith("#") and not stripped.startswith("-"):
             assert lines[i - 1].strip().startswith("#"), f"values.yaml:{i + 1} {stripped!r}"
+
+
+def test_manifests_in_the_docs_are_valid(api):
+    text = (CHART.parents[1] / "docs" / "kubernetes.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
+    assert blocks
+    for block in blocks:
+        doc = yaml.safe_load(block)
+        kubernetes_validate.validate(doc, api.kube_version, strict=True)

@@ -1,5 +1,6 @@
 """The operator end to end: kopf (KopfRunner) against the kmock Kubernetes emulator, a
-real control plane (in-process gRPC, port 0) and a real CPU engine that follows it.
+real control plane (in-process gRPC, port 0) and a real CPU data plane (`rimuru serve`'s
+server, configured from the pod spec and ConfigMap the operator wrote) that follows it.
 
     kubectl apply  -> children with the expected specs and owner references
     kubectl patch spec.policy -> new version on the control plane, applied by the engine,
@@ -15,10 +16,12 @@ the Deployments' status, as kubelet and kube-controller-manager would.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import contextlib
 import copy
+import os
 import time
 
 import aiohttp
@@ -28,14 +31,11 @@ from kopf.testing import KopfRunner
 from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.server import create_server
-from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.serve.convert import policy_change
-from rimuru.dataplane.serve.engine_loop import EngineLoop
-from rimuru.dataplane.serve.policy_watch import PolicyWatcher
+from rimuru.dataplane.serve import cli as serve_cli
+from rimuru.dataplane.serve.server import create_server as create_dataplane_server
 from rimuru.operator.builders import build_children
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.spec import parse_spec
-from rimuru.v1 import control_pb2 as pb
 
 TOKEN = "e2e-token-5f1c"
 NS = "default"
@@ -93,30 +93,49 @@ async def control_plane(tmp_path):
     plane.close()
 
 
-class CpuDataPlane:
-    """The serving path of a data-plane pod on the CPU `tiny` preset: the engine loop
-    (engine thread; a policy applied whole between two steps) following the control
-    plane through the policy watcher, as `rimuru serve` wires them."""
+class PodDataPlane:
+    """`rimuru serve` as the operator's data-plane pod would run it: its container args
+    and its ConfigMap environment go through the serve CLI's own parser, then the real
+    gRPC data plane (engine thread, policy follower) starts on the CPU. Only the
+    addresses change: port 0, and the test's control plane instead of the Service."""
 
-    def __init__(self, target: str, deployment: str) -> None:
-        self.engine_loop = EngineLoop(Engine.from_config)
-        self.watcher = PolicyWatcher(target, f"{deployment}-dataplane-0", deployment, self.apply)
+    def __init__(self, args: list[str], environment: dict[str, str], control_plane: str):
+        parser = argparse.ArgumentParser()
+        with _environ({**environment, "RIMURU_NODE_ID": "tiny-dataplane-0"}):
+            serve_cli.add_arguments(parser)  # flag defaults are read from the environment
+        parsed = parser.parse_args(args)
+        parsed.control_plane, parsed.port, parsed.metrics_port = control_plane, 0, None
+        self.config = serve_cli.engine_config(parsed)
+        self.link = serve_cli.control_plane_link(parsed)
+        self.handle = None
 
-    async def start(self) -> asyncio.Task:
-        self.engine_loop.start(asyncio.get_running_loop())
-        await asyncio.wrap_future(self.engine_loop.ready)  # model loaded and warmed up
-        return asyncio.create_task(self.watcher.run())
-
-    async def apply(self, update: pb.PolicyUpdate) -> None:
-        # ValueError (invalid, or a mode change that needs a restart) -> NACK.
-        await asyncio.wrap_future(self.engine_loop.apply_policy(policy_change(update)))
+    async def start(self) -> None:
+        server, _, self.handle = await create_dataplane_server(
+            self.config, "127.0.0.1:0", control_plane=self.link
+        )
+        await server.start()
+        await self.handle.start()  # model loaded and warmed up, then follows the policy
 
     async def tunables(self):
-        return await asyncio.wrap_future(self.engine_loop.call(lambda engine: engine.tunables))
+        return await self.handle.call_engine(lambda engine: engine.tunables)
 
-    def stop(self) -> None:
-        self.engine_loop.stop()
-        self.engine_loop.join(10)
+    async def stop(self) -> None:
+        if self.handle is not None:
+            await self.handle.shutdown(1.0)
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture
@@ -171,9 +190,7 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
     await _call(http, "POST", f"/api/v1/namespaces/{NS}/secrets", secret)
     rd = copy.deepcopy(tiny_rd)
     rd["spec"]["authSecretRef"] = {"name": "tiny-auth", "key": "token"}
-    rd["metadata"]["resourceVersion"] = "1"  # the emulator does not set these
-    data_plane = CpuDataPlane(control_plane, "tiny")
-    watch = await data_plane.start()
+    data_plane = None
     try:
         async with operator_running() as runner:
             await _call(http, "POST", RD_PATH, rd)
@@ -205,7 +222,19 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
                 ]
             assert obj(kmock, "v1/secrets", "tiny-token") is None  # referenced, not generated
 
-            # 2. Pods "start"; the policy reaches the engine; status says so.
+            # 2. Pods start from what the operator wrote; the policy reaches the engine.
+            pod = obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"]["template"]["spec"]
+            (container,) = pod["containers"]
+            data_plane = PodDataPlane(
+                container["args"][1:],
+                obj(kmock, "v1/configmaps", "tiny-engine")["data"],
+                control_plane,
+            )
+            assert (data_plane.config.model, data_plane.config.memory_budget) == (
+                "tiny",
+                512 * 2**20,
+            )
+            await data_plane.start()
             await emulate_rollout(http, "tiny-controlplane", 1)
             await emulate_rollout(http, "tiny-dataplane", 1)
 
@@ -297,10 +326,8 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
             assert obj(kmock, "v1/secrets", "tiny-auth") is not None
         assert runner.exception is None
     finally:
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
-        await asyncio.to_thread(data_plane.stop)
+        if data_plane is not None:
+            await data_plane.stop()
 
 
 @pytest.mark.slow
