@@ -105,39 +105,35 @@ def build_dataplane_service(spec: DeploymentSpec) -> dict[str, Any]:
     return _service(spec.owner, DATAPLANE, ports, annotations=prometheus_annotations())
 
 
-def build_controlplane_deployment(spec: DeploymentSpec, config: OperatorConfig) -> dict:
+def _deployment(
+    owner: Owner, component: str, replicas: int, strategy: dict, template: dict
+) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": child_metadata(spec.owner, child_name(spec.owner, CONTROLPLANE), CONTROLPLANE),
+        "metadata": child_metadata(owner, child_name(owner, component), component),
         "spec": {
-            # One writer of the policy store; Recreate so the RWO volume is never
-            # wanted by two pods at once.
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": selector_labels(spec.owner, CONTROLPLANE)},
-            "template": controlplane_pod_template(spec, config),
+            "replicas": replicas,
+            "strategy": strategy,
+            "selector": {"matchLabels": selector_labels(owner, component)},
+            "template": template,
         },
     }
+
+
+def build_controlplane_deployment(spec: DeploymentSpec, config: OperatorConfig) -> dict:
+    # One writer of the policy store; Recreate so the RWO volume is never wanted by two
+    # pods at once.
+    template = controlplane_pod_template(spec, config)
+    return _deployment(spec.owner, CONTROLPLANE, 1, {"type": "Recreate"}, template)
 
 
 def build_dataplane_deployment(spec: DeploymentSpec, config: OperatorConfig) -> dict:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": child_metadata(spec.owner, child_name(spec.owner, DATAPLANE), DATAPLANE),
-        "spec": {
-            "replicas": spec.data_plane.replicas,
-            # GPUs are scarce: never start a surge pod that would wait for a free GPU;
-            # replace one pod at a time instead.
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
-            },
-            "selector": {"matchLabels": selector_labels(spec.owner, DATAPLANE)},
-            "template": dataplane_pod_template(spec, config),
-        },
-    }
+    # GPUs are scarce: never start a surge pod that would wait for a free GPU; replace
+    # one pod at a time instead.
+    strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    template = dataplane_pod_template(spec, config)
+    return _deployment(spec.owner, DATAPLANE, spec.data_plane.replicas, strategy, template)
 
 
 def build_children(spec: DeploymentSpec, config: OperatorConfig) -> list[dict[str, Any]]:
