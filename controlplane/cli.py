@@ -28,13 +28,14 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # String defaults from the environment go through `type` too: a bad value is a usage error.
     parser.add_argument(
         "--host", default=_env("HOST", "[::]"), help="bind address (RIMURU_CP_HOST)"
     )
     parser.add_argument(
         "--port",
         type=int,
-        default=int(_env("PORT", "50051")),
+        default=_env("PORT", "50051"),
         help="port, 0 = any (RIMURU_CP_PORT)",
     )
     parser.add_argument(
@@ -60,27 +61,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hotness-half-life-s",
         type=float,
-        default=float(_env("HOTNESS_HALF_LIFE_S", str(defaults.half_life_s))),
+        default=_env("HOTNESS_HALF_LIFE_S", str(defaults.half_life_s)),
         help="online hotness: routing counts halve every this many seconds",
     )
     parser.add_argument(
         "--hotness-drift-threshold",
         type=float,
-        default=float(_env("HOTNESS_DRIFT_THRESHOLD", str(defaults.drift_threshold))),
+        default=_env("HOTNESS_DRIFT_THRESHOLD", str(defaults.drift_threshold)),
         help="online hotness: push a new ranking when some layer's total-variation "
         "distance to the current one exceeds this",
     )
     parser.add_argument(
         "--hotness-min-interval-s",
         type=float,
-        default=float(_env("HOTNESS_MIN_INTERVAL_S", str(defaults.min_interval_s))),
+        default=_env("HOTNESS_MIN_INTERVAL_S", str(defaults.min_interval_s)),
         help="online hotness: at most one new ranking per deployment this often",
     )
-    parser.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        default=_env("LOG_LEVEL", "INFO"),
+        help="(RIMURU_CP_LOG_LEVEL)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise SystemExit("--tls-cert and --tls-key go together: give both or neither")
     try:
