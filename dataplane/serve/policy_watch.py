@@ -2,8 +2,9 @@
 
 `PolicyWatcher` keeps one WatchPolicy stream open (xDS semantics, see control.proto):
 on every (re)connect it sends the version it has applied, so the control plane pushes
-only newer ones; each push goes to the `apply` callback, and a ValueError from it turns
-into a NACK (the previous version stays applied), anything else returned into an ACK.
+only newer ones; each push goes to the `apply` callback (sync or async): returning is an
+ACK, a ValueError a NACK with its message (the previous version stays applied), and any
+other exception a NACK marked "internal error" with the trace logged.
 When the control plane is unreachable the last applied policy simply stays in force and
 the watcher retries with exponential backoff and jitter.
 
@@ -147,6 +148,12 @@ class PolicyWatcher:
         except ValueError as exc:
             log.warning("policy version %d rejected: %s", update.version, exc)
             return self._request(self.applied_version, update.nonce, str(exc) or "rejected")
+        except Exception as exc:
+            # A bug in apply must not end the watch (the node would stop following
+            # policies silently): NACK it, so ListSubscribers shows it, and log the trace.
+            log.exception("applying policy version %d failed", update.version)
+            detail = f"internal error: {type(exc).__name__}: {exc}"
+            return self._request(self.applied_version, update.nonce, detail)
         self.applied_version = update.version
         self.last_applied = update
         log.info("policy version %d applied", update.version)

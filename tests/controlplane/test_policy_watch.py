@@ -154,3 +154,26 @@ async def _poll(predicate, timeout: float = 5.0) -> None:
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
+
+
+async def test_a_crashing_apply_is_nacked_and_the_watch_goes_on(start_control_plane):
+    cp = await start_control_plane(None)
+    cp.plane.set_policy("qwen", Tunables(expert_offload_limit=1))
+
+    async def apply(update: pb.PolicyUpdate) -> None:  # async callbacks are awaited
+        if update.policy.tunables.expert_offload_limit == 1:
+            raise RuntimeError("engine thread gone")
+
+    watcher = PolicyWatcher(cp.target, "pod-3", "qwen", apply, backoff=FAST)
+    async with running(watcher.run()):
+
+        def nacked() -> bool:
+            subs = cp.plane.list_subscribers("qwen")
+            return bool(subs and subs[0].last_error)
+
+        await _poll(nacked)
+        (sub,) = cp.plane.list_subscribers("qwen")
+        assert sub.last_error == "internal error: RuntimeError: engine thread gone"
+        cp.plane.set_policy("qwen", Tunables(expert_offload_limit=2))
+        await until(watcher, lambda w: w.applied_version == 2)
+        assert watcher.num_connects == 1
