@@ -66,9 +66,20 @@ def part_a() -> dict:
                 engine.num_leaked_pages(),
             )
     same = len({json.dumps(v) for v in outputs.values()}) == 1
+    name = {key: f"{key[0]}/{'triton' if key[1] else 'torch'}" for key in outputs}
+    first: dict[str, int] = {}
+    groups = {name[key]: first.setdefault(json.dumps(v), len(first)) for key, v in outputs.items()}
+    flat_ref = [t for seq in outputs[("resident", False)] for t in seq]
+    agreement = {
+        name[key]: sum(a == b for a, b in zip([t for seq in v for t in seq], flat_ref, strict=True))
+        / len(flat_ref)
+        for key, v in outputs.items()
+    }
     return {
         "identical_tokens_all_6_runs": same,
-        "stats": {f"{m}/{'triton' if k else 'torch'}": v for (m, k), v in stats.items()},
+        "token_groups": groups,  # runs with identical tokens share a group id
+        "token_agreement_with_resident_torch": agreement,
+        "stats(preemptions,evictions,buffer_copies,leaked)": {name[k]: v for k, v in stats.items()},
     }
 
 
