@@ -108,6 +108,7 @@ async def _pass(
         if apply_children:
             await reconcile.apply_children(kube, spec, config)
         ranking = await reconcile.read_ranking(kube, spec)
+        await reconcile.require_controlplane_ready(kube, spec)
         policy = await reconcile.sync_policy(
             spec, config, token, ranking, uploaded, overwrite=overwrite_policy
         )

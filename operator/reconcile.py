@@ -87,6 +87,16 @@ async def apply_children(kube: KubeClient, spec: DeploymentSpec, config: Operato
         raise Blocked(Blocker.API_ERROR, f"applying children: {exc}") from exc
 
 
+async def require_controlplane_ready(kube: KubeClient, spec: DeploymentSpec) -> None:
+    """Block early, without a gRPC deadline to wait out, while no control-plane pod is ready."""
+    name = child_name(spec.owner, CONTROLPLANE)
+    deployment = await kube.get("Deployment", spec.owner.namespace, name)
+    if _replicas(deployment, "readyReplicas") < 1:
+        raise Blocked(
+            Blocker.CONTROL_PLANE_UNAVAILABLE, f"waiting for Deployment {name} to be ready"
+        )
+
+
 async def sync_policy(
     spec: DeploymentSpec,
     config: OperatorConfig,

@@ -354,6 +354,14 @@ async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
         assert len(base64.b64decode(secret["data"]["token"])) >= 32
         assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-other-1"
 
+        def waiting():
+            c = condition(obj(kmock, RD, "other"), "Progressing")
+            return c if c["reason"] == "ControlPlaneUnavailable" else None
+
+        progressing = await eventually(waiting, what="waiting for the control plane")
+        assert progressing["message"] == "waiting for Deployment other-controlplane to be ready"
+        await emulate_rollout(http, "other-controlplane", 1)
+
         def refused():
             c = condition(obj(kmock, RD, "other"), "Progressing")
             return c if c["reason"] == "ControlPlaneUnauthenticated" else None
