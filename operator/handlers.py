@@ -33,7 +33,13 @@ from rimuru.operator.spec import (
     SpecError,
     parse_spec,
 )
-from rimuru.operator.status import Blocker, Observation, Problem, compute_status
+from rimuru.operator.status import (
+    Blocker,
+    Observation,
+    Problem,
+    compute_status,
+    invalid_spec_status,
+)
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 
@@ -75,21 +81,6 @@ def _status(status: kopf.Status, spec: DeploymentSpec, obs: Observation) -> dict
         selector=selector_string(spec.owner),
         controlplane_endpoint=controlplane_endpoint(spec.owner),
     )
-
-
-def _invalid_spec_status(meta: kopf.Meta, exc: SpecError) -> dict[str, Any]:
-    degraded = {
-        "type": "Degraded",
-        "status": "True",
-        "reason": Blocker.INVALID_SPEC.reason,
-        "message": str(exc),
-        "lastTransitionTime": _now(),
-    }
-    return {
-        "phase": "Failed",
-        "observedGeneration": meta.get("generation", 1),
-        "conditions": [degraded],
-    }
 
 
 async def _pass(
@@ -134,7 +125,7 @@ async def reconcile_handler(
     try:
         parsed = parse_spec(meta, spec)
     except SpecError as exc:
-        patch.status.update(_invalid_spec_status(meta, exc))
+        patch.status.update(invalid_spec_status(meta.get("generation", 1), str(exc), now=_now()))
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     obs, problem = await _pass(memo, parsed, status, apply_children=True, overwrite_policy=True)
     patch.status.update(_status(status, parsed, obs))

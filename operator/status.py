@@ -193,3 +193,10 @@ def compute_status(
             "rankingDigest": obs.policy.ranking_digest,
         }
     return status
+
+
+def invalid_spec_status(generation: int, message: str, *, now: str) -> dict[str, Any]:
+    """The status of a spec that can never work: nothing else is observed for it."""
+    degraded = _condition("Degraded", True, Blocker.INVALID_SPEC.reason, message)
+    degraded.update(lastTransitionTime=now, observedGeneration=generation)
+    return {"phase": "Failed", "observedGeneration": generation, "conditions": [degraded]}

@@ -6,7 +6,13 @@ from rimuru.operator.apply import manifest_hash, patch_operations, with_applied_
 from rimuru.operator.builders import build_dataplane_service
 from rimuru.operator.policy_sync import PolicyState
 from rimuru.operator.spec import parse_spec
-from rimuru.operator.status import Blocker, Observation, Problem, compute_status
+from rimuru.operator.status import (
+    Blocker,
+    Observation,
+    Problem,
+    compute_status,
+    invalid_spec_status,
+)
 
 NOW = "2026-01-02T03:04:05Z"
 
@@ -156,3 +162,16 @@ def test_transition_time_moves_only_on_a_change():
     times = {c["type"]: c["lastTransitionTime"] for c in later["conditions"]}
     assert times["Available"] == NOW  # still True
     assert times["Progressing"] == "2026-01-02T09:00:00Z"  # False -> True
+
+
+def test_every_status_the_operator_writes_fits_the_crd(api, tiny_rd):
+    # The API server prunes fields the schema lacks: a status field missing there would
+    # be silently lost (and, for rankingDigest, re-upload the ranking every period).
+    policy = PolicyState(7, 6, 2, 1, "mode change needs a restart", "ab12")
+    problem = Problem(Blocker.SECRET_MISSING, "Secret x not found")
+    for obs in (_obs(), _obs(policy=policy), _obs(policy=None, problem=problem)):
+        rd = {**tiny_rd, "status": _status(obs)}
+        _, errors = api.admit(rd)
+        assert errors == []
+    invalid = {**tiny_rd, "status": invalid_spec_status(3, "spec.engine: bad", now=NOW)}
+    assert api.admit(invalid)[1] == []
