@@ -57,9 +57,10 @@ class _Buffer:
     layer: int = -1
     slot_of: dict[int, int] = field(default_factory=dict)  # expert -> slot
     used: set[int] = field(default_factory=set)
+    ready: object = None  # CUDA event: the prefetch copies into this buffer are done
 
     def reset(self, layer: int) -> None:
-        self.layer, self.slot_of, self.used = layer, {}, set()
+        self.layer, self.slot_of, self.used, self.ready = layer, {}, set(), None
 
 
 class ExpertManager:
@@ -177,38 +178,55 @@ class ExpertManager:
         buffer = self.buffers[layer % 2]
         if buffer.layer != layer:
             buffer.reset(layer)
-        needed = torch.unique(topk_ids).tolist()
-        self.routing_counts[layer] += torch.bincount(
-            topk_ids.flatten().cpu(), minlength=self.num_experts
-        )
+        # One host synchronisation per layer: this layer's routing histogram and, when
+        # predicting, the histogram of layer l+1's router applied to this layer's input.
+        counts = torch.bincount(topk_ids.flatten(), minlength=self.num_experts)  # [E]
+        predict = self.router_logits is not None and layer + 1 < self.num_layers
+        if predict:
+            guess = torch.topk(self.router_logits(layer + 1, x), self.top_k, dim=-1).indices
+            counts = torch.stack(
+                (counts, torch.bincount(guess.flatten(), minlength=self.num_experts))
+            )
+        host = counts.cpu().view(-1, self.num_experts)  # [1 or 2, E]
+        self.routing_counts[layer] += host[0]
+        needed = torch.nonzero(host[0]).flatten().tolist()
         missing = [e for e in needed if e not in self.resident[layer]]
-        self.counters.predictor_needed += len(missing) if layer > 0 else 0
-        self.counters.predictor_hits += (
-            sum(1 for e in missing if e in buffer.slot_of) if layer > 0 else 0
-        )
+        if layer > 0:
+            self.counters.predictor_needed += len(missing)
+            self.counters.predictor_hits += sum(1 for e in missing if e in buffer.slot_of)
+        if buffer.ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(buffer.ready)
         for e in missing:
             buffer.used.add(e)
             if e not in buffer.slot_of:
                 self._copy_to_buffer(buffer, layer, e)
-        if self.router_logits is not None and layer + 1 < self.num_layers:
-            self._prefetch(layer + 1, x)
+        if missing and self._copy_stream is not None:
+            # on-demand copies: this layer's MoE must see them
+            torch.cuda.current_stream(self.device).wait_stream(self._copy_stream)
+        if predict:
+            self._prefetch(layer + 1, torch.nonzero(host[1]).flatten().tolist())
         if self.moe_kernel is not None:
             out = self._moe_kernel(layer, x, topk_ids, topk_weights, buffer)
         else:
             out = self._moe_torch(layer, x, topk_ids, topk_weights, buffer, needed)
-        self.counters.prefetched_unused += (
-            len(set(buffer.slot_of) - buffer.used) if layer > 0 else 0
-        )
+        if layer > 0:
+            self.counters.prefetched_unused += len(set(buffer.slot_of) - buffer.used)
         return out
 
-    def _prefetch(self, next_layer: int, x: torch.Tensor) -> None:
-        logits = self.router_logits(next_layer, x)  # [T, E]
-        predicted = torch.unique(torch.topk(logits, self.top_k, dim=-1).indices).tolist()
+    def _prefetch(self, next_layer: int, predicted: list[int]) -> None:
+        """Copy layer l+1's predicted non-resident experts into the other buffer while
+        layer l computes. The copy stream first waits for the compute queued so far (the
+        previous user of that buffer, layer l-1, must be done reading it); layer l+1
+        waits for the copies' event before it computes."""
         buffer = self.buffers[next_layer % 2]
         buffer.reset(next_layer)
+        if self._copy_stream is not None:
+            self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         for e in predicted:
             if e not in self.resident[next_layer] and len(buffer.slot_of) < self.num_buffer_slots:
                 self._copy_to_buffer(buffer, next_layer, e)
+        if self._copy_stream is not None and buffer.slot_of:
+            buffer.ready = self._copy_stream.record_event()
 
     def _copy_to_buffer(self, buffer: _Buffer, layer: int, expert: int) -> None:
         if len(buffer.slot_of) >= self.num_buffer_slots:
@@ -227,8 +245,6 @@ class ExpertManager:
                 buffer.pages[3 * slot + i].copy_(
                     matrix.reshape(-1), non_blocking=stream is not None
                 )
-        if stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(stream)
         buffer.slot_of[expert] = slot
         self.counters.buffer_copies += 1
         self.counters.bytes_h2d += 3 * self._matrix_bytes(self.host[layer].w1[expert])
@@ -257,11 +273,10 @@ class ExpertManager:
         return out
 
     def _moe_kernel(self, layer, x, topk_ids, topk_weights, buffer) -> torch.Tensor:
-        table = self.table.on_device()[layer].clone()  # [E, 3]
+        table = self.table.host[layer].clone()  # [E, 3], built on the host, copied once
         for e, slot in buffer.slot_of.items():
-            table[e] = torch.tensor(
-                [buffer_slot_id(3 * slot + i) for i in range(3)], dtype=torch.int32
-            )
+            table[e] = torch.tensor([buffer_slot_id(3 * slot + i) for i in range(3)])
+        table = table.to(self.device, non_blocking=True)
         return self.moe_kernel(
             x, topk_ids, topk_weights, self.pool.view(PageType.EXPERT), buffer.pages, table
         )

@@ -50,29 +50,24 @@ class PagedAttentionMeta:
     def build(
         cls, sequences: list[SequenceSlice], num_layers: int, block_size: int, device
     ) -> PagedAttentionMeta:
-        slots = []
-        for layer in range(num_layers):
-            row = []
-            for s in sequences:
-                table = s.block_tables[layer]
-                for pos in range(s.num_computed_tokens, s.context_len):
-                    row.append(table[pos // block_size] * block_size + pos % block_size)
-            slots.append(row)
+        # slot = page * B + offset for every new token, all layers at once: [L, T]
         max_blocks = max(len(s.block_tables[0]) for s in sequences)
-        tables = [
-            [
-                list(s.block_tables[layer]) + [0] * (max_blocks - len(s.block_tables[layer]))
-                for s in sequences
-            ]
-            for layer in range(num_layers)
-        ]
+        tables = torch.zeros(num_layers, len(sequences), max_blocks, dtype=torch.int64)
+        token_seq, token_pos = [], []
+        for i, s in enumerate(sequences):
+            if s.block_tables[0]:
+                tables[:, i, : len(s.block_tables[0])] = torch.tensor(s.block_tables)
+            token_seq.append(torch.full((s.num_new_tokens,), i, dtype=torch.int64))
+            token_pos.append(torch.arange(s.num_computed_tokens, s.context_len))
+        seq_of, pos = torch.cat(token_seq), torch.cat(token_pos)  # [T]
+        slots = tables[:, seq_of, pos // block_size] * block_size + pos % block_size  # [L, T]
         cu = [0]
         for s in sequences:
             cu.append(cu[-1] + s.num_new_tokens)
         return cls(
             tuple(sequences),
-            torch.tensor(slots, dtype=torch.int64, device=device),
-            torch.tensor(tables, dtype=torch.int32, device=device),
+            slots.to(device),
+            tables.to(torch.int32).to(device),
             torch.tensor(cu, dtype=torch.int32, device=device),
             torch.tensor([s.context_len for s in sequences], dtype=torch.int32, device=device),
             max(s.num_new_tokens for s in sequences),
