@@ -159,6 +159,9 @@ def _run(args: argparse.Namespace) -> int:
             if engine.num_leaked_pages():
                 raise RuntimeError(f"{policy}: {engine.num_leaked_pages()} KV pages leaked")
             results.append(result)
+            write_results(
+                out_dir / "results.json", results
+            )  # after every run: partial results survive
     path = write_results(out_dir / "results.json", results)
     figures = [
         plot_memory_split(
