@@ -122,7 +122,8 @@ class DataPlane:
             self._set_state(DRAINING)
         left: list[str] = []
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout=max(0.0, grace_s))
+            if not self._idle.is_set():
+                await asyncio.wait_for(self._idle.wait(), timeout=max(0.0, grace_s))
         except TimeoutError:
             left = list(self._streams)
             for engine_id in left:

@@ -51,6 +51,7 @@ class ServerHandle:
     metrics: ServeMetrics
     health: health.aio.HealthServicer
     follower: PolicyFollower | None
+    _shutdown: asyncio.Task | None = None
 
     async def start(self) -> ModelInfo:
         """Build and warm up the engine (off the event loop), then serve and follow policy."""
@@ -61,7 +62,14 @@ class ServerHandle:
         return info
 
     async def shutdown(self, grace_s: float) -> int:
-        """Stop admitting, drain within grace_s, stop. Returns the number of aborted streams."""
+        """Stop admitting, drain within grace_s, stop. Returns the number of aborted streams.
+
+        Idempotent: a second call waits for the first one's result."""
+        if self._shutdown is None:
+            self._shutdown = asyncio.ensure_future(self._stop_all(grace_s))
+        return await asyncio.shield(self._shutdown)
+
+    async def _stop_all(self, grace_s: float) -> int:
         aborted = await self.plane.drain(grace_s)
         if self.follower is not None:
             await self.follower.stop()
