@@ -27,6 +27,7 @@ class EngineConfig:
     loading_buffer_slots: int | None = None  # None = enough for the policy's offloading
     hotness_path: str | None = None  # offline ranking file; None = profile at start-up
     use_kernels: bool | None = None  # None = Triton kernels on CUDA, torch reference on CPU
+    moe_path: str = "paged"  # "paged": read experts in place; "gather": copy first (ablation)
     activation_reserve: int | None = None  # None = measure with a profiling forward
 
     def __post_init__(self) -> None:
@@ -46,6 +47,8 @@ class EngineConfig:
             raise ValueError(
                 f"fixed_expert_share must lie in [0, 1], got {self.fixed_expert_share}"
             )
+        if self.moe_path not in ("paged", "gather"):
+            raise ValueError(f"moe_path must be 'paged' or 'gather', got {self.moe_path!r}")
         if self.router_skew < 0:
             raise ValueError(f"router_skew must be >= 0, got {self.router_skew}")
 

@@ -131,13 +131,7 @@ class Engine:
         budget = self._budget_bytes()
         slots = self._buffer_slots()
         buffer_bytes = 2 * 3 * slots * self.geometry.expert_page_bytes
-        reserve_bytes = (
-            config.activation_reserve
-            if config.activation_reserve is not None
-            else estimate_activation_bytes(
-                mc, config.max_num_batched_tokens, config.max_num_seqs, self.dtype
-            )
-        )
+        reserve_bytes = self._activation_reserve()
         self.plan: MemoryPlan = plan_memory(
             budget, self.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry
         )
@@ -192,6 +186,29 @@ class Engine:
         experts = mc.num_layers * mc.num_experts * 3 * self.geometry.expert_page_bytes
         return self.model.resident_nbytes() + 2 * experts + 256 * 2**20
 
+    def _activation_reserve(self) -> int:
+        """Given, measured by a profiling forward (CUDA, with the serving kernels), or
+        estimated (CPU: no peak-memory counter)."""
+        c = self.config
+        if c.activation_reserve is not None:
+            return c.activation_reserve
+        if self.device.type == "cuda" and self._use_kernels():
+            from rimuru.dataplane.engine.profile_run import measure_activation_bytes
+
+            measured = measure_activation_bytes(
+                self.model,
+                self.host_experts,
+                self.geometry,
+                c.max_num_batched_tokens,
+                c.max_num_seqs,
+                self._moe_kernel(),
+                self._attention_kernels(),
+            )
+            return int(measured * 1.1)  # 10% headroom for allocator fragmentation
+        return estimate_activation_bytes(
+            self.model_config, c.max_num_batched_tokens, c.max_num_seqs, self.dtype
+        )
+
     def _buffer_slots(self) -> int:
         c, mc = self.config, self.model_config
         if c.loading_buffer_slots is not None:
@@ -203,6 +220,17 @@ class Engine:
         return max(1, min(mc.num_experts, c.tunables.expert_offload_limit))
 
     def _moe_kernel(self):
+        mc = self.model_config
+        if self.config.moe_path == "gather":
+            from rimuru.dataplane.engine.moe_gather import make_gather_moe, reference_contiguous
+
+            if self._use_kernels():
+                from rimuru.kernels import fused_moe_contiguous
+
+                return make_gather_moe(
+                    mc.moe_intermediate_size, mc.hidden_size, fused_moe_contiguous
+                )
+            return make_gather_moe(mc.moe_intermediate_size, mc.hidden_size, reference_contiguous)
         if not self._use_kernels():
             return None
         from rimuru.kernels import paged_fused_moe  # imported only where Triton runs
