@@ -57,6 +57,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-offload-limit", type=int, default=16)
     p.add_argument("--fixed-expert-share", type=float, default=0.5)
     p.add_argument(
+        "--loading-buffer-slots",
+        type=int,
+        default=None,
+        help="experts per loading buffer (default: what the policy needs)",
+    )
+    p.add_argument(
+        "--moe-path",
+        choices=("paged", "gather"),
+        default="paged",
+        help="gather = copy experts to contiguous stacks first (ablation)",
+    )
+    p.add_argument(
         "--router-skew", type=float, default=1.0, help="presets: Zipf exponent of expert popularity"
     )
     p.add_argument(
@@ -122,6 +134,8 @@ def _run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         fixed_expert_share=args.fixed_expert_share,
+        loading_buffer_slots=args.loading_buffer_slots,
+        moe_path=args.moe_path,
         hotness_path=args.hotness,
     )
     out_dir = Path(args.output_dir)

@@ -1,0 +1,184 @@
+"""The paper's experiments 2-4 (issue 5), each sized to fit one device call (< 10 min).
+
+    python3 bench/paper_experiments.py rate-sweep --policy elastic --out $OUT   # x3 policies
+    python3 bench/paper_experiments.py ablation --out $OUT
+    python3 bench/paper_experiments.py offload-sweep --limits 0,5,10 --out $OUT  # and 15,20,30
+    python3 bench/paper_experiments.py merge DIR... --out docs/figures            # CPU, after
+
+Defaults are the GPU setups; `--model tiny --device cpu --num-prompts 20` runs each one
+as a smoke test on a laptop.
+
+rate-sweep: `qwen3-30b-a3b` (bf16), budget 62 GiB — all weights are ~61 GB (experts 58.0 GB,
+  the rest ~3 GB), so they barely fit and the resident policy keeps ~5 GB for activations
+  and KV; rates from light to overload; one policy per call (one engine serves all rates).
+ablation: `qwen1.5-moe-a2.7b`, 28.8 GiB, 10 req/s: fixed cache with gathered experts ->
+  + adjuster (elastic, gathered) -> + paged kernel (elastic, in place).
+offload-sweep: elastic with several expert_offload_limit values on a burst (all requests at
+  t = 0): output throughput, and the recovery time — seconds from the deepest eviction to
+  the moment every expert is resident again.
+Prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+from pathlib import Path
+
+from rimuru.cli import main as rimuru_main
+from rimuru.dataplane.bench.plots import plot_rate_sweep
+from rimuru.dataplane.bench.results import BenchResult, read_results, write_results
+
+
+def _bench(args: argparse.Namespace, out: Path, extra: list[str]) -> int:
+    argv = [
+        "bench",
+        "--device", args.device,
+        "--model", args.model,
+        "--trace", args.trace,
+        "--num-prompts", str(args.num_prompts),
+        "--router-skew", str(args.router_skew),
+        "--output-dir", str(out),
+        "--no-progress",
+        *extra,
+    ]  # fmt: skip
+    if args.memory_budget:
+        argv += ["--memory-budget", args.memory_budget]
+    code = rimuru_main(argv)
+    gc.collect()
+    try:
+        import torch
+
+        torch.cuda.empty_cache()
+    except Exception:
+        pass
+    return code
+
+
+def recovery_seconds(result: BenchResult) -> float | None:
+    """From the step with the fewest resident experts to the first later step with as many
+    resident as at the start; None if the boundary never moved or never came back."""
+    steps = result.steps
+    if not steps:
+        return None
+    start = steps[0].num_experts_resident
+    low = min(range(len(steps)), key=lambda i: steps[i].num_experts_resident)
+    if steps[low].num_experts_resident >= start:
+        return None
+    for s in steps[low:]:
+        if s.num_experts_resident >= start:
+            return s.time - steps[low].time
+    return None
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    widths = [max(len(k), *(len(_fmt(r[k])) for r in rows)) for k in keys]
+    lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths, strict=True))]
+    lines += [
+        "  ".join(_fmt(r[k]).rjust(w) for k, w in zip(keys, widths, strict=True)) for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if isinstance(v, float) else str(v)
+
+
+def _row(label: str, r: BenchResult) -> dict:
+    h = r.headline()
+    return {
+        "run": label,
+        "rate": h["request_rate"],
+        "peak": h["peak_running"],
+        "steps": h["forward_steps"],
+        "out tok/s": h["output_tok_s"],
+        "TPOT p50": h["tpot_p50_ms"],
+        "TTFT p50": h["ttft_p50_ms"],
+        "evict": h["evictions"],
+        "recovery s": recovery_seconds(r),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("experiment", choices=("rate-sweep", "ablation", "offload-sweep", "merge"))
+    ap.add_argument("dirs", nargs="*", help="merge: result folders to combine")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--memory-budget", default=None)
+    ap.add_argument("--trace", default="sharegpt_qwen_1000")
+    ap.add_argument("--num-prompts", type=int, default=200)
+    ap.add_argument("--router-skew", type=float, default=1.0)
+    ap.add_argument("--policy", default="elastic")
+    ap.add_argument("--rates", default="2,5,10,20")
+    ap.add_argument("--limits", default="0,5,10")
+    args = ap.parse_args()
+    out = Path(args.out)
+    rows: list[dict] = []
+    if args.experiment == "merge":
+        results = [
+            r
+            for d in args.dirs
+            for p in sorted(Path(d).rglob("results.json"))
+            for r in read_results(p)
+        ]
+        out.mkdir(parents=True, exist_ok=True)
+        write_results(out / "merged_results.json", results)
+        swept = [r for r in results if r.request_rate != float("inf")]
+        if swept:
+            plot_rate_sweep(swept, out / "fig9_rate_sweep.png")
+        rows = [_row(r.policy, r) for r in results]
+    elif args.experiment == "rate-sweep":
+        args.model = args.model or "qwen3-30b-a3b"
+        args.memory_budget = args.memory_budget or "62GiB"
+        folder = out / f"rate_sweep_{args.policy}"
+        _bench(
+            args,
+            folder,
+            [
+                "--policies",
+                args.policy,
+                "--request-rate",
+                args.rates,
+                "--expert-offload-limit",
+                "32",
+            ],
+        )
+        rows = [_row(r.policy, r) for r in read_results(folder / "results.json")]
+    elif args.experiment == "ablation":
+        args.model = args.model or "qwen1.5-moe-a2.7b"
+        args.memory_budget = args.memory_budget or "28.8GiB"
+        variants = [
+            ("fixed cache (gather)", ["--policies", "fixed", "--moe-path", "gather"]),
+            ("+ adjuster (gather)", ["--policies", "elastic", "--moe-path", "gather"]),
+            ("+ paged kernel", ["--policies", "elastic", "--moe-path", "paged"]),
+        ]
+        for i, (label, extra) in enumerate(variants):
+            folder = out / f"ablation_{i}"
+            _bench(args, folder, [*extra, "--request-rate", "10", "--expert-offload-limit", "10"])
+            rows += [_row(label, r) for r in read_results(folder / "results.json")]
+    else:
+        args.model = args.model or "qwen1.5-moe-a2.7b"
+        args.memory_budget = args.memory_budget or "28.8GiB"
+        for limit in args.limits.split(","):
+            folder = out / f"offload_limit_{limit}"
+            _bench(
+                args,
+                folder,
+                ["--policies", "elastic", "--request-rate", "inf", "--expert-offload-limit", limit],
+            )
+            rows += [_row(f"limit {limit}", r) for r in read_results(folder / "results.json")]
+    if rows:
+        (out / f"{args.experiment}_table.json").write_text(json.dumps(rows, indent=1, default=str))
+        print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
