@@ -514,7 +514,7 @@ class Engine:
         """Pool accounting: pages owned exactly by live requests, resident experts, pending."""
         self.allocator.check_invariants()
         live = {r.request_id for r in self.requests.values() if not r.status.finished}
-        kv_owners = {o for (t, _), o in self.allocator._owner.items() if t is PageType.KV}
+        kv_owners = {o for t, _, o in self.allocator.owned_pages() if t is PageType.KV}
         leaked = {o for o in kv_owners if o not in live and not _is_pending(o)}
         if leaked:
             raise AssertionError(
@@ -523,7 +523,7 @@ class Engine:
         expected = self.experts.num_resident() * self.tunables.pages_per_expert
         expert_owned = sum(
             1
-            for (t, _), o in self.allocator._owner.items()
+            for t, _, o in self.allocator.owned_pages()
             if t is PageType.EXPERT and isinstance(o, tuple) and o[:1] == ("expert",)
         )
         if expected != expert_owned:

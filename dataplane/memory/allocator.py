@@ -73,7 +73,9 @@ class PageAllocator:
         self._partial: dict[PageType, list[int]] = {t: [] for t in PARENT}
         self._in_partial: dict[PageType, set[int]] = {t: set() for t in PARENT}
         self._num_free_children: dict[PageType, int] = {t: 0 for t in PARENT}
-        self._owner: dict[PageKey, Owner] = {}
+        # page type -> page id -> owner. Int keys per type, not (type, id) tuples: millions
+        # of tuple keys would be GC-tracked objects that every full collection walks.
+        self._owner: dict[PageType, dict[int, Owner]] = {t: {} for t in geometry.page_bytes}
         # owner -> child type -> parent id -> number of that owner's pages under it
         self._affinity: dict[Owner, dict[PageType, dict[int, int]]] = {}
         self.stats = _Stats()
@@ -93,10 +95,16 @@ class PageAllocator:
         return n <= self.num_free(page_type)
 
     def owner_of(self, page_type: PageType, page_id: int) -> Owner | None:
-        return self._owner.get((page_type, page_id))
+        return self._owner.get(page_type, {}).get(page_id)
+
+    def owned_pages(self):
+        """(type, page id, owner) of every page handed out (including split marks)."""
+        for t, owners in self._owner.items():
+            for p, o in owners.items():
+                yield t, p, o
 
     def num_owned(self, page_type: PageType) -> int:
-        return sum(1 for (t, _) in self._owner if t is page_type)
+        return sum(1 for o in self._owner[page_type].values() if o is not _SPLIT)
 
     # ------------------------------------------------------------------ allocate
     def allocate(self, page_type: PageType, n: int, owner: Owner) -> list[int] | None:
@@ -128,9 +136,9 @@ class PageAllocator:
         taken = [heapq.heappop(heap) for _ in range(k)]
         split.num_free -= k
         self._num_free_children[page_type] -= k
-        key_owner = self._owner
+        owners = self._owner[page_type]
         for page_id in taken:
-            key_owner[(page_type, page_id)] = owner
+            owners[page_id] = owner
         by_parent = self._affinity.setdefault(owner, {}).setdefault(page_type, {})
         by_parent[parent_id] = by_parent.get(parent_id, 0) + k
         return taken
@@ -197,7 +205,7 @@ class PageAllocator:
             raise ValueError("new_owner must not be None")
         ids = self._validated(page_type, page_ids, owner)
         for page_id in ids:
-            self._owner[(page_type, page_id)] = new_owner
+            self._owner[page_type][page_id] = new_owner
             parent_id = page_id // self.geometry.ratio(page_type)
             self._drop_affinity(owner, page_type, parent_id)
             by_parent = self._affinity.setdefault(new_owner, {}).setdefault(page_type, {})
@@ -209,7 +217,7 @@ class PageAllocator:
         if len(set(ids)) != len(ids):
             raise ValueError(f"the same {page_type.value} page appears twice in one call: {ids}")
         for page_id in ids:
-            held_by = self._owner.get((page_type, page_id), _FREE)
+            held_by = self._owner[page_type].get(page_id, _FREE)
             if held_by is _FREE:
                 raise ValueError(
                     f"{page_type.value} page {page_id} is not allocated (double free or a page "
@@ -222,7 +230,7 @@ class PageAllocator:
         return ids
 
     def _release_one(self, page_type: PageType, page_id: int, owner: Owner) -> None:
-        del self._owner[(page_type, page_id)]
+        del self._owner[page_type][page_id]
         parent_type = PARENT[page_type]
         parent_id = page_id // self.geometry.ratio(page_type)
         self._drop_affinity(owner, page_type, parent_id)
@@ -282,12 +290,12 @@ class PageAllocator:
             raise AssertionError(f"bytes not conserved: {total}")
         if set(self._free_huge) != seen_free_huge:
             raise AssertionError("free huge heap disagrees with the free set")
-        owned_splits = {k for k, v in self._owner.items() if v is _SPLIT}
+        owned_splits = {(t, p) for t, d in self._owner.items() for p, v in d.items() if v is _SPLIT}
         split_children = {k for k in self._splits if k[0] is not PageType.HUGE}
         if owned_splits != split_children:
             raise AssertionError("split marks disagree with split pages")
         counts: dict[tuple[Owner, PageType, int], int] = {}
-        for (t, p), o in self._owner.items():
+        for t, p, o in self.owned_pages():
             key = (o, t, p // g.ratio(t))
             counts[key] = counts.get(key, 0) + 1
         flat = {
@@ -310,11 +318,10 @@ class PageAllocator:
             raise AssertionError(f"{page_type.value} page {page_id}: should have merged or bad ids")
         total = 0
         for c in children:
-            key = (split.child_type, c)
-            owned = key in self._owner
+            owned = c in self._owner[split.child_type]
             if owned == (c in free):
                 raise AssertionError(f"{split.child_type.value} page {c}: free and owned disagree")
-            if self._owner.get(key) is _SPLIT:
+            if self._owner[split.child_type].get(c) is _SPLIT:
                 total += self._check_subtree(split.child_type, c)
             else:
                 total += self.geometry.bytes_of(split.child_type)

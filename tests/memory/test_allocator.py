@@ -10,7 +10,7 @@ KV, EXPERT, HUGE = PageType.KV, PageType.EXPERT, PageType.HUGE
 def snapshot(a: PageAllocator):
     return (
         {t: a.num_free(t) for t in a.geometry.page_bytes},
-        dict(a._owner),
+        sorted((t.value, p, repr(o)) for t, p, o in a.owned_pages()),
         {k: (s.child_type, sorted(s.free_children)) for k, s in a._splits.items()},
     )
 
