@@ -86,3 +86,19 @@ class Request:
     @property
     def is_prefill(self) -> bool:
         return self.num_computed_tokens < len(self.prompt_token_ids)
+
+    # ---- per-request latencies (seconds), as vLLM reports them
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> float | None:
+        return None if self.finish_time is None else self.finish_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)

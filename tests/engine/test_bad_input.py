@@ -83,3 +83,14 @@ def test_abort_frees_pages_and_live_tunables(engine):
         engine.set_tunables(Tunables(mode="resident"))
     engine.set_tunables(Tunables(expert_offload_limit=2))
     assert engine.tunables.expert_offload_limit == 2
+
+
+def test_request_latencies_are_reported(engine):
+    rid = engine.add_request([3, 4, 5, 6], SamplingParams(max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    r = engine.requests[rid]
+    assert r.ttft is not None and r.ttft >= 0
+    assert r.tpot is not None and r.tpot >= 0
+    assert r.e2e_latency >= r.ttft
+    assert len(r.token_times) == 4
