@@ -315,7 +315,10 @@ class Engine:
         mc, t = self.model_config, self.tunables
         total_expert_pages = self.pool.num_pages(PageType.EXPERT)
         if t.mode == "elastic":
-            min_resident = mc.num_layers * (mc.num_experts - t.expert_offload_limit)
+            # the adjuster may shrink each layer to E - limit residents (a layer already
+            # below that, after a live lowering of the limit, stays where it is)
+            keep = max(0, mc.num_experts - t.expert_offload_limit)
+            min_resident = sum(min(len(r), keep) for r in self.experts.resident)
         else:
             min_resident = self.experts.num_resident()
         kv_pages = (
