@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import random
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -83,11 +85,12 @@ class PolicyFollower:
             backoff=link.backoff,
         )
         self._tasks: list[asyncio.Task] = []
+        self._rng = random.Random()
 
     def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self.watcher.run(), name="rimuru-policy-watch"),
-            asyncio.create_task(self.reporter.run(), name="rimuru-routing-report"),
+            asyncio.create_task(self._supervise(self.watcher.run), name="rimuru-policy-watch"),
+            asyncio.create_task(self._supervise(self.reporter.run), name="rimuru-routing-report"),
         ]
         log.info(
             "following policies of %r on %s as %r",
@@ -102,6 +105,26 @@ class PolicyFollower:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def _supervise(self, run: Callable[[], Awaitable[None]]) -> None:
+        """Restart `run` if it ends on an error it does not retry itself.
+
+        The watcher and reporter retry failed RPCs, but a write on a stream the control
+        plane already closed raises asyncio.InvalidStateError, which ended the reporter
+        for good; the data plane must keep reporting after a control-plane restart."""
+        attempt = 0
+        while True:
+            started = time.monotonic()
+            try:
+                await run()
+                return
+            except Exception as exc:
+                if time.monotonic() - started > self.link.backoff.max_s:
+                    attempt = 0  # it ran for a while: start over from the shortest delay
+                delay = self.link.backoff.delay(attempt, self._rng)
+                attempt += 1
+                log.warning("%s ended on %r; restarting in %.1f s", run.__qualname__, exc, delay)
+                await asyncio.sleep(delay)
 
     async def _apply(self, update: cpb.PolicyUpdate) -> None:
         change = convert.policy_change(update)  # ValueError -> NACK

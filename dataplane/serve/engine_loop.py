@@ -103,12 +103,15 @@ class EngineLoop:
         self._max_waiting = max_waiting
         self._observer = observer or Observer()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._closing = threading.Lock()  # orders "inbox closed" against every put
+        self._closed = False
         self._streams: dict[str, _Stream] = {}
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._needs_reclaim_step = False
         self._policy_version = 0
         self._pending: list[tuple[Sink, Event]] = []  # events of this round, sent in one batch
+        self._answers: list[tuple[concurrent.futures.Future, Any, Exception | None]] = []
         # Resolved by the thread: ready -> ModelInfo once warmed up; done -> when it exits.
         self.ready: concurrent.futures.Future[ModelInfo] = concurrent.futures.Future()
         self.done: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -123,19 +126,29 @@ class EngineLoop:
         self._thread.start()
 
     def submit(self, engine_id: str, spec: GenerateSpec, sink: Sink) -> None:
-        self._inbox.put(_Submit(engine_id, spec, sink))
+        self._send(_Submit(engine_id, spec, sink))
 
     def abort(self, engine_id: str, *, notify: bool = False) -> None:
-        self._inbox.put(_Abort(engine_id, notify))
+        self._send(_Abort(engine_id, notify))
 
     def call(self, fn: Callable[[Engine], Any]) -> concurrent.futures.Future:
         """Run fn(engine) on the engine thread between two steps; its result or exception."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        if self.done.done():
-            future.set_exception(EngineFailed("the engine loop has stopped"))
-        else:
-            self._inbox.put(_Call(fn, future))
+        self._send(_Call(fn, future))
         return future
+
+    def _send(self, command) -> None:
+        with self._closing:
+            if not self._closed:
+                self._inbox.put(command)
+                return
+        # The thread has ended: nothing will ever read the inbox again.
+        if isinstance(command, _Call):
+            command.future.set_exception(EngineFailed("the engine loop has stopped"))
+        elif isinstance(command, _Submit):
+            error = EngineFailed("the engine has stopped")
+            with contextlib.suppress(RuntimeError):  # a closed event loop: nobody listens
+                self._loop.call_soon_threadsafe(command.sink, RejectedEvent(error))
 
     def apply_policy(self, change: PolicyChange) -> concurrent.futures.Future:
         """All of `change` or none of it (ValueError, the old policy stays)."""
@@ -157,6 +170,9 @@ class EngineLoop:
             self._publish(engine)
         except BaseException as exc:
             log.exception("the engine failed to start")
+            with self._closing:
+                self._closed = True
+            self._drain_calls()
             self.ready.set_exception(exc)
             self.done.set_result(None)
             return
@@ -167,6 +183,8 @@ class EngineLoop:
             log.exception("the engine loop failed")
             self._fail_all(EngineFailed(f"the engine failed: {exc!r}"))
         finally:
+            with self._closing:
+                self._closed = True
             self._drain_calls()
             self.done.set_result(None)
 
@@ -178,13 +196,16 @@ class EngineLoop:
                     for engine_id in list(self._streams):
                         self._abort(engine, engine_id, notify=True)
                     engine.step()  # completes the reclaim of the aborted requests' pages
-                    self._flush_events()
+                    self._publish(engine)
+                    self._flush()
                     return
                 self._apply(engine, command)
-            self._flush_events()
             if engine.has_unfinished_requests() or self._needs_reclaim_step:
                 self._step(engine)
+            # Publish before anyone hears of this round: a client that got its final message
+            # (or a call's result) and then asks EngineStats sees at least this state.
             self._publish(engine)
+            self._flush()
 
     def _take_commands(self, block: bool) -> list:
         commands = [self._inbox.get()] if block else []
@@ -199,11 +220,11 @@ class EngineLoop:
             self._add(engine, command)
         elif isinstance(command, _Abort):
             self._abort(engine, command.engine_id, command.notify)
-        elif isinstance(command, _Call) and command.future.set_running_or_notify_cancel():
+        elif isinstance(command, _Call):
             try:
-                command.future.set_result(command.fn(engine))
+                self._answers.append((command.future, command.fn(engine), None))
             except Exception as exc:
-                command.future.set_exception(exc)
+                self._answers.append((command.future, None, exc))
 
     def _add(self, engine: Engine, command: _Submit) -> None:
         spec = command.spec
@@ -271,13 +292,20 @@ class EngineLoop:
                 self._observer.on_finished(finished, tuple(stream.request.token_times))
                 self._post(stream.sink, finished)
         self._observer.on_tokens(num_new)
-        self._flush_events()
 
     def _post(self, sink: Sink, event: Event) -> None:
         self._pending.append((sink, event))
 
-    def _flush_events(self) -> None:
-        """One call_soon_threadsafe per round: one wake-up of the event loop per step."""
+    def _flush(self) -> None:
+        """Answer this round's calls, then send its events: one wake-up of the event loop."""
+        answers, self._answers = self._answers, []
+        for future, result, exc in answers:
+            if not future.set_running_or_notify_cancel():
+                continue
+            if exc is None:
+                future.set_result(result)
+            else:
+                future.set_exception(exc)
         batch, self._pending = self._pending, []
         if not batch or self._loop is None:
             return
@@ -288,15 +316,16 @@ class EngineLoop:
         for stream in self._streams.values():
             self._post(stream.sink, RejectedEvent(error))
         self._streams.clear()
-        self._flush_events()
+        self._flush()
 
     def _drain_calls(self) -> None:
+        """Answer what was sent before the inbox closed (nothing arrives after)."""
         for command in self._take_commands(block=False):
             if isinstance(command, _Call):
                 command.future.set_exception(EngineFailed("the engine loop has stopped"))
             elif isinstance(command, _Submit):
                 self._post(command.sink, RejectedEvent(EngineFailed("the engine has stopped")))
-        self._flush_events()
+        self._flush()
 
     def _apply_policy(self, engine: Engine, change: PolicyChange) -> int:
         """Runs on the engine thread. Checks everything before changing anything."""
@@ -333,21 +362,16 @@ def _deliver_batch(batch: list[tuple[Sink, Event]]) -> None:
 
 def _finished(stream: _Stream, finish_reason: str) -> FinishedEvent:
     r = stream.request
-    now = time.monotonic()
-    times = r.token_times
-    first = r.first_token_time
-    last = times[-1] if times else (r.finish_time or now)
-    scheduled = stream.scheduled_time
+    last = r.token_times[-1] if r.token_times else (r.finish_time or time.monotonic())
+    scheduled = stream.scheduled_time if stream.scheduled_time is not None else last
     return FinishedEvent(
         finish_reason,
         Usage(len(r.prompt_token_ids), len(r.output_token_ids), r.num_preemptions),
         Timing(
-            queue_seconds=(scheduled if scheduled is not None else last) - r.arrival_time,
-            time_to_first_token_seconds=(first - r.arrival_time) if first is not None else 0.0,
-            mean_inter_token_seconds=(times[-1] - times[0]) / (len(times) - 1)
-            if len(times) > 1
-            else 0.0,
-            e2e_seconds=last - r.arrival_time,
+            queue_seconds=scheduled - r.arrival_time,
+            time_to_first_token_seconds=r.ttft or 0.0,
+            mean_inter_token_seconds=r.tpot or 0.0,
+            e2e_seconds=last - r.arrival_time,  # to the last token, as the proto says
         ),
     )
 
