@@ -94,3 +94,24 @@ async def test_streams_past_the_grace_period_end_with_reason_abort(data_plane):
         assert final.finish_reason == pb.FINISH_REASON_ABORT
         assert 1 <= final.usage.completion_tokens < 1000
     assert await shutdown == 3
+
+
+async def test_an_engine_failure_fails_the_streams_and_turns_health_off(data_plane, eventually):
+    request = pb.GenerateRequest(
+        token_ids=pb.TokenIds(ids=[3, 4, 5]),
+        sampling=pb.SamplingParams(max_tokens=1000, ignore_eos=True),
+    )
+    call = data_plane.stub.Generate(request)
+    assert (await call.read()).HasField("delta")
+    # Break the real engine from its own thread: the next step raises.
+    await data_plane.engine(lambda engine: setattr(engine, "model", None))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await _rest(call)
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+
+    async def unhealthy() -> bool:
+        return await data_plane.health() == NOT_SERVING
+
+    await eventually(unhealthy, what="health NOT_SERVING")
+    assert data_plane.handle.plane.state == "failed"
+    assert await _generate_code(data_plane) == grpc.StatusCode.INTERNAL

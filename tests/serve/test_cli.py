@@ -1,0 +1,163 @@
+"""The command lines: `rimuru serve` as a real process (SIGTERM drains), `rimuru generate`
+in-process and through gRPC, `rimuru bench --target`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rimuru.cli import main
+from rimuru.dataplane.bench.trace import load_trace
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.v1 import inference_pb2 as pb
+from rimuru.v1 import inference_pb2_grpc as pb_grpc
+
+
+class ServeProcess:
+    """`python -m rimuru serve` on port 0; the port is read from its log."""
+
+    def __init__(self, *args: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rimuru", "serve", "--port", "0", *args],
+            env={**os.environ, **env},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.log: list[str] = []
+        self._port = threading.Event()
+        self.port = 0
+        threading.Thread(target=self._read_log, daemon=True).start()
+        assert self._port.wait(60), "no port in the log:\n" + "".join(self.log)
+
+    def _read_log(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line)
+            match = re.search(r"data plane on port (\d+)", line)
+            if match:
+                self.port = int(match.group(1))
+                self._port.set()
+
+    def wait_serving(self, channel, timeout: float = 60) -> None:
+        health = health_pb2_grpc.HealthStub(channel)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                status = health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError("never SERVING:\n" + "".join(self.log))
+
+
+def test_serve_process_drains_on_sigterm_and_exits_zero():
+    env = {"RIMURU_MEMORY_BUDGET": "200MiB", "RIMURU_MAX_NUM_SEQS": "8"}
+    server = ServeProcess("--drain-grace-seconds", "30", env=env)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            server.wait_serving(channel)
+            stub = pb_grpc.InferenceStub(channel)
+            request = pb.GenerateRequest(
+                token_ids=pb.TokenIds(ids=[1, 2, 3]),
+                sampling=pb.SamplingParams(max_tokens=100, ignore_eos=True),
+            )
+            stream = stub.Generate(request, timeout=60)
+            assert next(stream).HasField("delta")
+            server.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            try:
+                list(stub.Generate(request, timeout=10))
+                refused = None
+            except grpc.RpcError as exc:
+                refused = exc.code()
+            rest = list(stream)
+        assert refused == grpc.StatusCode.UNAVAILABLE
+        assert rest[-1].final.finish_reason == pb.FINISH_REASON_LENGTH
+        assert rest[-1].final.usage.completion_tokens == 100
+        assert server.proc.wait(30) == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+    log = "".join(server.log)
+    assert "memory budget 200.0 MiB" in log  # RIMURU_MEMORY_BUDGET was read
+    assert "draining -> stopped" in log
+
+
+def test_generate_in_process_prints_the_engines_tokens(capsys):
+    assert main(["generate", "--token-ids", "1,2,3", "--max-tokens", "6", "--ignore-eos"]) == 0
+    out = capsys.readouterr()
+    want = Engine(EngineConfig(), log_plan=False).generate(
+        [[1, 2, 3]], SamplingParams(max_tokens=6, ignore_eos=True)
+    )[0]
+    assert out.out.strip() == ",".join(map(str, want))
+    assert "[length] prompt 3 tokens, completion 6 tokens" in out.err
+
+
+async def test_generate_and_bench_through_grpc(data_plane, small_config, tmp_path, capsys):
+    target = data_plane.target
+    code = await asyncio.to_thread(
+        main,
+        [
+            "generate",
+            "--token-ids",
+            "1,2,3",
+            "--max-tokens",
+            "6",
+            "--ignore-eos",
+            "--target",
+            target,
+        ],
+    )
+    assert code == 0
+    out = capsys.readouterr()
+    want = Engine(small_config, log_plan=False).generate(
+        [[1, 2, 3]], SamplingParams(max_tokens=6, ignore_eos=True)
+    )[0]
+    assert out.out.strip() == ",".join(map(str, want))
+    code = await asyncio.to_thread(
+        main, ["generate", "hello", "--max-tokens", "3", "--target", target]
+    )
+    assert code == 0 and "completion 3 tokens" in capsys.readouterr().err
+
+    argv = ["bench", "--target", target, "--num-prompts", "4", "--no-progress"]
+    code = await asyncio.to_thread(main, [*argv, "--output-dir", str(tmp_path)])
+    assert code == 0
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    (result,) = results
+    trace = load_trace("sharegpt_qwen_cpu").head(4)
+    assert result["policy"] == "elastic"
+    assert result["requests"]["output_len"] == [r.output_len for r in trace.requests]
+    assert result["requests"]["prompt_len"] == [r.prompt_len for r in trace.requests]
+    assert result["request_metrics"]["num_completed"] == 4
+    assert "server counters" in capsys.readouterr().out
+
+
+async def test_loadtest_script_reports_throughput_and_percentiles(data_plane, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "bench" / "loadtest_grpc.py"
+    spec = importlib.util.spec_from_file_location("loadtest_grpc", script)
+    loadtest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loadtest)
+    argv = ["--target", data_plane.target, "--clients", "4", "--duration", "1", "--max-tokens", "4"]
+    assert await asyncio.to_thread(loadtest.main, argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("4 clients") and "failed: none" in lines[0]
+    completed = int(re.search(r": (\d+) requests", lines[0]).group(1))
+    assert completed >= 4
+    assert [line.split()[0] for line in lines[-3:]] == ["TTFT", "ITL", "E2E"]
+    assert await data_plane.leak_check() == (0, 0)
