@@ -84,7 +84,11 @@ class ServerHandle:
 
 
 def default_tokenizer(info: ModelInfo) -> Tokenizer | None:
-    return load_tokenizer(info.family, info.vocab_size)
+    try:
+        return load_tokenizer(info.family, info.vocab_size)
+    except ImportError as exc:  # a slim image: serve token ids rather than not at all
+        log.warning("no tokenizer (%s): text input is refused; install rimuru[engine]", exc)
+        return None
 
 
 async def create_server(
