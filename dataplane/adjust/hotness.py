@@ -111,14 +111,20 @@ class HotnessRanking:
             raise ValueError(
                 f"not a hotness ranking: format is {data.get('format')!r}, want {FORMAT!r}"
             )
+        missing = [k for k in ("layers", "num_layers") if k not in data]
+        if missing:
+            raise ValueError(f"hotness ranking file lacks {', '.join(missing)}")
         layers = data["layers"]
         if len(layers) != data["num_layers"]:
             raise ValueError("num_layers does not match the number of layers")
-        return cls(
-            tuple(tuple(int(e) for e in layer["order"]) for layer in layers),
-            tuple(tuple(float(p) for p in layer["prob"]) for layer in layers),
-            data.get("source", ""),
-        )
+        try:
+            return cls(
+                tuple(tuple(int(e) for e in layer["order"]) for layer in layers),
+                tuple(tuple(float(p) for p in layer["prob"]) for layer in layers),
+                data.get("source", ""),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed hotness ranking layer entry: {exc!r}") from exc
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1))

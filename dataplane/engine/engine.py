@@ -156,6 +156,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.step_id = 0
         self.stats: list[StepStats] = []
+        self._check_buffer_fits(self.tunables)
         self._load_initial_experts()
         if log_plan:
             log.info("%s", self.plan.describe())
@@ -282,18 +283,41 @@ class Engine:
         chosen += _hottest(max(0, min(n, len(everything)) - len(chosen)), self.ranking, partial)
         return chosen
 
+    def _check_buffer_fits(self, tunables: Tunables) -> None:
+        """A layer's offloaded experts must all fit one loading buffer (sized at start-up)."""
+        slots = self.experts.num_buffer_slots
+        limit = min(tunables.expert_offload_limit, self.model_config.num_experts)
+        if tunables.mode == "elastic" and limit > slots:
+            raise ValueError(
+                f"expert_offload_limit={tunables.expert_offload_limit} exceeds the loading "
+                f"buffers' {slots} slots set at start-up: restart with loading_buffer_slots "
+                f">= {limit} (--loading-buffer-slots) or keep the limit <= {slots}"
+            )
+
     def _load_initial_experts(self) -> None:
-        self.experts.load_initial(self._initial_experts(), self.tunables.pages_per_expert)
+        chosen = self._initial_experts()
+        per_layer = [0] * self.model_config.num_layers
+        for layer, _ in chosen:
+            per_layer[layer] += 1
+        offloaded = self.model_config.num_experts - min(per_layer)
+        if offloaded > self.experts.num_buffer_slots:
+            raise ValueError(
+                f"the {self.tunables.mode} policy leaves {offloaded} experts of a layer on the "
+                f"host but a loading buffer holds {self.experts.num_buffer_slots}: raise "
+                f"loading_buffer_slots to >= {offloaded} or the memory budget"
+            )
+        self.experts.load_initial(chosen, self.tunables.pages_per_expert)
 
     def set_ranking(self, ranking: HotnessRanking) -> None:
-        """Adopt a new hotness ranking; fixed-policy residency is re-chosen from it."""
+        """Adopt a new hotness ranking. When idle, start-up residency is re-chosen from it
+        (every policy); while serving, the elastic adjuster follows it from the next round."""
         if (ranking.num_layers, ranking.num_experts) != (
             self.ranking.num_layers,
             self.ranking.num_experts,
         ):
             raise ValueError("ranking shape does not match the model")
         self.ranking = ranking
-        if self.tunables.mode == "fixed" and not self.scheduler.has_unfinished():
+        if not self.scheduler.has_unfinished():
             self.experts.release_all()
             self.reclaim.complete(self.step_id)
             self._load_initial_experts()
@@ -307,6 +331,7 @@ class Engine:
             )
         if tunables.pages_per_expert != self.tunables.pages_per_expert:
             raise ValueError("pages_per_expert is fixed by the model (w1, w3, w2)")
+        self._check_buffer_fits(tunables)
         self.tunables = tunables
 
     # ------------------------------------------------------------------ requests
@@ -326,14 +351,10 @@ class Engine:
         ) * self.geometry.kv_pages_per_expert_page
         return (kv_pages // mc.num_layers) * self.config.block_size
 
-    def add_request(
-        self,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
-        arrival_time: float | None = None,
-    ) -> str:
-        params = params or SamplingParams()
+    def validate_request(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams
+    ) -> list[int]:
+        """Raise ValueError (saying what would fit) unless the request can ever run."""
         ids = [int(t) for t in prompt_token_ids]
         if not ids:
             raise ValueError("the prompt is empty: give at least one token")
@@ -350,11 +371,27 @@ class Engine:
             )
         fits = self.max_kv_tokens()
         if total > fits:
+            why = (
+                f"even with expert_offload_limit={self.tunables.expert_offload_limit} experts "
+                f"offloaded per layer"
+                if self.tunables.mode == "elastic"
+                else f"with the {self.tunables.mode} policy's resident experts"
+            )
             raise ValueError(
                 f"prompt + max_tokens = {total} tokens can never fit in this pool: at most {fits} "
-                f"tokens fit even with expert_offload_limit={self.tunables.expert_offload_limit} "
-                f"experts offloaded per layer; raise the memory budget or lower max_tokens"
+                f"tokens fit {why}; raise the memory budget or lower max_tokens"
             )
+        return ids
+
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        params = params or SamplingParams()
+        ids = self.validate_request(prompt_token_ids, params)
         request_id = request_id or f"req-{len(self.requests)}-{time.monotonic_ns()}"
         if request_id in self.requests and not self.requests[request_id].status.finished:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -470,7 +507,7 @@ class Engine:
 
     def _record(self, out, step: int) -> None:
         g, a, c = self.geometry, self.allocator, self.experts.counters
-        kv_used = a.num_owned(PageType.KV) if len(self.stats) % 1 == 0 else 0
+        kv_used = a.num_owned(PageType.KV)
         expert_pages = self.experts.num_resident() * self.tunables.pages_per_expert
         free_bytes = (
             self.pool.num_bytes - kv_used * g.kv_page_bytes - expert_pages * g.expert_page_bytes
@@ -508,6 +545,10 @@ class Engine:
         prompts = list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
+        for p, sp in zip(prompts, params, strict=True):  # all or nothing: check before adding
+            self.validate_request(p, sp)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
         while self.has_unfinished_requests():
             self.step()

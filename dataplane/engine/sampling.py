@@ -9,6 +9,10 @@ import torch
 
 from rimuru.dataplane.engine.request import SamplingParams
 
+# Temperatures below this sample greedily (as vLLM does): dividing logits by a tiny
+# temperature overflows to inf, which no distribution can be drawn from.
+SAMPLING_EPS = 1e-5
+
 
 class Sampler:
     def __init__(self) -> None:
@@ -24,7 +28,7 @@ class Sampler:
         logits = logits.float().cpu()
         out: list[int] = []
         for row, request_id, p in zip(logits, request_ids, params, strict=True):
-            if p.temperature == 0.0:
+            if p.temperature < SAMPLING_EPS:
                 out.append(int(torch.argmax(row)))
                 continue
             row = row / p.temperature

@@ -63,8 +63,11 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens_to_compute, budget)
+            counted = False
             while not self.kv.allocate_slots(request, num_new):
-                short += self.kv.num_pages_needed(request, num_new) - self.kv.num_free_pages
+                if not counted:  # count what this request lacked once, not per retry
+                    short += self.kv.num_pages_needed(request, num_new) - self.kv.num_free_pages
+                    counted = True
                 victim = self.running.pop()
                 self._preempt(victim, step)
                 preempted.append(victim.request_id)

@@ -76,6 +76,7 @@ class PageAllocator:
         # page type -> page id -> owner. Int keys per type, not (type, id) tuples: millions
         # of tuple keys would be GC-tracked objects that every full collection walks.
         self._owner: dict[PageType, dict[int, Owner]] = {t: {} for t in geometry.page_bytes}
+        self._num_owned: dict[PageType, int] = {t: 0 for t in geometry.page_bytes}  # no split marks
         # owner -> child type -> parent id -> number of that owner's pages under it
         self._affinity: dict[Owner, dict[PageType, dict[int, int]]] = {}
         self.stats = _Stats()
@@ -104,7 +105,7 @@ class PageAllocator:
                 yield t, p, o
 
     def num_owned(self, page_type: PageType) -> int:
-        return sum(1 for o in self._owner[page_type].values() if o is not _SPLIT)
+        return self._num_owned[page_type]
 
     # ------------------------------------------------------------------ allocate
     def allocate(self, page_type: PageType, n: int, owner: Owner) -> list[int] | None:
@@ -139,6 +140,8 @@ class PageAllocator:
         owners = self._owner[page_type]
         for page_id in taken:
             owners[page_id] = owner
+        if owner is not _SPLIT:
+            self._num_owned[page_type] += k
         by_parent = self._affinity.setdefault(owner, {}).setdefault(page_type, {})
         by_parent[parent_id] = by_parent.get(parent_id, 0) + k
         return taken
@@ -231,6 +234,8 @@ class PageAllocator:
 
     def _release_one(self, page_type: PageType, page_id: int, owner: Owner) -> None:
         del self._owner[page_type][page_id]
+        if owner is not _SPLIT:
+            self._num_owned[page_type] -= 1
         parent_type = PARENT[page_type]
         parent_id = page_id // self.geometry.ratio(page_type)
         self._drop_affinity(owner, page_type, parent_id)
@@ -292,6 +297,9 @@ class PageAllocator:
             raise AssertionError("free huge heap disagrees with the free set")
         owned_splits = {(t, p) for t, d in self._owner.items() for p, v in d.items() if v is _SPLIT}
         split_children = {k for k in self._splits if k[0] is not PageType.HUGE}
+        for t, owners in self._owner.items():
+            if self._num_owned[t] != sum(1 for o in owners.values() if o is not _SPLIT):
+                raise AssertionError(f"owned-page counter of {t.value} pages is off")
         if owned_splits != split_children:
             raise AssertionError("split marks disagree with split pages")
         counts: dict[tuple[Owner, PageType, int], int] = {}

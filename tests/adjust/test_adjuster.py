@@ -92,3 +92,9 @@ def test_ranking_roundtrip_and_validation(tmp_path):
     (tmp_path / "bad.json").write_text('{"format": "other"}')
     with pytest.raises(ValueError, match="not a hotness ranking"):
         HotnessRanking.load(tmp_path / "bad.json")
+
+
+def test_ranking_file_missing_fields_is_a_value_error(tmp_path):
+    (tmp_path / "r.json").write_text('{"format": "rimuru.hotness/v1"}')
+    with pytest.raises(ValueError, match="lacks layers, num_layers"):
+        HotnessRanking.load(tmp_path / "r.json")

@@ -94,3 +94,56 @@ def test_request_latencies_are_reported(engine):
     assert r.tpot is not None and r.tpot >= 0
     assert r.e2e_latency >= r.ttft
     assert len(r.token_times) == 4
+
+
+def test_tiny_temperature_samples_greedily_instead_of_crashing(engine):
+    greedy = engine.generate([[9, 8, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
+    tiny = engine.generate(
+        [[9, 8, 7]], SamplingParams(max_tokens=3, temperature=1e-40, ignore_eos=True)
+    )
+    assert tiny == greedy
+    engine.check_invariants()
+
+
+def test_generate_is_all_or_nothing(engine):
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        engine.generate([[1, 2, 3], [4, 5, 6], []])
+    assert not engine.has_unfinished_requests()
+
+
+def test_offload_limit_beyond_the_loading_buffer_is_refused_and_nothing_changes():
+    engine = Engine(
+        EngineConfig(
+            activation_reserve=0,
+            max_num_batched_tokens=128,
+            loading_buffer_slots=4,
+            tunables=Tunables(expert_offload_limit=4),
+        ),
+        log_plan=False,
+    )
+    with pytest.raises(ValueError, match=r"exceeds the loading buffers' 4 slots"):
+        engine.set_tunables(Tunables(expert_offload_limit=32))
+    assert engine.tunables.expert_offload_limit == 4
+    with pytest.raises(ValueError, match="exceeds the loading buffers' 2 slots"):
+        Engine(
+            EngineConfig(
+                activation_reserve=0,
+                loading_buffer_slots=2,
+                tunables=Tunables(expert_offload_limit=16),
+            ),
+            log_plan=False,
+        )
+
+
+def test_fixed_policy_needs_a_buffer_for_its_offloaded_experts():
+    with pytest.raises(ValueError, match="raise loading_buffer_slots to >= "):
+        Engine(
+            EngineConfig(
+                activation_reserve=0,
+                loading_buffer_slots=8,
+                tunables=Tunables(mode="fixed"),
+                memory_budget=200 * 2**20,
+                fixed_expert_share=0.1,
+            ),
+            log_plan=False,
+        )

@@ -1,0 +1,71 @@
+"""Scheduler unit tests on the real allocator: exact preemption order and shortfall."""
+
+from rimuru.dataplane.engine.kv_cache import KVCacheManager
+from rimuru.dataplane.engine.request import Request, SamplingParams
+from rimuru.dataplane.engine.scheduler import Scheduler
+from rimuru.dataplane.memory.allocator import PageAllocator
+from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry
+from rimuru.dataplane.memory.reclaim import DeferredReclaim
+
+
+def make(num_huge: int, max_tokens: int = 512) -> Scheduler:
+    g = PageGeometry.from_shape(MemoryShape(1, 4, 16, 16, 1, 2, 4))  # 4 KV pages per huge page
+    a = PageAllocator(g, num_huge)
+    return Scheduler(
+        KVCacheManager(a, DeferredReclaim(a), 1, 16),
+        max_num_seqs=8,
+        max_num_batched_tokens=max_tokens,
+    )
+
+
+def req(i: int, n: int) -> Request:
+    return Request(f"r{i}", [1] * n, SamplingParams(max_tokens=100), num_layers=1)
+
+
+def test_running_first_then_waiting_in_order_within_the_budget():
+    s = make(4, max_tokens=40)
+    for i in range(3):
+        s.add(req(i, 16))
+    out = s.schedule(1)
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [
+        ("r0", 16),
+        ("r1", 16),
+        ("r2", 8),
+    ]
+    assert out.kv_pages_short == 0 and [r.request_id for r in s.running] == ["r0", "r1", "r2"]
+
+
+def test_newest_running_is_preempted_and_shortfall_counted_once():
+    s = make(1)  # 4 KV pages
+    for i in range(4):
+        s.add(req(i, 16))
+    s.schedule(1)
+    s.kv.reclaim.complete(1)  # the engine marks step 1 complete after its forward
+    for r in s.running:
+        r.num_computed_tokens = 16
+    s.running[0].prompt_token_ids += [1] * 48  # r0 now needs 3 more pages, 0 are free
+    out = s.schedule(2)
+    assert out.preempted == ("r3", "r2", "r1")
+    assert out.kv_pages_short == 3
+    assert [x.request.request_id for x in out.scheduled] == ["r0"]
+    assert [r.request_id for r in s.waiting] == [
+        "r1",
+        "r2",
+        "r3",
+    ]  # back at the front, oldest first
+    assert all(r.num_computed_tokens == 0 for r in s.waiting)
+
+
+def test_no_admission_in_a_round_that_preempted():
+    s = make(1)
+    for i in range(4):
+        s.add(req(i, 16))
+    s.schedule(1)
+    s.kv.reclaim.complete(1)  # the engine marks step 1 complete after its forward
+    for r in s.running:
+        r.num_computed_tokens = 16
+    s.running[0].prompt_token_ids += [1] * 16  # needs one page: preempts r3
+    s.add(req(9, 1))
+    out = s.schedule(2)
+    assert out.preempted == ("r3",)
+    assert "r9" not in [x.request.request_id for x in out.scheduled]
