@@ -433,10 +433,19 @@ class Engine:
         outputs: list[RequestOutput] = []
         if out.scheduled:
             outputs = self._execute(out.scheduled, step)
-        # Everything this step launched has completed once its tokens are on the host.
-        self.reclaim.complete(step)
+        self._mark_complete(step)
         self._record(out, step)
         return outputs
+
+    def _mark_complete(self, step: int) -> None:
+        """Pages released for `step` become free once its forward has finished on the device:
+        on CUDA when the event recorded after the forward has fired (the sampled tokens are
+        already on the host, so it has), on the CPU at once — the same code path."""
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+        self.reclaim.complete(step)
 
     def _execute(self, scheduled, step: int) -> list[RequestOutput]:
         input_ids: list[int] = []

@@ -66,3 +66,12 @@ def test_gather_ablation_path_gives_the_same_tokens(prompts, make_engine):
     assert paged.generate(prompts[:6], params) == gather.generate(prompts[:6], params)
     assert gather.experts.counters.buffer_copies > 0
     gather.check_invariants()
+
+
+def test_predictor_counts_hits_on_non_resident_experts(prompts, make_engine):
+    engine = make_engine("fixed")
+    engine.generate(prompts[:4], SamplingParams(max_tokens=4, ignore_eos=True))
+    c = engine.experts.counters
+    assert c.predictor_needed > 0
+    assert 0 < c.predictor_hits <= c.predictor_needed  # layer l+1's router on layer l's input
+    assert c.buffer_copies >= c.predictor_needed - c.predictor_hits

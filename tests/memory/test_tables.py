@@ -1,0 +1,27 @@
+import pytest
+import torch
+
+from rimuru.dataplane.memory.tables import NOT_PRESENT, BlockTable, ExpertPageTable, buffer_slot_id
+
+
+def test_expert_page_table_rows():
+    t = ExpertPageTable(num_layers=2, num_experts=3)
+    assert t.pages(1, 2) is None and t.host.dtype == torch.int32
+    t.set_pages(1, 2, (7, 8, 9))
+    assert t.pages(1, 2) == (7, 8, 9)
+    t.set_slot(0, 1, (0, 1, 2))
+    assert t.host[0, 1].tolist() == [-1, -2, -3] == [buffer_slot_id(i) for i in range(3)]
+    t.clear(1, 2)
+    assert t.pages(1, 2) is None and t.host[1, 2, 0].item() == NOT_PRESENT
+    assert t.on_device() is t.host  # CPU: no copy
+
+
+def test_block_table_is_per_block_one_page_per_layer():
+    b = BlockTable(num_layers=3)
+    b.append_block([10, 11, 12])
+    b.append_block([20, 21, 22])
+    assert len(b) == 2 and b.layer(1) == [11, 21]
+    assert b.all_pages() == [10, 11, 12, 20, 21, 22]
+    with pytest.raises(ValueError, match="a block needs 3 pages, got 2"):
+        b.append_block([1, 2])
+    assert b.pop_blocks() == [10, 11, 12, 20, 21, 22] and len(b) == 0
