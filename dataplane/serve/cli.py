@@ -80,8 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option(
         "--max-waiting",
         type=int,
-        help="requests that may wait for a first schedule; more get RESOURCE_EXHAUSTED "
-        "(default: unbounded)",
+        help="requests that may wait to be scheduled (new or preempted); a request arriving "
+        "when that many wait gets RESOURCE_EXHAUSTED (default: unbounded)",
     )
     option("--control-plane", help="HOST:PORT of the control plane to follow (default: none)")
     option("--deployment", default="default", help="deployment name at the control plane")

@@ -29,12 +29,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rimuru.dataplane.engine.engine import Engine, RequestOutput
-from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
-from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.engine.request import Request, RequestStatus
+from rimuru.dataplane.serve.engine_state import take_snapshot, warm_up
 from rimuru.dataplane.serve.errors import EngineFailed, InvalidArgument, QueueFull
 from rimuru.dataplane.serve.events import (
     EngineSnapshot,
@@ -83,9 +83,7 @@ class _Stop:
 class _Stream:
     request: Request
     sink: Sink
-    scheduled_time: float | None = None
-    num_tokens_sent: int = 0
-    events: list[Event] = field(default_factory=list)
+    scheduled_time: float | None = None  # start of the step that first scheduled it
 
 
 class EngineLoop:
@@ -96,7 +94,8 @@ class EngineLoop:
         max_waiting: int | None = None,
         observer: Observer | None = None,
     ) -> None:
-        """max_waiting: requests allowed to wait for their first schedule (None = any)."""
+        """max_waiting: requests allowed in the engine's waiting queue, new or preempted
+        (None = any); a request that arrives when it is full is refused (QueueFull)."""
         if max_waiting is not None and max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0 or None; got {max_waiting}")
         self._build_engine = build_engine
@@ -166,7 +165,7 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             engine = self._build_engine()
-            info = _warm_up(engine)
+            info = warm_up(engine)
             self._publish(engine)
         except BaseException as exc:
             log.exception("the engine failed to start")
@@ -283,7 +282,6 @@ class EngineLoop:
             if stream is None:
                 continue
             num_new += len(out.new_token_ids)
-            stream.num_tokens_sent += len(out.new_token_ids)
             self._post(stream.sink, TokensEvent(tuple(out.new_token_ids)))
             if out.finished:
                 del self._streams[out.request_id]
@@ -351,7 +349,7 @@ class EngineLoop:
         return change.version
 
     def _publish(self, engine: Engine) -> None:
-        self.snapshot = _snapshot(engine, self._policy_version)
+        self.snapshot = take_snapshot(engine, self._policy_version)
         self._observer.on_snapshot(self.snapshot)
 
 
@@ -373,63 +371,4 @@ def _finished(stream: _Stream, finish_reason: str) -> FinishedEvent:
             mean_inter_token_seconds=r.tpot or 0.0,
             e2e_seconds=last - r.arrival_time,  # to the last token, as the proto says
         ),
-    )
-
-
-def _warm_up(engine: Engine) -> ModelInfo:
-    """One tiny generate through every layer, so the first client pays no start-up costs."""
-    mc = engine.model_config
-    token = mc.bos_token_id if mc.bos_token_id is not None else 0
-    request_id = engine.add_request([token], SamplingParams(max_tokens=2, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
-    engine.requests.pop(request_id, None)
-    config = engine.config
-    return ModelInfo(
-        model_name=config.model,
-        preset=config.model if "/" not in config.model else "",
-        family=mc.family,
-        dtype=str(engine.dtype).removeprefix("torch."),
-        vocab_size=mc.vocab_size,
-        max_model_len=engine.max_model_len,
-        num_layers=mc.num_layers,
-        hidden_size=mc.hidden_size,
-        num_experts=mc.num_experts,
-        num_experts_per_token=mc.top_k,
-        moe_intermediate_size=mc.moe_intermediate_size,
-        num_kv_heads=mc.num_kv_heads,
-        head_dim=mc.head_dim,
-        kv_block_size=config.block_size,
-        eos_token_ids=tuple(mc.eos_token_ids),
-    )
-
-
-def _snapshot(engine: Engine, policy_version: int) -> EngineSnapshot:
-    allocator, g, c = engine.allocator, engine.geometry, engine.experts.counters
-    last = engine.stats[-1] if engine.stats else None
-    kv_used = last.num_kv_pages_used if last is not None else allocator.num_owned(PageType.KV)
-    kv_free = allocator.num_free(PageType.KV)
-    resident = tuple(len(r) for r in engine.experts.resident)
-    expert_pages = sum(resident) * engine.tunables.pages_per_expert
-    return EngineSnapshot(
-        step=engine.step_id,
-        num_requests_running=len(engine.scheduler.running),
-        num_requests_waiting=len(engine.scheduler.waiting),
-        num_pool_pages=engine.pool.num_pages(PageType.EXPERT),
-        num_free_pages=allocator.num_free(PageType.EXPERT),
-        num_kv_pages=kv_used,
-        num_expert_pages=expert_pages,
-        kv_cache_usage_perc=kv_used / (kv_used + kv_free) if kv_used + kv_free else 0.0,
-        num_experts_resident=resident,
-        num_expert_evictions=c.evictions,
-        num_expert_loads=c.loads,
-        bytes_host_to_device=c.bytes_h2d,
-        num_preemptions=engine.scheduler.num_preemptions,
-        predictor_hits=c.predictor_hits,
-        predictor_needed=c.predictor_needed,
-        policy_version=policy_version,
-        policy_mode=engine.tunables.mode,
-        kv_pool_bytes=kv_used * g.kv_page_bytes,
-        expert_pool_bytes=expert_pages * g.expert_page_bytes,
-        routing_counts=engine.experts.routing_counts.clone(),
     )
