@@ -99,18 +99,17 @@ async def create_server(
     control_plane: ControlPlaneLink | None = None,
     metric_readers: Iterable[MetricReader] = (),
     tracer_provider: trace.TracerProvider | None = None,
-    build_engine: Callable[[], Engine] | None = None,
     tokenizer: Callable[[ModelInfo], Tokenizer | None] = default_tokenizer,
 ) -> tuple[grpc.aio.Server, int, ServerHandle]:
     """A server bound to `address` ("127.0.0.1:0" picks a free port), not yet started.
 
     Call it in the event loop that will run the server. The engine is built by
-    `handle.start()` on its own thread; `build_engine` replaces `Engine(engine_config)`.
+    `handle.start()` on its own thread.
     `tokenizer` picks the model's tokenizer (None: token ids only, text is refused).
     """
     metrics = ServeMetrics(metric_readers)
     engine_loop = EngineLoop(
-        build_engine or (lambda: Engine(engine_config)), max_waiting=max_waiting, observer=metrics
+        lambda: Engine(engine_config), max_waiting=max_waiting, observer=metrics
     )
     plane = DataPlane(engine_loop, load_tokenizer=tokenizer)
     tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("rimuru.serve")
