@@ -75,6 +75,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option("--max-grow-per-round", default="5", type=int, help="adjuster: loads per round")
     option("--pages-per-expert", default="3", type=int, help="pool pages per expert (w1, w3, w2)")
     option("--fixed-expert-share", default="0.5", type=float, help="fixed policy: pool share")
+    option(
+        "--loading-buffer-slots",
+        type=int,
+        help="experts per loading buffer; caps the live expert_offload_limit (default: "
+        "enough for the start-up policy)",
+    )
     option("--hotness", help="offline hotness ranking file (rimuru profile-hotness)")
     option("--seed", default="0", type=int, help="weights seed of presets")
     option(
@@ -136,6 +142,7 @@ def engine_config(args: argparse.Namespace):
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         fixed_expert_share=args.fixed_expert_share,
+        loading_buffer_slots=args.loading_buffer_slots,
         hotness_path=args.hotness,
         tunables=Tunables(
             mode=args.mode,

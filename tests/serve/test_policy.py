@@ -193,7 +193,7 @@ async def test_routing_reports_drive_online_hotness_into_the_engine(
         assert all(0 < sum(row) <= total for row, total in zip(counts, routed, strict=True))
 
 
-@pytest.mark.parametrize("bad", ["mode", "pages_per_expert"])
+@pytest.mark.parametrize("bad", ["mode", "pages_per_expert", "expert_offload_limit"])
 async def test_pushes_the_engine_cannot_apply_are_nacked(
     bad, start_control_plane, start_data_plane, eventually
 ):
@@ -202,12 +202,16 @@ async def test_pushes_the_engine_cannot_apply_are_nacked(
         await _set(cp)
         dp = await start_data_plane(control_plane=_link(cp_port))
         await _at_version(dp, 1, eventually)
-        change = {"mode": cpb.MODE_FIXED} if bad == "mode" else {"pages_per_expert": 4}
-        await _set(cp, expert_offload_limit=1, **change)
+        # The engine's loading buffers hold 4 experts a layer (SMALL): 5 cannot be offloaded.
+        change = {"mode": cpb.MODE_FIXED, "pages_per_expert": 4, "expert_offload_limit": 5}
+        await _set(cp, **{"expert_offload_limit": 1, bad: change[bad]})
 
         async def nacked() -> bool:
             return (await _subscriber(cp)).last_nacked_version == 2
 
         await eventually(nacked, what="version 2 NACKed")
-        assert await dp.engine(lambda e: e.tunables.expert_offload_limit) == 4  # all or nothing
+        assert await dp.engine(lambda e: e.tunables) == (
+            await dp.engine(lambda e: e.config.tunables)
+        )
         assert (await dp.stats()).policy_version == 1
+        assert (await _subscriber(cp)).last_error
