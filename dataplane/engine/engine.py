@@ -13,6 +13,7 @@ The three memory policies run in this one engine on one budget:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -31,7 +32,7 @@ from rimuru.dataplane.engine.budget import (
     plan_memory,
 )
 from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.expert_manager import ExpertManager
+from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.paged_attention import (
     PagedAttention,
@@ -158,6 +159,7 @@ class Engine:
         self.stats: list[StepStats] = []
         self._check_buffer_fits(self.tunables)
         self._load_initial_experts()
+        self.experts.counters = ExpertCounters()  # start-up loading is not serving traffic
         if log_plan:
             log.info("%s", self.plan.describe())
             log.info(
@@ -318,9 +320,12 @@ class Engine:
             raise ValueError("ranking shape does not match the model")
         self.ranking = ranking
         if not self.scheduler.has_unfinished():
+            # re-placing the start-up set is not serving traffic: counters stay monotonic
+            saved = dataclasses.replace(self.experts.counters)
             self.experts.release_all()
             self.reclaim.complete(self.step_id)
             self._load_initial_experts()
+            self.experts.counters = saved
 
     def set_tunables(self, tunables: Tunables) -> None:
         """Apply a new policy version between two steps (mode changes need a restart)."""

@@ -159,13 +159,11 @@ class ExpertManager:
                     f"offloads experts (fixed/elastic)"
                 )
             self.place(layer, expert, tuple(pages))
-        self.counters.bytes_h2d = 0  # start-up loading is not serving traffic
 
     def release_all(self) -> None:
         for layer in range(self.num_layers):
             for expert in sorted(self.resident[layer]):
                 self.evict(layer, expert, last_step=self.reclaim.last_completed_step)
-        self.counters.evictions = 0
 
     # ------------------------------------------------------------------ MoE (ExpertBackend)
     def begin_step(self) -> None:
