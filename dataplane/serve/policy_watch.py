@@ -212,15 +212,20 @@ class RoutingReporter:
             num_sent_before = self.num_reports_sent
             try:
                 await self._report_once()
-            except grpc.aio.AioRpcError as exc:
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                # InvalidStateError: a write on a stream the server already closed (the
+                # control plane went away between two reports) — as retryable as an RPC error.
                 if self.num_reports_sent > num_sent_before:
                     attempt = 0
                 delay = self._backoff.delay(attempt, self._rng)
                 attempt += 1
+                reason = (
+                    exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "stream closed"
+                )
                 log.warning(
                     "routing reports to %s: %s; retrying in %.1f s",
                     self.target,
-                    exc.code().name,
+                    reason,
                     delay,
                 )
                 await asyncio.sleep(delay)
