@@ -85,9 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option("--seed", default="0", type=int, help="weights seed of presets")
     option(
         "--max-waiting",
+        default="1024",
         type=int,
         help="requests that may wait to be scheduled (new or preempted); a request arriving "
-        "when that many wait gets RESOURCE_EXHAUSTED (default: unbounded)",
+        "when that many wait gets RESOURCE_EXHAUSTED (default: 1024; 0 = unbounded)",
     )
     option("--control-plane", help="HOST:PORT of the control plane to follow (default: none)")
     option("--deployment", default="default", help="deployment name at the control plane")
@@ -181,7 +182,7 @@ async def _serve(args: argparse.Namespace, config, link) -> int:
     server, port, handle = await create_server(
         config,
         f"{args.host}:{args.port}",
-        max_waiting=args.max_waiting,
+        max_waiting=args.max_waiting or None,
         control_plane=link,
         metric_readers=[endpoint.reader] if endpoint else [],
     )
