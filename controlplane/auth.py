@@ -1,4 +1,7 @@
-"""Bearer-token check for the write methods (SetPolicy, UploadRanking); reads stay open."""
+"""Bearer-token check for the write methods; reads stay open.
+
+Writes are SetPolicy and UploadRanking, and ReportRouting: routing reports move the online
+hotness ranking, which becomes new policy versions pushed to every data plane."""
 
 from __future__ import annotations
 
@@ -13,8 +16,10 @@ WRITE_METHODS = frozenset(
     {
         "/rimuru.v1.PolicyService/SetPolicy",
         "/rimuru.v1.PolicyService/UploadRanking",
+        "/rimuru.v1.PolicyDiscoveryService/ReportRouting",
     }
 )
+CLIENT_STREAMING = frozenset({"/rimuru.v1.PolicyDiscoveryService/ReportRouting"})
 
 
 def read_token_file(path: str) -> str:
@@ -45,6 +50,8 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         if hmac.compare_digest(presented, self._expected):
             return await continuation(handler_call_details)
         reason = "missing" if not presented else "wrong"
+        if handler_call_details.method in CLIENT_STREAMING:
+            return grpc.stream_unary_rpc_method_handler(_deny(reason))
         return grpc.unary_unary_rpc_method_handler(_deny(reason))
 
 

@@ -97,8 +97,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     option(
         "--token-file",
-        help="bearer token file; accepted for the operator's pods, unused: the control "
-        "plane's data-plane methods (WatchPolicy, ReportRouting) need no token",
+        help="bearer token file: sent with routing reports (they move the control plane's "
+        "online hotness ranking, so a control plane with a token requires it)",
     )
     option("--report-interval", default="10", type=float, help="seconds between routing reports")
     option("--metrics-port", type=int, help="Prometheus /metrics port, 0 = any (default: off)")
@@ -165,8 +165,17 @@ def control_plane_link(args: argparse.Namespace):
         raise ValueError(f"--control-plane must be HOST:PORT; got {args.control_plane!r}")
     if args.report_interval <= 0:
         raise ValueError(f"--report-interval must be > 0 seconds; got {args.report_interval}")
+    token = None
+    if args.token_file:
+        from rimuru.dataplane.serve.policy_watch import read_token
+
+        token = read_token(args.token_file)
     return ControlPlaneLink(
-        args.control_plane, args.deployment, args.node_id, report_interval_s=args.report_interval
+        args.control_plane,
+        args.deployment,
+        args.node_id,
+        report_interval_s=args.report_interval,
+        token=token,
     )
 
 

@@ -41,6 +41,7 @@ class ControlPlaneLink:
     node_id: str
     report_interval_s: float = 10.0
     backoff: Backoff = field(default_factory=Backoff)
+    token: str | None = None  # bearer token for ReportRouting (the control plane's writes)
 
 
 class RoutingDeltas:
@@ -83,6 +84,7 @@ class PolicyFollower:
             RoutingDeltas(lambda: engine.snapshot),
             interval_s=link.report_interval_s,
             backoff=link.backoff,
+            token=link.token,
         )
         self._tasks: list[asyncio.Task] = []
         self._rng = random.Random()

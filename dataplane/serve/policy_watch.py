@@ -191,9 +191,12 @@ class RoutingReporter:
         root_certificates: bytes | None = None,
         backoff: Backoff = Backoff(),
         rng: random.Random | None = None,
+        token: str | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0; got {interval_s}")
+        # Reports move the online hotness ranking, so a control plane with a token wants it.
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.target = target
         self.node_id = node_id
         self.deployment = deployment
@@ -232,7 +235,9 @@ class RoutingReporter:
 
     async def _report_once(self) -> None:
         async with open_channel(self.target, self._root_certificates) as channel:
-            call = pb_grpc.PolicyDiscoveryServiceStub(channel).ReportRouting()
+            call = pb_grpc.PolicyDiscoveryServiceStub(channel).ReportRouting(
+                metadata=self._metadata
+            )
             try:
                 while True:
                     await asyncio.sleep(self._interval_s)
@@ -262,3 +267,15 @@ class RoutingReporter:
                 for layer, row in sorted(self._unsent.items())
             ],
         )
+
+
+def read_token(path: str) -> str:
+    """A bearer token file (a mounted Secret): its content without surrounding whitespace."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the token file {path}: {exc}") from exc
+    if not token:
+        raise ValueError(f"the token file {path} is empty: put the bearer token in it")
+    return token

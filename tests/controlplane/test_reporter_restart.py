@@ -1,6 +1,7 @@
 """Routing reports survive a control-plane restart (the stream closes under a write)."""
 
 import asyncio
+import contextlib
 
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.server import create_server
@@ -35,3 +36,41 @@ async def test_reporter_reconnects_after_the_control_plane_restarts():
         await server2.stop(None)
     finally:
         task.cancel()
+
+
+async def test_routing_reports_need_the_token_when_one_is_set():
+    import grpc
+
+    from rimuru.v1 import control_pb2 as pb
+    from rimuru.v1 import control_pb2_grpc as pb_grpc
+
+    plane = ControlPlane.open(None)
+    server, port = await create_server("127.0.0.1:0", plane, token="s3cret")
+    await server.start()
+    report = pb.RoutingReport(
+        deployment="d", node_id="n", layers=[pb.LayerRoutingCounts(layer=0, counts=[1, 2])]
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.PolicyDiscoveryServiceStub(channel)
+            for metadata, code in (
+                (None, grpc.StatusCode.UNAUTHENTICATED),
+                ((("authorization", "Bearer nope"),), grpc.StatusCode.UNAUTHENTICATED),
+            ):
+                call = stub.ReportRouting(metadata=metadata)
+                with contextlib.suppress(Exception):
+                    await call.write(report)
+                    await call.done_writing()
+                try:
+                    await call
+                    got = grpc.StatusCode.OK
+                except grpc.aio.AioRpcError as exc:
+                    got = exc.code()
+                assert got == code
+            assert plane.hotness.counts("d", 1e12) is None  # nothing was counted
+            call = stub.ReportRouting(metadata=(("authorization", "Bearer s3cret"),))
+            await call.write(report)
+            await call.done_writing()
+            assert (await call).num_reports_accepted == 1
+    finally:
+        await server.stop(None)

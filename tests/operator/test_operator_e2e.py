@@ -22,6 +22,7 @@ import base64
 import contextlib
 import copy
 import os
+import tempfile
 import time
 
 import aiohttp
@@ -97,7 +98,8 @@ class PodDataPlane:
     """`rimuru serve` as the operator's data-plane pod would run it: its container args
     and its ConfigMap environment go through the serve CLI's own parser, then the real
     gRPC data plane (engine thread, policy follower) starts on the CPU. Only the
-    addresses change: port 0, and the test's control plane instead of the Service."""
+    addresses change (port 0, the test's control plane instead of the Service), and the
+    token file path (the Secret is not mounted here)."""
 
     def __init__(self, args: list[str], environment: dict[str, str], control_plane: str):
         parser = argparse.ArgumentParser()
@@ -105,6 +107,10 @@ class PodDataPlane:
             serve_cli.add_arguments(parser)  # flag defaults are read from the environment
         parsed = parser.parse_args(args)
         parsed.control_plane, parsed.port, parsed.metrics_port = control_plane, 0, None
+        if parsed.token_file:  # the mounted Secret: here a temp file with the same token
+            with tempfile.NamedTemporaryFile("w", suffix=".token", delete=False) as f:
+                f.write(TOKEN)
+            parsed.token_file = f.name
         self.config = serve_cli.engine_config(parsed)
         self.link = serve_cli.control_plane_link(parsed)
         self.handle = None
