@@ -34,6 +34,8 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
     config["RIMURU_MAX_NUM_SEQS"] = str(engine.max_num_seqs)
     config["RIMURU_MAX_NUM_BATCHED_TOKENS"] = str(engine.max_num_batched_tokens)
     config["RIMURU_BLOCK_SIZE"] = str(engine.block_size)
+    if engine.loading_buffer_slots is not None:
+        config["RIMURU_LOADING_BUFFER_SLOTS"] = str(engine.loading_buffer_slots)
     tunables = spec.policy.tunables
     config["RIMURU_POLICY_MODE"] = tunables.mode
     config["RIMURU_PAGES_PER_EXPERT"] = str(tunables.pages_per_expert)

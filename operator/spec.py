@@ -62,6 +62,7 @@ class EngineSpec:
     max_num_seqs: int
     max_num_batched_tokens: int
     block_size: int
+    loading_buffer_slots: int | None = None  # None = the engine's default (start-up limit)
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,7 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
         max_num_seqs=_require(engine, "maxNumSeqs", path),
         max_num_batched_tokens=_require(engine, "maxNumBatchedTokens", path),
         block_size=_require(engine, "blockSize", path),
+        loading_buffer_slots=engine.get("loadingBufferSlots"),
     )
 
 

@@ -149,6 +149,7 @@ def test_engine_config_map(gpu_rd, tiny_rd):
         "RIMURU_MAX_NUM_SEQS": "256",
         "RIMURU_MAX_NUM_BATCHED_TOKENS": "8192",
         "RIMURU_BLOCK_SIZE": "16",
+        "RIMURU_LOADING_BUFFER_SLOTS": "16",
         "RIMURU_POLICY_MODE": "elastic",
         "RIMURU_PAGES_PER_EXPERT": "3",
     }
@@ -160,6 +161,7 @@ def test_engine_config_map(gpu_rd, tiny_rd):
         "RIMURU_MAX_NUM_SEQS": "16",
         "RIMURU_MAX_NUM_BATCHED_TOKENS": "8192",
         "RIMURU_BLOCK_SIZE": "16",
+        "RIMURU_LOADING_BUFFER_SLOTS": "16",
         "RIMURU_POLICY_MODE": "elastic",
         "RIMURU_PAGES_PER_EXPERT": "3",
     }
@@ -383,3 +385,9 @@ def test_memory_budget_reaches_rimuru_serve_in_bytes(tiny_rd, monkeypatch):
 
     engine = serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", []))
     assert (engine.model, engine.device, engine.memory_budget) == ("tiny", "cpu", 512 * 2**20)
+
+
+def test_loading_buffer_slots_reach_the_engine_config(tiny_rd):
+    without = copy.deepcopy(tiny_rd)
+    del without["spec"]["engine"]["loadingBufferSlots"]
+    assert "RIMURU_LOADING_BUFFER_SLOTS" not in build_engine_config_map(_parse(without))["data"]
