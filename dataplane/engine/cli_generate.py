@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from rimuru.dataplane.serve.tokenizer import format_token_ids, parse_token_ids
+from rimuru.dataplane.model.tokenizer import format_token_ids, parse_token_ids
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,7 +72,7 @@ def _in_process(args: argparse.Namespace, token_ids: list[int] | None, params) -
     from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.engine.engine import Engine
     from rimuru.dataplane.memory.units import parse_bytes
-    from rimuru.dataplane.serve.tokenizer import load_tokenizer
+    from rimuru.dataplane.model.tokenizer import load_tokenizer
 
     if args.device == "cpu":
         torch.set_num_threads(max(1, args.threads))

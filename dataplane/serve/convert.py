@@ -10,6 +10,7 @@ from __future__ import annotations
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.model.tokenizer import Tokenizer
 from rimuru.dataplane.serve.errors import FailedPrecondition, InvalidArgument
 from rimuru.dataplane.serve.events import (
     EngineSnapshot,
@@ -18,7 +19,6 @@ from rimuru.dataplane.serve.events import (
     ModelInfo,
     PolicyChange,
 )
-from rimuru.dataplane.serve.tokenizer import Tokenizer
 from rimuru.v1 import control_pb2 as cpb
 from rimuru.v1 import inference_pb2 as pb
 

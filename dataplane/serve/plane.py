@@ -19,6 +19,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from rimuru.dataplane.model.tokenizer import Tokenizer
 from rimuru.dataplane.serve.engine_loop import EngineLoop
 from rimuru.dataplane.serve.errors import EngineFailed, Unavailable
 from rimuru.dataplane.serve.events import (
@@ -29,7 +30,6 @@ from rimuru.dataplane.serve.events import (
     ModelInfo,
     RejectedEvent,
 )
-from rimuru.dataplane.serve.tokenizer import Tokenizer
 
 log = logging.getLogger("rimuru.serve")
 

@@ -27,13 +27,13 @@ from opentelemetry.sdk.metrics.export import MetricReader
 
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.model.tokenizer import Tokenizer, load_tokenizer
 from rimuru.dataplane.serve.control import ControlPlaneLink, PolicyFollower
 from rimuru.dataplane.serve.engine_loop import EngineLoop
 from rimuru.dataplane.serve.events import ModelInfo
 from rimuru.dataplane.serve.plane import SERVING, DataPlane
 from rimuru.dataplane.serve.servicer import InferenceServicer
 from rimuru.dataplane.serve.telemetry import ServeMetrics
-from rimuru.dataplane.serve.tokenizer import Tokenizer, load_tokenizer
 from rimuru.v1 import inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger("rimuru.serve")

@@ -147,3 +147,13 @@ def test_fixed_policy_needs_a_buffer_for_its_offloaded_experts():
             ),
             log_plan=False,
         )
+
+
+def test_text_in_text_out_through_the_qwen_tokenizer(engine):
+    tokenizer = engine.tokenizer
+    assert tokenizer is not None  # tiny borrows Qwen's vocabulary
+    assert tokenizer.decode(tokenizer.encode("Hello, wörld!")) == "Hello, wörld!"
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    (text,) = engine.generate_text(["The capital of France is"], params)
+    (ids,) = engine.generate([tokenizer.encode("The capital of France is")], params)
+    assert text == tokenizer.decode(ids)

@@ -10,8 +10,8 @@ import pytest
 
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.model.tokenizer import load_tokenizer
 from rimuru.dataplane.serve.convert import sampling_to_proto
-from rimuru.dataplane.serve.tokenizer import load_tokenizer
 from rimuru.v1 import inference_pb2 as pb
 
 PARAMS = [
