@@ -416,6 +416,21 @@ class Engine:
         self.sampler.forget(request_id)
         return True
 
+    def forget(self, request_id: str) -> None:
+        """Drop a finished (or aborted) request's record; a long-running server calls this
+        once it has delivered the outputs, so `requests` does not grow without bound."""
+        request = self.requests.get(request_id)
+        if request is not None and not request.status.finished:
+            raise ValueError(f"request {request_id!r} is still running: abort it first")
+        self.requests.pop(request_id, None)
+
+    def trim_stats(self, keep: int) -> None:
+        """Keep only the last `keep` step records (a server needs the latest, a benchmark all)."""
+        if keep < 1:
+            raise ValueError("keep at least one step record")
+        if len(self.stats) > keep:
+            del self.stats[:-keep]
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 

@@ -256,7 +256,7 @@ class EngineLoop:
         if stream is None:  # finished meanwhile, or never added
             return
         engine.abort(engine_id)
-        engine.requests.pop(engine_id, None)
+        engine.forget(engine_id)
         self._needs_reclaim_step = True
         if notify:
             self._post(stream.sink, _finished(stream, "aborted"))
@@ -265,8 +265,7 @@ class EngineLoop:
         started = time.monotonic()
         outputs = engine.step()
         self._needs_reclaim_step = False
-        if len(engine.stats) > _KEEP_STEP_STATS:
-            del engine.stats[:-1]
+        engine.trim_stats(_KEEP_STEP_STATS)
         for stream in self._streams.values():
             if stream.scheduled_time is None and stream.request.status is not RequestStatus.WAITING:
                 stream.scheduled_time = started
@@ -285,7 +284,7 @@ class EngineLoop:
             self._post(stream.sink, TokensEvent(tuple(out.new_token_ids)))
             if out.finished:
                 del self._streams[out.request_id]
-                engine.requests.pop(out.request_id, None)
+                engine.forget(out.request_id)
                 finished = _finished(stream, out.finish_reason or "stopped")
                 self._observer.on_finished(finished, tuple(stream.request.token_times))
                 self._post(stream.sink, finished)

@@ -19,7 +19,7 @@ def warm_up(engine: Engine) -> ModelInfo:
     request_id = engine.add_request([token], SamplingParams(max_tokens=2, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
-    engine.requests.pop(request_id, None)
+    engine.forget(request_id)
     config = engine.config
     return ModelInfo(
         model_name=config.model,
