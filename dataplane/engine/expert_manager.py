@@ -98,8 +98,11 @@ class ExpertManager:
         self.top_k = top_k
         self.moe_kernel = moe_kernel
         self.counters = ExpertCounters()
-        # tokens routed to each expert since the last reset: the online-hotness signal
-        self.routing_counts = torch.zeros(self.num_layers, self.num_experts, dtype=torch.int64)
+        # tokens routed to each expert since the last reset: the online-hotness signal. Kept
+        # on the device so a layer whose experts are all resident needs no host sync.
+        self._routing_counts = torch.zeros(
+            self.num_layers, self.num_experts, dtype=torch.int64, device=self.device
+        )
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     # ------------------------------------------------------------------ residency
@@ -176,9 +179,18 @@ class ExpertManager:
         buffer = self.buffers[layer % 2]
         if buffer.layer != layer:
             buffer.reset(layer)
+        counts = torch.bincount(topk_ids.flatten(), minlength=self.num_experts)  # [E]
+        self._routing_counts[layer] += counts
+        if (
+            self.moe_kernel is not None
+            and self._all_resident(layer)
+            and self._all_resident(layer + 1)
+        ):
+            # Nothing to copy for this layer and nothing to predict for the next: no host
+            # synchronisation at all (the kernel reads every expert from its pages).
+            return self._moe_kernel(layer, x, topk_ids, topk_weights, buffer)
         # One host synchronisation per layer: this layer's routing histogram and, when
         # predicting, the histogram of layer l+1's router applied to this layer's input.
-        counts = torch.bincount(topk_ids.flatten(), minlength=self.num_experts)  # [E]
         predict = self.router_logits is not None and layer + 1 < self.num_layers
         if predict:
             guess = torch.topk(self.router_logits(layer + 1, x), self.top_k, dim=-1).indices
@@ -186,7 +198,6 @@ class ExpertManager:
                 (counts, torch.bincount(guess.flatten(), minlength=self.num_experts))
             )
         host = counts.cpu().view(-1, self.num_experts)  # [1 or 2, E]
-        self.routing_counts[layer] += host[0]
         needed = torch.nonzero(host[0]).flatten().tolist()
         missing = [e for e in needed if e not in self.resident[layer]]
         if layer > 0:
@@ -210,6 +221,17 @@ class ExpertManager:
         if layer > 0:
             self.counters.prefetched_unused += len(set(buffer.slot_of) - buffer.used)
         return out
+
+    def _all_resident(self, layer: int) -> bool:
+        return layer >= self.num_layers or len(self.resident[layer]) == self.num_experts
+
+    @property
+    def routing_counts(self) -> torch.Tensor:
+        """[L, E] int64 on the host: tokens routed to each expert since the last reset."""
+        return self._routing_counts.cpu()
+
+    def reset_routing_counts(self) -> None:
+        self._routing_counts.zero_()
 
     def _prefetch(self, next_layer: int, predicted: list[int]) -> None:
         """Copy layer l+1's predicted non-resident experts into the other buffer while
@@ -271,6 +293,11 @@ class ExpertManager:
         return out
 
     def _moe_kernel(self, layer, x, topk_ids, topk_weights, buffer) -> torch.Tensor:
+        if not buffer.slot_of:  # every routed expert is in its pages: the cached device table
+            table = self.table.on_device()[layer]
+            return self.moe_kernel(
+                x, topk_ids, topk_weights, self.pool.view(PageType.EXPERT), buffer.pages, table
+            )
         table = self.table.host[layer].clone()  # [E, 3], built on the host, copied once
         for e, slot in buffer.slot_of.items():
             table[e] = torch.tensor([buffer_slot_id(3 * slot + i) for i in range(3)])

@@ -25,6 +25,12 @@ for kernels in (False, True):
     out[str(kernels)] = e.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
     e.check_invariants()
     out[str(kernels) + "_copies"] = e.experts.counters.buffer_copies
+# resident: every expert in its pages, the kernel path without any host synchronisation
+for kernels in (False, True):
+    e = Engine(EngineConfig(activation_reserve=0, max_num_batched_tokens=64, memory_budget=200 * 2**20,
+                            tunables=Tunables(mode="resident"), use_kernels=kernels), log_plan=False)
+    out["resident_" + str(kernels)] = e.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
+    out["resident_routed_" + str(kernels)] = int(e.experts.routing_counts.sum())
 print(json.dumps(out))
 """
 
@@ -38,3 +44,5 @@ def test_triton_path_matches_torch_path_under_the_interpreter():
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["True"] == out["False"]
     assert out["True_copies"] > 0  # experts really came from loading-buffer slots
+    assert out["resident_True"] == out["resident_False"] == out["True"]
+    assert out["resident_routed_True"] == out["resident_routed_False"] > 0
