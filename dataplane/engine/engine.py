@@ -478,10 +478,7 @@ class Engine:
             start = len(input_ids)
             input_ids += r.all_token_ids[r.num_computed_tokens : r.num_computed_tokens + n]
             positions += range(r.num_computed_tokens, r.num_computed_tokens + n)
-            tables = tuple(
-                tuple(r.block_table.layer(layer)) for layer in range(self.model_config.num_layers)
-            )
-            slices.append(SequenceSlice(start, n, r.num_computed_tokens, tables))
+            slices.append(SequenceSlice(start, n, r.num_computed_tokens, r.block_table.array()))
             if r.num_computed_tokens + n == r.num_tokens:
                 sample_rows.append(start + n - 1)
                 sample_requests.append(r)

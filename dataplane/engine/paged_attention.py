@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -28,7 +29,7 @@ class SequenceSlice:
     start: int  # first token of this sequence in the flattened batch
     num_new_tokens: int  # N
     num_computed_tokens: int  # tokens already cached before this step
-    block_tables: tuple[tuple[int, ...], ...]  # [L][num_blocks] KV page ids
+    blocks: np.ndarray  # [num_blocks, L] KV page ids (BlockTable.array())
 
     @property
     def context_len(self) -> int:
@@ -51,15 +52,15 @@ class PagedAttentionMeta:
         cls, sequences: list[SequenceSlice], num_layers: int, block_size: int, device
     ) -> PagedAttentionMeta:
         # slot = page * B + offset for every new token, all layers at once: [L, T]
-        max_blocks = max(len(s.block_tables[0]) for s in sequences)
-        tables = torch.zeros(num_layers, len(sequences), max_blocks, dtype=torch.int64)
+        max_blocks = max(len(s.blocks) for s in sequences)
+        tables = np.zeros((len(sequences), max_blocks, num_layers), dtype=np.int64)  # [S, B, L]
         token_seq, token_pos = [], []
         for i, s in enumerate(sequences):
-            if s.block_tables[0]:
-                tables[:, i, : len(s.block_tables[0])] = torch.tensor(s.block_tables)
+            tables[i, : len(s.blocks)] = s.blocks
             token_seq.append(torch.full((s.num_new_tokens,), i, dtype=torch.int64))
             token_pos.append(torch.arange(s.num_computed_tokens, s.context_len))
         seq_of, pos = torch.cat(token_seq), torch.cat(token_pos)  # [T]
+        tables = torch.from_numpy(tables).permute(2, 0, 1)  # [L, S, B]
         slots = tables[:, seq_of, pos // block_size] * block_size + pos % block_size  # [L, T]
         cu = [0]
         for s in sequences:
@@ -67,7 +68,7 @@ class PagedAttentionMeta:
         return cls(
             tuple(sequences),
             slots.to(device),
-            tables.to(torch.int32).to(device),
+            tables.to(torch.int32).contiguous().to(device),
             torch.tensor(cu, dtype=torch.int32, device=device),
             torch.tensor([s.context_len for s in sequences], dtype=torch.int32, device=device),
             max(s.num_new_tokens for s in sequences),
@@ -120,7 +121,7 @@ class PagedAttention:
         group = q.shape[1] // k.shape[1]
         for s in meta.sequences:
             num_blocks = math.ceil(s.context_len / self.block_size)
-            table = torch.tensor(s.block_tables[layer][:num_blocks], device=q.device)
+            table = torch.from_numpy(s.blocks[:num_blocks, layer]).to(q.device)
             ctx_k = kv[table, 0].reshape(-1, *kv.shape[3:])[: s.context_len]  # [C, Hkv, Dh]
             ctx_v = kv[table, 1].reshape(-1, *kv.shape[3:])[: s.context_len]
             qs = q[s.start : s.start + s.num_new_tokens]  # [N, Hq, Dh]

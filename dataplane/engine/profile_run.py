@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from rimuru.dataplane.engine.paged_attention import (
@@ -54,9 +55,9 @@ def profiling_forward(
     num_blocks = math.ceil(num_tokens / geometry.shape.block_size)
     kv_per_huge = geometry.huge_page_bytes // geometry.kv_page_bytes
     scratch = UnifiedPool(geometry, math.ceil(layers * num_blocks / kv_per_huge), dtype, device)
-    tables = tuple(tuple(layer + layers * b for b in range(num_blocks)) for layer in range(layers))
+    blocks = np.arange(num_blocks * layers, dtype=np.int64).reshape(num_blocks, layers)
     meta = PagedAttentionMeta.build(
-        [SequenceSlice(0, num_tokens, 0, tables)], layers, geometry.shape.block_size, device
+        [SequenceSlice(0, num_tokens, 0, blocks)], layers, geometry.shape.block_size, device
     )
     experts = _OneSlotExperts(host_experts[0], moe_kernel, device)
     runner = model.with_backends(PagedAttention(scratch, kernels=attention_kernels), experts)

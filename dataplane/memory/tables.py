@@ -8,6 +8,7 @@ Expert page table, per layer: int32 [E, 3] = page ids of (w1, w3, w2).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 NOT_PRESENT = -(2**31)
@@ -52,27 +53,40 @@ class ExpertPageTable:
 
 
 class BlockTable:
-    """One request's KV pages: per logical 16-token block, one page per layer."""
+    """One request's KV pages: per logical 16-token block, one page per layer.
+
+    Stored as a growing int64 array [num_blocks, num_layers] so that a step can hand every
+    request's table to the kernels with one array copy, not a Python loop per layer."""
 
     def __init__(self, num_layers: int):
         self.num_layers = num_layers
-        self.blocks: list[list[int]] = []  # [num_blocks][num_layers]
+        self._pages = np.empty((4, num_layers), dtype=np.int64)
+        self._num_blocks = 0
 
     def __len__(self) -> int:
-        return len(self.blocks)
+        return self._num_blocks
 
     def append_block(self, layer_pages: list[int]) -> None:
         if len(layer_pages) != self.num_layers:
             raise ValueError(f"a block needs {self.num_layers} pages, got {len(layer_pages)}")
-        self.blocks.append(layer_pages)
+        if self._num_blocks == len(self._pages):
+            grown = np.empty((2 * len(self._pages), self.num_layers), dtype=np.int64)
+            grown[: self._num_blocks] = self._pages[: self._num_blocks]
+            self._pages = grown
+        self._pages[self._num_blocks] = layer_pages
+        self._num_blocks += 1
+
+    def array(self) -> np.ndarray:
+        """[num_blocks, num_layers] page ids (a view: valid until the table changes)."""
+        return self._pages[: self._num_blocks]
 
     def pop_blocks(self) -> list[int]:
-        pages = [p for block in self.blocks for p in block]
-        self.blocks = []
+        pages = self.all_pages()
+        self._num_blocks = 0
         return pages
 
     def all_pages(self) -> list[int]:
-        return [p for block in self.blocks for p in block]
+        return self.array().ravel().tolist()
 
     def layer(self, layer: int) -> list[int]:
-        return [block[layer] for block in self.blocks]
+        return self.array()[:, layer].tolist()
