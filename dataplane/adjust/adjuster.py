@@ -90,7 +90,7 @@ def decide(
         return AdjusterDecision(evict=_coldest(n_evict, ranking, resident, tunables))
     n_load = num_to_load(shortfall, num_free_expert_pages, tunables)
     if n_load:
-        return AdjusterDecision(load=_hottest(n_load, ranking, resident))
+        return AdjusterDecision(load=hottest(n_load, ranking, resident))
     return AdjusterDecision()
 
 
@@ -121,7 +121,7 @@ def _coldest(
     return tuple(chosen)
 
 
-def _hottest(
+def hottest(
     n: int, ranking: HotnessRanking, resident: Sequence[frozenset[int] | set[int]]
 ) -> tuple[ExpertKey, ...]:
     queues = [

@@ -15,33 +15,33 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from rimuru.dataplane.adjust.adjuster import _hottest, decide, reserve
+from rimuru.dataplane.adjust.adjuster import decide, reserve
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.budget import (
     MemoryPlan,
-    device_memory_bytes,
-    estimate_activation_bytes,
     plan_memory,
 )
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
+from rimuru.dataplane.engine.outputs import RequestOutput, StepStats
 from rimuru.dataplane.engine.paged_attention import (
     PagedAttention,
     PagedAttentionMeta,
     SequenceSlice,
 )
 from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
+from rimuru.dataplane.engine.residency import initial_experts
 from rimuru.dataplane.engine.sampling import Sampler
 from rimuru.dataplane.engine.scheduler import Scheduler
+from rimuru.dataplane.engine.setup import EngineSetup
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
@@ -52,39 +52,7 @@ from rimuru.dataplane.model.config import parse_dtype
 log = logging.getLogger("rimuru.engine")
 
 
-@dataclass(frozen=True)
-class RequestOutput:
-    """A streaming delta: the tokens a request gained this step."""
-
-    request_id: str
-    new_token_ids: tuple[int, ...]
-    finished: bool
-    finish_reason: str | None = None
-
-
-@dataclass(frozen=True)
-class StepStats:
-    step: int
-    time: float
-    num_running: int
-    num_waiting: int
-    num_scheduled_tokens: int
-    num_kv_pages_used: int
-    num_expert_pages_used: int
-    num_free_bytes: int
-    kv_bytes: int
-    expert_bytes: int
-    num_experts_resident: int
-    evictions: int  # cumulative
-    loads: int
-    buffer_copies: int
-    bytes_h2d: int
-    predictor_hits: int
-    predictor_needed: int
-    preemptions: int
-
-
-class Engine:
+class Engine(EngineSetup):
     def __init__(self, config: EngineConfig, *, log_plan: bool = True):
         self.config = config
         self.device = torch.device(config.device)
@@ -175,115 +143,13 @@ class Engine:
         config = replace(config or EngineConfig(), **overrides)
         return cls(config)
 
-    # ------------------------------------------------------------------ set-up
-    def _budget_bytes(self) -> int:
-        c = self.config
-        if c.memory_budget is not None:
-            return c.memory_budget
-        if c.gpu_memory_utilization is not None:
-            return int(c.gpu_memory_utilization * device_memory_bytes(self.device))
-        if self.device.type == "cuda":
-            return int(0.9 * device_memory_bytes(self.device))
-        # CPU default: everything resident plus room for max_num_seqs short requests
-        mc = self.model_config
-        experts = mc.num_layers * mc.num_experts * 3 * self.geometry.expert_page_bytes
-        return self.model.resident_nbytes() + 2 * experts + 256 * 2**20
-
-    def _activation_reserve(self) -> int:
-        """Given, measured by a profiling forward (CUDA, with the serving kernels), or
-        estimated (CPU: no peak-memory counter)."""
-        c = self.config
-        if c.activation_reserve is not None:
-            return c.activation_reserve
-        if self.device.type == "cuda" and self._use_kernels():
-            from rimuru.dataplane.engine.profile_run import measure_activation_bytes
-
-            measured = measure_activation_bytes(
-                self.model,
-                self.host_experts,
-                self.geometry,
-                c.max_num_batched_tokens,
-                c.max_num_seqs,
-                self._moe_kernel(),
-                self._attention_kernels(),
-            )
-            return int(measured * 1.1)  # 10% headroom for allocator fragmentation
-        return estimate_activation_bytes(
-            self.model_config, c.max_num_batched_tokens, c.max_num_seqs, self.dtype
-        )
-
-    def _buffer_slots(self) -> int:
-        c, mc = self.config, self.model_config
-        if c.loading_buffer_slots is not None:
-            return max(1, c.loading_buffer_slots)
-        if c.tunables.mode == "resident":
-            return 1
-        if c.tunables.mode == "fixed":
-            return mc.num_experts  # whatever the share leaves out of one layer
-        return max(1, min(mc.num_experts, c.tunables.expert_offload_limit))
-
-    def _moe_kernel(self):
-        mc = self.model_config
-        if self.config.moe_path == "gather":
-            from rimuru.dataplane.engine.moe_gather import make_gather_moe, reference_contiguous
-
-            if self._use_kernels():
-                from rimuru.kernels import fused_moe_contiguous
-
-                return make_gather_moe(
-                    mc.moe_intermediate_size, mc.hidden_size, fused_moe_contiguous
-                )
-            return make_gather_moe(mc.moe_intermediate_size, mc.hidden_size, reference_contiguous)
-        if not self._use_kernels():
-            return None
-        from rimuru.kernels import paged_fused_moe  # imported only where Triton runs
-
-        return paged_fused_moe
-
-    def _attention_kernels(self):
-        if not self._use_kernels():
-            return None
-        from rimuru.dataplane.engine.paged_attention import triton_attend
-
-        return {"attend": triton_attend}
-
-    def _use_kernels(self) -> bool:
-        if self.config.use_kernels is not None:
-            return self.config.use_kernels
-        return self.device.type == "cuda"
-
     def _initial_experts(self) -> list[tuple[int, int]]:
-        mc, t = self.model_config, self.tunables
-        everything = [
-            (layer, e) for layer in range(mc.num_layers) for e in self.ranking.order[layer]
-        ]
-        pages_per_expert = t.pages_per_expert
-        capacity = self.allocator.num_free(PageType.EXPERT) // pages_per_expert
-        if t.mode == "resident":
-            return everything
-        empty = [frozenset()] * mc.num_layers
-        if t.mode == "fixed":
-            n = int(self.config.fixed_expert_share * capacity)
-            return list(_hottest(min(n, len(everything)), self.ranking, empty))
-        # elastic: every layer's hottest E - expert_offload_limit first (the adjuster never
-        # offloads more), then the globally hottest of the rest while grow_threshold pages
-        # stay free.
-        n = max(
-            0, (self.allocator.num_free(PageType.EXPERT) - t.grow_threshold) // pages_per_expert
+        return initial_experts(
+            self.tunables,
+            self.ranking,
+            self.allocator.num_free(PageType.EXPERT),
+            self.config.fixed_expert_share,
         )
-        keep = max(0, mc.num_experts - t.expert_offload_limit)
-        chosen = [
-            (layer, e) for layer in range(mc.num_layers) for e in self.ranking.order[layer][:keep]
-        ]
-        if len(chosen) > capacity:
-            raise ValueError(
-                f"the pool holds {capacity} experts but elastic mode keeps at least {keep} per "
-                f"layer resident ({len(chosen)} in all, expert_offload_limit="
-                f"{t.expert_offload_limit}): raise the memory budget or expert_offload_limit"
-            )
-        partial = [frozenset(self.ranking.order[layer][:keep]) for layer in range(mc.num_layers)]
-        chosen += _hottest(max(0, min(n, len(everything)) - len(chosen)), self.ranking, partial)
-        return chosen
 
     def _check_buffer_fits(self, tunables: Tunables) -> None:
         """A layer's offloaded experts must all fit one loading buffer (sized at start-up)."""
@@ -644,7 +510,3 @@ class _Unset:
 
     def moe(self, *args, **kwargs):
         raise RuntimeError("expert backend not set")
-
-
-def ceil_div(a: int, b: int) -> int:
-    return math.ceil(a / b)

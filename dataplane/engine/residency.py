@@ -1,0 +1,44 @@
+"""Start-up residency: which experts each memory policy puts in pool pages first.
+
+    resident  every expert.
+    fixed     the globally hottest experts filling `fixed_expert_share` of the free expert
+              pages; this set never changes (classic fixed-ratio offloading).
+    elastic   every layer's hottest E - expert_offload_limit (the adjuster never offloads
+              more), then the globally hottest of the rest while grow_threshold pages stay
+              free; the adjuster moves the boundary from there.
+
+"Globally hottest" means the adjuster's grow order: each layer nominates its hottest
+non-resident expert and the highest routing probability goes first.
+"""
+
+from __future__ import annotations
+
+from rimuru.dataplane.adjust.adjuster import ExpertKey, hottest
+from rimuru.dataplane.adjust.hotness import HotnessRanking
+from rimuru.dataplane.adjust.tunables import Tunables
+
+
+def initial_experts(
+    tunables: Tunables, ranking: HotnessRanking, num_free_expert_pages: int, fixed_share: float
+) -> list[ExpertKey]:
+    num_layers, num_experts = ranking.num_layers, ranking.num_experts
+    everything = [(layer, e) for layer in range(num_layers) for e in ranking.order[layer]]
+    capacity = num_free_expert_pages // tunables.pages_per_expert
+    if tunables.mode == "resident":
+        return everything
+    empty = [frozenset()] * num_layers
+    if tunables.mode == "fixed":
+        n = int(fixed_share * capacity)
+        return list(hottest(min(n, len(everything)), ranking, empty))
+    n = max(0, (num_free_expert_pages - tunables.grow_threshold) // tunables.pages_per_expert)
+    keep = max(0, num_experts - tunables.expert_offload_limit)
+    chosen = [(layer, e) for layer in range(num_layers) for e in ranking.order[layer][:keep]]
+    if len(chosen) > capacity:
+        raise ValueError(
+            f"the pool holds {capacity} experts but elastic mode keeps at least {keep} per "
+            f"layer resident ({len(chosen)} in all, expert_offload_limit="
+            f"{tunables.expert_offload_limit}): raise the memory budget or expert_offload_limit"
+        )
+    partial = [frozenset(ranking.order[layer][:keep]) for layer in range(num_layers)]
+    chosen += hottest(max(0, min(n, len(everything)) - len(chosen)), ranking, partial)
+    return chosen

@@ -1,0 +1,88 @@
+"""Engine set-up decisions: the memory budget, the activation reserve, the loading-buffer
+size and which compute path (Triton kernels or torch references) serves this device.
+
+A mixin of `Engine`: these read the engine's config, device, model and geometry, and are
+called once from `Engine.__init__` (the kernel choice also by the profiling forward).
+"""
+
+from __future__ import annotations
+
+from rimuru.dataplane.engine.budget import device_memory_bytes, estimate_activation_bytes
+
+
+class EngineSetup:
+    def _budget_bytes(self) -> int:
+        c = self.config
+        if c.memory_budget is not None:
+            return c.memory_budget
+        if c.gpu_memory_utilization is not None:
+            return int(c.gpu_memory_utilization * device_memory_bytes(self.device))
+        if self.device.type == "cuda":
+            return int(0.9 * device_memory_bytes(self.device))
+        # CPU default: everything resident plus room for max_num_seqs short requests
+        mc = self.model_config
+        experts = mc.num_layers * mc.num_experts * 3 * self.geometry.expert_page_bytes
+        return self.model.resident_nbytes() + 2 * experts + 256 * 2**20
+
+    def _activation_reserve(self) -> int:
+        """Given, measured by a profiling forward (CUDA, with the serving kernels), or
+        estimated (CPU: no peak-memory counter)."""
+        c = self.config
+        if c.activation_reserve is not None:
+            return c.activation_reserve
+        if self.device.type == "cuda" and self._use_kernels():
+            from rimuru.dataplane.engine.profile_run import measure_activation_bytes
+
+            measured = measure_activation_bytes(
+                self.model,
+                self.host_experts,
+                self.geometry,
+                c.max_num_batched_tokens,
+                c.max_num_seqs,
+                self._moe_kernel(),
+                self._attention_kernels(),
+            )
+            return int(measured * 1.1)  # 10% headroom for allocator fragmentation
+        return estimate_activation_bytes(
+            self.model_config, c.max_num_batched_tokens, c.max_num_seqs, self.dtype
+        )
+
+    def _buffer_slots(self) -> int:
+        c, mc = self.config, self.model_config
+        if c.loading_buffer_slots is not None:
+            return max(1, c.loading_buffer_slots)
+        if c.tunables.mode == "resident":
+            return 1
+        if c.tunables.mode == "fixed":
+            return mc.num_experts  # whatever the share leaves out of one layer
+        return max(1, min(mc.num_experts, c.tunables.expert_offload_limit))
+
+    def _moe_kernel(self):
+        mc = self.model_config
+        if self.config.moe_path == "gather":
+            from rimuru.dataplane.engine.moe_gather import make_gather_moe, reference_contiguous
+
+            if self._use_kernels():
+                from rimuru.kernels import fused_moe_contiguous
+
+                return make_gather_moe(
+                    mc.moe_intermediate_size, mc.hidden_size, fused_moe_contiguous
+                )
+            return make_gather_moe(mc.moe_intermediate_size, mc.hidden_size, reference_contiguous)
+        if not self._use_kernels():
+            return None
+        from rimuru.kernels import paged_fused_moe  # imported only where Triton runs
+
+        return paged_fused_moe
+
+    def _attention_kernels(self):
+        if not self._use_kernels():
+            return None
+        from rimuru.dataplane.engine.paged_attention import triton_attend
+
+        return {"attend": triton_attend}
+
+    def _use_kernels(self) -> bool:
+        if self.config.use_kernels is not None:
+            return self.config.use_kernels
+        return self.device.type == "cuda"
