@@ -25,7 +25,7 @@ class EngineConfig:
     tunables: Tunables = field(default_factory=Tunables)
     fixed_expert_share: float = 0.5  # `fixed` policy: share of the pool given to experts
     loading_buffer_slots: int | None = None  # None = enough for the policy's offloading
-    hotness_path: str | None = None  # offline ranking file; None = profile at start-up
+    hotness_path: str | None = None  # offline ranking file; None = uniform until set_ranking()
     use_kernels: bool | None = None  # None = Triton kernels on CUDA, torch reference on CPU
     moe_path: str = "paged"  # "paged": read experts in place; "gather": copy first (ablation)
     activation_reserve: int | None = None  # None = measure with a profiling forward

@@ -117,6 +117,8 @@ class PagedAttention:
         pages, offsets = slots // self.block_size, slots % self.block_size
         kv[pages, 0, offsets] = k
         kv[pages, 1, offsets] = v
+        if meta.max_query_len == 1:
+            return self._decode_batched(layer, q, kv, meta)
         out = torch.empty_like(q)  # [T, Hq, Dh]
         group = q.shape[1] // k.shape[1]
         for s in meta.sequences:
@@ -129,6 +131,28 @@ class PagedAttention:
                 qs, ctx_k, ctx_v, s.num_computed_tokens, group, self.scale
             )
         return out
+
+    def _decode_batched(self, layer, q, kv, meta: PagedAttentionMeta) -> torch.Tensor:
+        """Every sequence has one new token: one padded SDPA over all of them.
+
+        q [S, Hq, Dh]; context gathered through the block tables to [S, C, Hkv, Dh] with
+        C = max_blocks * 16, positions past each sequence's length masked out."""
+        tables = meta.block_tables[layer].to(torch.int64)  # [S, maxb]
+        num_seqs, max_blocks = tables.shape
+        ctx = kv[tables]  # [S, maxb, 2, B, Hkv, Dh]
+        ctx_k = ctx[:, :, 0].reshape(num_seqs, max_blocks * self.block_size, *kv.shape[3:])
+        ctx_v = ctx[:, :, 1].reshape(num_seqs, max_blocks * self.block_size, *kv.shape[3:])
+        keys = torch.arange(ctx_k.shape[1], device=q.device)  # [C]
+        mask = keys[None, :] < meta.seq_lens.to(q.device)[:, None]  # [S, C]
+        group = q.shape[1] // kv.shape[3]
+        out = F.scaled_dot_product_attention(
+            q[:, :, None, :],  # [S, Hq, 1, Dh]
+            ctx_k.repeat_interleave(group, dim=2).transpose(1, 2),  # [S, Hq, C, Dh]
+            ctx_v.repeat_interleave(group, dim=2).transpose(1, 2),
+            attn_mask=mask[:, None, None, :],
+            scale=self.scale,
+        )  # [S, Hq, 1, Dh]
+        return out[:, :, 0, :]
 
 
 def _causal_attention(q, k, v, offset: int, group: int, scale: float) -> torch.Tensor:
