@@ -144,6 +144,11 @@ class PagedAttention:
         ctx_v = ctx[:, :, 1].reshape(num_seqs, max_blocks * self.block_size, *kv.shape[3:])
         keys = torch.arange(ctx_k.shape[1], device=q.device)  # [C]
         mask = keys[None, :] < meta.seq_lens.to(q.device)[:, None]  # [S, C]
+        # Padding reads pages nobody wrote (the pool is uninitialised): zero them, since a
+        # masked score of NaN stays NaN and 0 * NaN in the value sum is NaN too.
+        hidden = ~mask[:, :, None, None]
+        ctx_k = ctx_k.masked_fill(hidden, 0.0)
+        ctx_v = ctx_v.masked_fill(hidden, 0.0)
         group = q.shape[1] // kv.shape[3]
         out = F.scaled_dot_product_attention(
             q[:, :, None, :],  # [S, Hq, 1, Dh]

@@ -3,6 +3,7 @@
 import pytest
 
 from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.memory.geometry import PageType
 
 PARAMS = [
     SamplingParams(max_tokens=24, ignore_eos=True),
@@ -75,3 +76,18 @@ def test_predictor_counts_hits_on_non_resident_experts(prompts, make_engine):
     assert c.predictor_needed > 0
     assert 0 < c.predictor_hits <= c.predictor_needed  # layer l+1's router on layer l's input
     assert c.buffer_copies >= c.predictor_needed - c.predictor_hits
+
+
+def test_garbage_in_unwritten_pool_bytes_never_reaches_the_output(prompts, make_engine):
+    """The pool is uninitialised memory: poison it with NaN first; padding and unused slots
+    must be masked out on every path (the tokens equal a run without the poison)."""
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    clean = make_engine("elastic")
+    poisoned = make_engine("elastic")
+    free_kv = poisoned.pool.view(PageType.KV)
+    owned = {p for t, p, _ in poisoned.allocator.owned_pages() if t is PageType.EXPERT}
+    ratio = poisoned.geometry.kv_pages_per_expert_page
+    for expert_page in range(poisoned.pool.num_pages(PageType.EXPERT)):
+        if expert_page not in owned:  # only bytes no expert lives in
+            free_kv[expert_page * ratio : (expert_page + 1) * ratio] = float("nan")
+    assert clean.generate(prompts[:8], params) == poisoned.generate(prompts[:8], params)
