@@ -398,32 +398,9 @@ class Engine(EngineSetup):
         return None
 
     def _record(self, out, step: int) -> None:
-        g, a, c = self.geometry, self.allocator, self.experts.counters
-        kv_used = a.num_owned(PageType.KV)
-        expert_pages = self.experts.num_resident() * self.tunables.pages_per_expert
-        free_bytes = (
-            self.pool.num_bytes - kv_used * g.kv_page_bytes - expert_pages * g.expert_page_bytes
-        )
         self.stats.append(
-            StepStats(
-                step,
-                time.monotonic(),
-                len(self.scheduler.running),
-                len(self.scheduler.waiting),
-                out.num_tokens,
-                kv_used,
-                expert_pages,
-                free_bytes,
-                kv_used * g.kv_page_bytes,
-                expert_pages * g.expert_page_bytes,
-                self.experts.num_resident(),
-                c.evictions,
-                c.loads,
-                c.buffer_copies,
-                c.bytes_h2d,
-                c.predictor_hits,
-                c.predictor_needed,
-                self.scheduler.num_preemptions,
+            StepStats.capture(
+                step, out.num_tokens, self.scheduler, self.experts, self.allocator, self.pool
             )
         )
 

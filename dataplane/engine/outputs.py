@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+
+from rimuru.dataplane.memory.geometry import PageType
 
 
 @dataclass(frozen=True)
@@ -35,3 +38,31 @@ class StepStats:
     predictor_hits: int
     predictor_needed: int
     preemptions: int
+
+    @classmethod
+    def capture(cls, step, num_tokens, scheduler, experts, allocator, pool) -> StepStats:
+        """The state after a round: gauges now, counters cumulative since start-up."""
+        g, c = pool.geometry, experts.counters
+        kv_used = allocator.num_owned(PageType.KV)
+        expert_pages = allocator.num_owned(PageType.EXPERT)
+        kv_bytes, expert_bytes = kv_used * g.kv_page_bytes, expert_pages * g.expert_page_bytes
+        return cls(
+            step,
+            time.monotonic(),
+            len(scheduler.running),
+            len(scheduler.waiting),
+            num_tokens,
+            kv_used,
+            expert_pages,
+            pool.num_bytes - kv_bytes - expert_bytes,
+            kv_bytes,
+            expert_bytes,
+            experts.num_resident(),
+            c.evictions,
+            c.loads,
+            c.buffer_copies,
+            c.bytes_h2d,
+            c.predictor_hits,
+            c.predictor_needed,
+            scheduler.num_preemptions,
+        )
