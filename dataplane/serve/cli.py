@@ -100,6 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="bearer token file: sent with routing reports (they move the control plane's "
         "online hotness ranking, so a control plane with a token requires it)",
     )
+    option(
+        "--control-plane-ca",
+        help="PEM CA certificate of a control plane that serves TLS (default: plaintext)",
+    )
     option("--report-interval", default="10", type=float, help="seconds between routing reports")
     option("--metrics-port", type=int, help="Prometheus /metrics port, 0 = any (default: off)")
     option("--drain-grace-seconds", default="30", type=float, help="SIGTERM: drain for this long")
@@ -170,12 +174,22 @@ def control_plane_link(args: argparse.Namespace):
         from rimuru.dataplane.serve.policy_watch import read_token
 
         token = read_token(args.token_file)
+    root_certificates = None
+    if args.control_plane_ca:
+        try:
+            with open(args.control_plane_ca, "rb") as f:
+                root_certificates = f.read()
+        except OSError as exc:
+            raise ValueError(
+                f"cannot read --control-plane-ca {args.control_plane_ca}: {exc}"
+            ) from exc
     return ControlPlaneLink(
         args.control_plane,
         args.deployment,
         args.node_id,
         report_interval_s=args.report_interval,
         token=token,
+        root_certificates=root_certificates,
     )
 
 

@@ -42,6 +42,7 @@ class ControlPlaneLink:
     report_interval_s: float = 10.0
     backoff: Backoff = field(default_factory=Backoff)
     token: str | None = None  # bearer token for ReportRouting (the control plane's writes)
+    root_certificates: bytes | None = None  # PEM CA of a TLS control plane; None = plaintext
 
 
 class RoutingDeltas:
@@ -75,7 +76,12 @@ class PolicyFollower:
         self.link = link
         self._engine = engine
         self.watcher = PolicyWatcher(
-            link.target, link.node_id, link.deployment, self._apply, backoff=link.backoff
+            link.target,
+            link.node_id,
+            link.deployment,
+            self._apply,
+            backoff=link.backoff,
+            root_certificates=link.root_certificates,
         )
         self.reporter = RoutingReporter(
             link.target,
@@ -85,6 +91,7 @@ class PolicyFollower:
             interval_s=link.report_interval_s,
             backoff=link.backoff,
             token=link.token,
+            root_certificates=link.root_certificates,
         )
         self._tasks: list[asyncio.Task] = []
         self._rng = random.Random()
