@@ -2,7 +2,7 @@
 
 import random
 
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -109,8 +109,10 @@ TestAllocatorMachine = AllocatorMachine.TestCase
 TestAllocatorMachine.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
 
 
-def test_hundred_thousand_random_operations():
-    m = Model(num_huge=16, seed=1234)
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_hundred_thousand_random_operations(seed):
+    m = Model(num_huge=16, seed=seed)
     ops = [
         lambda: m.alloc(KV, m.rng.randint(1, 12)),
         lambda: m.alloc(EXPERT, 3),
