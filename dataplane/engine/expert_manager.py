@@ -21,6 +21,7 @@ S = loading-buffer slots (experts) per buffer.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -121,7 +122,7 @@ class ExpertManager:
         w1, w3, w2 = self.host[layer].expert(expert)
         view = self.pool.view(PageType.EXPERT)
         stream = self._copy_stream
-        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for page, matrix in zip(pages, (w1, w3, w2), strict=True):
                 view[page].copy_(matrix.reshape(-1), non_blocking=stream is not None)
         if stream is not None:
@@ -260,7 +261,7 @@ class ExpertManager:
             del buffer.slot_of[unused[0]]
         slot = min(set(range(self.num_buffer_slots)) - set(buffer.slot_of.values()))
         stream = self._copy_stream
-        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for i, matrix in enumerate(self.host[layer].expert(expert)):
                 buffer.pages[3 * slot + i].copy_(
                     matrix.reshape(-1), non_blocking=stream is not None
@@ -309,11 +310,3 @@ class ExpertManager:
     @staticmethod
     def _matrix_bytes(t: torch.Tensor) -> int:
         return t.numel() * t.element_size()
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

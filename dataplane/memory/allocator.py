@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rimuru.dataplane.memory.geometry import PARENT, PageGeometry, PageType
 
@@ -51,7 +51,6 @@ class _Stats:
     merges: int = 0
     allocations: int = 0
     frees: int = 0
-    by_type: dict[PageType, int] = field(default_factory=dict)
 
 
 class PageAllocator:

@@ -31,10 +31,6 @@ class ExpertPageTable:
         self.host[layer, expert] = torch.tensor(pages, dtype=torch.int32)
         self._dirty = True
 
-    def set_slot(self, layer: int, expert: int, slot_ids: tuple[int, int, int]) -> None:
-        self.host[layer, expert] = torch.tensor([buffer_slot_id(s) for s in slot_ids])
-        self._dirty = True
-
     def clear(self, layer: int, expert: int) -> None:
         self.host[layer, expert] = NOT_PRESENT
         self._dirty = True

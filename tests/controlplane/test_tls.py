@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 
 import pytest
 
@@ -13,21 +11,6 @@ from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.policy import Tunables
 from rimuru.controlplane.server import TlsFiles, create_server
-
-
-@pytest.fixture
-def self_signed(tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return cert, key
 
 
 async def test_tls_round_trip_and_plaintext_refused(self_signed):

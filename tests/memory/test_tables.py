@@ -9,8 +9,7 @@ def test_expert_page_table_rows():
     assert t.pages(1, 2) is None and t.host.dtype == torch.int32
     t.set_pages(1, 2, (7, 8, 9))
     assert t.pages(1, 2) == (7, 8, 9)
-    t.set_slot(0, 1, (0, 1, 2))
-    assert t.host[0, 1].tolist() == [-1, -2, -3] == [buffer_slot_id(i) for i in range(3)]
+    assert [buffer_slot_id(i) for i in range(3)] == [-1, -2, -3]  # slot s <-> id -s - 1
     t.clear(1, 2)
     assert t.pages(1, 2) is None and t.host[1, 2, 0].item() == NOT_PRESENT
     assert t.on_device() is t.host  # CPU: no copy

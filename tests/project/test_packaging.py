@@ -37,7 +37,12 @@ def test_subpackages_import_under_one_root():
 
     assert Path(rimuru.dataplane.__file__).parent == ROOT / "dataplane"
     assert Path(rimuru.operator.__file__).parent == ROOT / "operator"
-    assert rimuru.v1 is not None and rimuru.controlplane is not None and rimuru.kernels is not None
+    for package, folder in (
+        (rimuru.v1, "protos/rimuru/v1"),
+        (rimuru.controlplane, "controlplane"),
+        (rimuru.kernels, "kernels"),
+    ):
+        assert Path(package.__file__).parent == ROOT / folder
 
 
 def test_every_package_folder_is_listed_in_pyproject():

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import grpc
-import pytest
 
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.server import TlsFiles, create_server
@@ -14,21 +10,6 @@ from rimuru.dataplane.serve.control import ControlPlaneLink
 from rimuru.dataplane.serve.policy_watch import Backoff
 from rimuru.v1 import control_pb2 as cpb
 from rimuru.v1 import control_pb2_grpc as cpb_grpc
-
-
-@pytest.fixture
-def self_signed(tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return cert, key
 
 
 async def test_data_plane_follows_a_tls_control_plane(self_signed, start_data_plane, eventually):
