@@ -28,8 +28,8 @@ def check_block_tables(block_tables: torch.Tensor, num_seqs: int, kv_pages: torc
         block_tables.dim() != 2
         or block_tables.shape[0] != num_seqs
         or block_tables.dtype != torch.int32
-        or block_tables.stride(1) != 1
-    ):
+        or (block_tables.shape[1] > 1 and block_tables.stride(1) != 1)
+    ):  # a single column's stride is never used: torch leaves size-1 dims' strides arbitrary
         raise ValueError(
             f"block_tables must be int32 [{num_seqs}, max_blocks] with unit column stride; got "
             f"{tuple(block_tables.shape)} {block_tables.dtype} strides {block_tables.stride()}"

@@ -53,14 +53,16 @@ class PagedAttentionMeta:
     ) -> PagedAttentionMeta:
         # slot = page * B + offset for every new token, all layers at once: [L, T]
         max_blocks = max(len(s.blocks) for s in sequences)
-        tables = np.zeros((len(sequences), max_blocks, num_layers), dtype=np.int64)  # [S, B, L]
+        # built in [L, S, B] order: a permuted view would keep odd strides on size-1 dims,
+        # which the kernels' stride checks refuse
+        tables = np.zeros((num_layers, len(sequences), max_blocks), dtype=np.int64)
         token_seq, token_pos = [], []
         for i, s in enumerate(sequences):
-            tables[i, : len(s.blocks)] = s.blocks
+            tables[:, i, : len(s.blocks)] = np.asarray(s.blocks).T
             token_seq.append(torch.full((s.num_new_tokens,), i, dtype=torch.int64))
             token_pos.append(torch.arange(s.num_computed_tokens, s.context_len))
         seq_of, pos = torch.cat(token_seq), torch.cat(token_pos)  # [T]
-        tables = torch.from_numpy(tables).permute(2, 0, 1)  # [L, S, B]
+        tables = torch.from_numpy(tables)  # [L, S, B]
         slots = tables[:, seq_of, pos // block_size] * block_size + pos % block_size  # [L, T]
         cu = [0]
         for s in sequences:
@@ -68,7 +70,7 @@ class PagedAttentionMeta:
         return cls(
             tuple(sequences),
             slots.to(device),
-            tables.to(torch.int32).contiguous().to(device),
+            tables.to(torch.int32).to(device),
             torch.tensor(cu, dtype=torch.int32, device=device),
             torch.tensor([s.context_len for s in sequences], dtype=torch.int32, device=device),
             max(s.num_new_tokens for s in sequences),

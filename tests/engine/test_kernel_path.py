@@ -25,6 +25,8 @@ for kernels in (False, True):
     out[str(kernels)] = e.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
     e.check_invariants()
     out[str(kernels) + "_copies"] = e.experts.counters.buffer_copies
+    # one request whose whole context fits one KV block: [L, 1, 1] block tables
+    out[str(kernels) + "_single"] = e.generate([prompts[0][:5]], SamplingParams(max_tokens=4, ignore_eos=True))
 # resident: every expert in its pages, the kernel path without any host synchronisation
 for kernels in (False, True):
     e = Engine(EngineConfig(activation_reserve=0, max_num_batched_tokens=64, memory_budget=200 * 2**20,
@@ -43,6 +45,7 @@ def test_triton_path_matches_torch_path_under_the_interpreter():
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["True"] == out["False"]
+    assert out["True_single"] == out["False_single"]
     assert out["True_copies"] > 0  # experts really came from loading-buffer slots
     assert out["resident_True"] == out["resident_False"] == out["True"]
     assert out["resident_routed_True"] == out["resident_routed_False"] > 0

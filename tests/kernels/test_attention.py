@@ -136,3 +136,18 @@ def test_bad_attention_input_is_refused():
         paged_prefill_attention(q, kv, tables, torch.zeros(3, dtype=torch.int32), lens, 1)
     with pytest.raises(ValueError, match="slots must be int64"):
         write_kv_pages(q[:, :2], q[:, :2], kv, torch.zeros(3, dtype=torch.int32))
+
+
+def test_one_block_table_row_is_accepted_whatever_its_column_stride():
+    # a [1, 1] slice of a [L, 1, 1] table made by permute has strides (L, L); the column
+    # stride is never read, so decode must accept it and match the reference
+    kv, tables = _pool_and_tables([9], 2, 16, torch.float32, seed=11)
+    odd = tables.expand(24, 1, 1).permute(1, 2, 0).contiguous().permute(2, 0, 1)[3]
+    assert odd.shape == (1, 1) and odd.stride(1) != 1
+    q = torch.randn(1, 4, 16, generator=torch.Generator().manual_seed(12))
+    lens = torch.tensor([9], dtype=torch.int32)
+    out = paged_decode_attention(q, kv, odd, lens, 9)
+    ref = paged_decode_attention_reference(q, kv, tables, lens)
+    assert _rel_err(out, ref) < TOLERANCE[torch.float32]
+    with pytest.raises(ValueError, match="unit column stride"):
+        paged_decode_attention(q, kv, torch.zeros(1, 4, dtype=torch.int32)[:, ::2], lens, 9)
