@@ -1,7 +1,9 @@
 """The engine on the H200, in one call: policy equivalence with the Triton kernels, then the
 paper's Fig. 4 experiment (resident / fixed / elastic on one budget).
 
-    python bench/engine_gpu.py --out $OUT [--num-prompts 300] [--skip-fig4]
+    python bench/engine_gpu.py --out $OUT [--num-prompts 300] [--skip-a] [--skip-fig4]
+        [--policies resident,fixed,elastic] [--expert-offload-limit 10] [--router-skew 1.0]
+        [--fixed-expert-share 0.5]
 
 Part A (correctness): `tiny` preset in fp32 on CUDA with a budget so tight that preemption
 and eviction happen: greedy tokens must be identical under the three policies with the
@@ -92,6 +94,7 @@ def main() -> int:
     ap.add_argument("--router-skew", default="1.0")
     ap.add_argument("--expert-offload-limit", default="10")
     ap.add_argument("--policies", default="resident,fixed,elastic")
+    ap.add_argument("--fixed-expert-share", default="0.5")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -118,6 +121,7 @@ def main() -> int:
                 "--expert-offload-limit", args.expert_offload_limit,
                 "--router-skew", args.router_skew,
                 "--policies", args.policies,
+                "--fixed-expert-share", args.fixed_expert_share,
                 "--output-dir", str(out / f"fig4_skew{args.router_skew}_limit{args.expert_offload_limit}"),
                 "--no-progress",
             ]
