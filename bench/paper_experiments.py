@@ -4,6 +4,7 @@
     python3 bench/paper_experiments.py ablation --out $OUT
     python3 bench/paper_experiments.py offload-sweep --limits 0,5,10 --out $OUT  # and 15,20,30
     python3 bench/paper_experiments.py merge DIR... --out docs/figures            # CPU, after
+    python3 bench/paper_experiments.py merge A/results.json B/ --fig4 fig4.png --out DIR
 
 Defaults are the GPU setups; `--model tiny --device cpu --num-prompts 20` runs each one
 as a smoke test on a laptop.
@@ -28,7 +29,7 @@ import sys
 from pathlib import Path
 
 from rimuru.cli import main as rimuru_main
-from rimuru.dataplane.bench.plots import plot_rate_sweep
+from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_sweep
 from rimuru.dataplane.bench.results import BenchResult, read_results, write_results
 
 
@@ -116,20 +117,25 @@ def main() -> int:
     ap.add_argument("--policy", default="elastic")
     ap.add_argument("--rates", default="2,5,10,20")
     ap.add_argument("--limits", default="0,5,10")
+    ap.add_argument("--fig4", default=None, help="merge: also draw the merged runs as Fig. 4")
+    ap.add_argument("--labels", default=None, help="merge --fig4: comma-separated panel names")
     args = ap.parse_args()
     out = Path(args.out)
     rows: list[dict] = []
     if args.experiment == "merge":
-        results = [
-            r
-            for d in args.dirs
-            for p in sorted(Path(d).rglob("results.json"))
-            for r in read_results(p)
+        paths = [
+            p
+            for d in map(Path, args.dirs)
+            for p in ([d] if d.is_file() else sorted(d.rglob("results.json")))
         ]
+        results = [r for p in paths for r in read_results(p)]
         out.mkdir(parents=True, exist_ok=True)
         write_results(out / "merged_results.json", results)
+        if args.fig4:
+            labels = args.labels.split(",") if args.labels else None
+            plot_memory_split(results, out / args.fig4, labels=labels)
         swept = [r for r in results if r.request_rate != float("inf")]
-        if swept:
+        if swept and not args.fig4:
             plot_rate_sweep(swept, out / "fig9_rate_sweep.png")
         rows = [_row(r.policy, r) for r in results]
     elif args.experiment == "rate-sweep":

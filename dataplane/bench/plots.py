@@ -21,11 +21,19 @@ _SPLIT_COLORS = ("#d62728", "#1f77b4", "#d9d9d9")
 _LATENCY_STATS = ("mean", "median", "p99")
 
 
-def plot_memory_split(results: Sequence[BenchResult], path: str | Path, dpi: int = 120) -> Path:
+def plot_memory_split(
+    results: Sequence[BenchResult],
+    path: str | Path,
+    dpi: int = 120,
+    labels: Sequence[str] | None = None,
+) -> Path:
     """Fig. 4: one panel per policy; x = forward step; stacked pool split (expert weights /
-    KV / free, GiB, left axis) and the number of running requests (right axis)."""
+    KV / free, GiB, left axis) and the number of running requests (right axis). `labels`
+    names the panels (default: each run's policy)."""
     if not results:
         raise ValueError("plot_memory_split needs at least one result")
+    if labels is not None and len(labels) != len(results):
+        raise ValueError(f"{len(labels)} labels for {len(results)} results")
     for result in results:
         if not result.steps:
             raise ValueError(f"policy {result.policy!r} has no step records to plot")
@@ -48,7 +56,8 @@ def plot_memory_split(results: Sequence[BenchResult], path: str | Path, dpi: int
         ax.set_xlim(x[0], x[-1] if len(x) > 1 else x[0] + 1)
         ax.set_xlabel("forward step")
         ax.set_title(
-            f"{result.policy}: peak {result.step_metrics.peak_running} running, "
+            f"{labels[i] if labels else result.policy}: "
+            f"peak {result.step_metrics.peak_running} running, "
             f"{result.step_metrics.forward_steps} steps",
             fontsize=9,
         )

@@ -43,5 +43,14 @@ def test_bad_plot_requests_are_refused(tmp_path, make_result):
         plot_rate_sweep([make_result("elastic", math.inf)], tmp_path / "a.png")
     with pytest.raises(ValueError, match=r"ending in \.png"):
         plot_memory_split([make_result("elastic", 1.0)], tmp_path / "a.svg")
+    with pytest.raises(ValueError, match="2 labels for 1 results"):
+        plot_memory_split([make_result("elastic", 1.0)], tmp_path / "a.png", labels=["a", "b"])
+    assert not (tmp_path / "a.png").exists()
     with pytest.raises(ValueError, match="no step records"):
         plot_memory_split([make_result("elastic", 1.0, num_steps=0)], tmp_path / "a.png")
+
+
+def test_memory_split_panels_take_the_given_labels(tmp_path, make_result):
+    results = [make_result("elastic", math.inf) for _ in range(2)]
+    path = plot_memory_split(results, tmp_path / "sweep.png", labels=["limit 0", "limit 30"])
+    assert_real_png(path, min_width=2 * 4 * 120)
