@@ -1,4 +1,4 @@
-"""Fixtures for the benchmark tests: the trace derivation script, imported by path."""
+"""Fixtures for the benchmark tests: bench/ scripts imported by path, synthetic results."""
 
 from __future__ import annotations
 
@@ -9,17 +9,26 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "derive_sharegpt_trace.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-@pytest.fixture(scope="session")
-def derive() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("derive_sharegpt_trace", SCRIPT)
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     # Registered first: dataclasses resolve string annotations through sys.modules.
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def derive() -> ModuleType:
+    return _load("derive_sharegpt_trace")
+
+
+@pytest.fixture(scope="session")
+def experiments() -> ModuleType:
+    return _load("paper_experiments")
 
 
 @pytest.fixture
