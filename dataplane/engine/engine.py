@@ -38,12 +38,12 @@ from rimuru.dataplane.engine.paged_attention import (
     SequenceSlice,
 )
 from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
-from rimuru.dataplane.engine.residency import initial_experts
+from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
 from rimuru.dataplane.engine.sampling import Sampler
 from rimuru.dataplane.engine.scheduler import Scheduler
-from rimuru.dataplane.engine.setup import EngineSetup
+from rimuru.dataplane.engine.setup import EngineSetup, page_geometry
 from rimuru.dataplane.memory.allocator import PageAllocator
-from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
+from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.memory.reclaim import DeferredReclaim
 from rimuru.dataplane.model import PRESETS, MoETransformer, open_weights
@@ -65,18 +65,7 @@ class Engine(EngineSetup):
             config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
         )
         self.tunables = config.tunables
-        self.geometry = PageGeometry.from_shape(
-            MemoryShape(
-                mc.num_layers,
-                mc.num_experts,
-                mc.hidden_size,
-                mc.moe_intermediate_size,
-                mc.num_kv_heads,
-                mc.head_dim,
-                torch.empty((), dtype=self.dtype).element_size(),
-                config.block_size,
-            )
-        )
+        self.geometry = page_geometry(mc, self.dtype, config.block_size)
         placeholder = _Unset()
         self.model = MoETransformer.from_source(
             self.source, placeholder, placeholder, self.device, self.dtype
@@ -164,10 +153,8 @@ class Engine(EngineSetup):
 
     def _load_initial_experts(self) -> None:
         chosen = self._initial_experts()
-        per_layer = [0] * self.model_config.num_layers
-        for layer, _ in chosen:
-            per_layer[layer] += 1
-        offloaded = self.model_config.num_experts - min(per_layer)
+        mc = self.model_config
+        offloaded = max_offloaded(chosen, mc.num_layers, mc.num_experts)
         if offloaded > self.experts.num_buffer_slots:
             raise ValueError(
                 f"the {self.tunables.mode} policy leaves {offloaded} experts of a layer on the "

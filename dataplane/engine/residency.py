@@ -42,3 +42,11 @@ def initial_experts(
     partial = [frozenset(ranking.order[layer][:keep]) for layer in range(num_layers)]
     chosen += hottest(max(0, min(n, len(everything)) - len(chosen)), ranking, partial)
     return chosen
+
+
+def max_offloaded(chosen: list[ExpertKey], num_layers: int, num_experts: int) -> int:
+    """The most experts any one layer leaves on the host, given the resident `chosen`."""
+    per_layer = [0] * num_layers
+    for layer, _ in chosen:
+        per_layer[layer] += 1
+    return num_experts - min(per_layer)

@@ -7,7 +7,38 @@ called once from `Engine.__init__` (the kernel choice also by the profiling forw
 
 from __future__ import annotations
 
+import torch
+
 from rimuru.dataplane.engine.budget import device_memory_bytes, estimate_activation_bytes
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry
+from rimuru.dataplane.model.config import ModelConfig
+
+
+def page_geometry(mc: ModelConfig, dtype: torch.dtype, block_size: int) -> PageGeometry:
+    return PageGeometry.from_shape(
+        MemoryShape(
+            mc.num_layers,
+            mc.num_experts,
+            mc.hidden_size,
+            mc.moe_intermediate_size,
+            mc.num_kv_heads,
+            mc.head_dim,
+            torch.empty((), dtype=dtype).element_size(),
+            block_size,
+        )
+    )
+
+
+def buffer_slots(c: EngineConfig, mc: ModelConfig) -> int:
+    """Experts per loading buffer: given, or what the policy can leave off a layer."""
+    if c.loading_buffer_slots is not None:
+        return max(1, c.loading_buffer_slots)
+    if c.tunables.mode == "resident":
+        return 1
+    if c.tunables.mode == "fixed":
+        return mc.num_experts  # whatever the share leaves out of one layer
+    return max(1, min(mc.num_experts, c.tunables.expert_offload_limit))
 
 
 class EngineSetup:
@@ -48,14 +79,7 @@ class EngineSetup:
         )
 
     def _buffer_slots(self) -> int:
-        c, mc = self.config, self.model_config
-        if c.loading_buffer_slots is not None:
-            return max(1, c.loading_buffer_slots)
-        if c.tunables.mode == "resident":
-            return 1
-        if c.tunables.mode == "fixed":
-            return mc.num_experts  # whatever the share leaves out of one layer
-        return max(1, min(mc.num_experts, c.tunables.expert_offload_limit))
+        return buffer_slots(self.config, self.model_config)
 
     def _moe_kernel(self):
         mc = self.model_config

@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "rimuru.dataplane.engine.cli_hotness",
         "write the offline hotness ranking of experts from sample prompts",
     ),
+    "plan": (
+        "rimuru.dataplane.engine.cli_plan",
+        "how a memory budget splits and how much KV cache each policy gets (no weights loaded)",
+    ),
     "serve": ("rimuru.dataplane.serve.cli", "serve inference over gRPC (data plane)"),
     "controlplane": ("rimuru.controlplane.cli", "run the control-plane gRPC service"),
     "policy": ("rimuru.controlplane.cli_policy", "get/set/watch policies on a control plane"),

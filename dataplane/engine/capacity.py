@@ -1,0 +1,155 @@
+"""Capacity planning without weights: how a budget splits, and how much KV cache each policy
+gets, for a model that may not fit this machine.
+
+The figures come from the engine's own set-up code run on shapes alone: the checkpoint
+layout built over `meta` tensors (no bytes) gives the non-pool weights, then the same
+`plan_memory`, `initial_experts` and page allocator the engine uses give the pool, the
+experts resident at start and the KV pages left. Only the activation reserve differs: the
+engine measures it with a profiling forward on CUDA, the plan estimates it (or takes
+`activation_reserve`), so on a GPU the engine's pool is a little smaller than planned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from rimuru.dataplane.adjust.hotness import HotnessRanking
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.engine.budget import MemoryPlan, estimate_activation_bytes, plan_memory
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
+from rimuru.dataplane.engine.setup import buffer_slots, page_geometry
+from rimuru.dataplane.memory.allocator import PageAllocator
+from rimuru.dataplane.memory.geometry import PageGeometry, PageType
+from rimuru.dataplane.memory.units import format_bytes
+from rimuru.dataplane.model import PRESETS, open_weights
+from rimuru.dataplane.model.config import ModelConfig, parse_dtype
+from rimuru.dataplane.model.hf_layout import build_global_weights, build_layer_weights
+
+_ROUTER_BIAS_ITEMSIZE = 4  # the presets' skew bias is fp32
+
+
+def non_pool_weight_bytes(mc: ModelConfig, dtype: torch.dtype, router_skew: float) -> int:
+    """Bytes of every weight that stays on the device outside the pool (tied lm_head once)."""
+
+    def meta(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    tensors = list(vars(build_global_weights(mc, meta)).values())
+    for layer in range(mc.num_layers):
+        w = build_layer_weights(mc, layer, meta)
+        tensors += [*vars(w.attention).values(), w.input_norm, w.post_attention_norm, w.router]
+        if w.shared_expert is not None:
+            tensors += vars(w.shared_expert).values()
+    by_id = {id(t): t.numel() * t.element_size() for t in tensors if t is not None}
+    bias = mc.num_layers * mc.num_experts * _ROUTER_BIAS_ITEMSIZE if router_skew else 0
+    return sum(by_id.values()) + bias
+
+
+@dataclass(frozen=True)
+class PolicyCapacity:
+    policy: str
+    plan: MemoryPlan
+    experts_at_start: int  # routed experts in pool pages at start-up
+    kv_tokens_at_start: int  # tokens of KV cache (all layers) the rest of the pool holds
+    experts_at_least: int  # the fewest the policy ever keeps resident
+    kv_tokens_at_most: int  # KV tokens when that few are resident
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    model_config: ModelConfig
+    geometry: PageGeometry
+    non_pool_weight_bytes: int
+    expert_bytes: int  # all routed experts
+    activation_reserve_bytes: int
+    policies: tuple[PolicyCapacity | str, ...]  # a string: why that policy does not fit
+
+
+def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPlan:
+    """`config.memory_budget` is required; `config.tunables.mode` is replaced per policy."""
+    if config.memory_budget is None:
+        raise ValueError("capacity planning needs a memory budget in bytes (--memory-budget)")
+    skew = config.router_skew if config.model in PRESETS else 0.0
+    mc = open_weights(config.model, seed=config.seed, router_skew=skew).config
+    dtype = parse_dtype(config.dtype) if config.dtype else mc.dtype
+    geometry = page_geometry(mc, dtype, config.block_size)
+    non_pool = non_pool_weight_bytes(mc, dtype, skew)
+    reserve = config.activation_reserve
+    if reserve is None:
+        reserve = estimate_activation_bytes(
+            mc, config.max_num_batched_tokens, config.max_num_seqs, dtype
+        )
+    results: list[PolicyCapacity | str] = []
+    for policy in policies:
+        tunables = replace(config.tunables, mode=policy)
+        try:
+            results.append(
+                _policy(replace(config, tunables=tunables), mc, geometry, non_pool, reserve)
+            )
+        except ValueError as exc:
+            results.append(str(exc))
+    experts = mc.num_layers * mc.num_experts * 3 * geometry.expert_page_bytes
+    return CapacityPlan(mc, geometry, non_pool, experts, reserve, tuple(results))
+
+
+def _policy(
+    config: EngineConfig, mc: ModelConfig, geometry: PageGeometry, non_pool: int, reserve: int
+) -> PolicyCapacity:
+    t = config.tunables
+    slots = buffer_slots(config, mc)
+    if t.mode == "elastic" and min(t.expert_offload_limit, mc.num_experts) > slots:
+        raise ValueError(
+            f"expert_offload_limit={t.expert_offload_limit} exceeds {slots} loading-buffer slots"
+        )
+    plan = plan_memory(
+        config.memory_budget,
+        non_pool,
+        reserve,
+        2 * 3 * slots * geometry.expert_page_bytes,
+        geometry,
+    )
+    ranking = HotnessRanking.uniform(mc.num_layers, mc.num_experts)
+    allocator = PageAllocator(geometry, plan.num_huge_pages)
+    chosen = initial_experts(
+        t, ranking, allocator.num_free(PageType.EXPERT), config.fixed_expert_share
+    )
+    offloaded = max_offloaded(chosen, mc.num_layers, mc.num_experts)
+    if offloaded > slots:
+        raise ValueError(
+            f"the {t.mode} policy leaves {offloaded} experts of a layer on the host but a "
+            f"loading buffer holds {slots}: raise loading_buffer_slots or the memory budget"
+        )
+    expert_pages = len(chosen) * t.pages_per_expert
+    if expert_pages > allocator.num_free(PageType.EXPERT):
+        raise ValueError(
+            f"the pool ({format_bytes(plan.pool_bytes)}) cannot hold the {len(chosen)} experts "
+            f"the {t.mode} policy keeps resident "
+            f"({format_bytes(expert_pages * geometry.expert_page_bytes)}): raise the memory "
+            f"budget or choose a policy that offloads experts (fixed/elastic)"
+        )
+    at_start = _kv_tokens(geometry, plan, len(chosen), t, config.block_size, mc.num_layers)
+    least = len(chosen)
+    if t.mode == "elastic":
+        least = mc.num_layers * max(0, mc.num_experts - t.expert_offload_limit)
+    at_most = _kv_tokens(geometry, plan, least, t, config.block_size, mc.num_layers)
+    return PolicyCapacity(t.mode, plan, len(chosen), at_start, least, at_most)
+
+
+def _kv_tokens(
+    geometry: PageGeometry,
+    plan: MemoryPlan,
+    num_experts: int,
+    t: Tunables,
+    block_size: int,
+    num_layers: int,
+) -> int:
+    """KV tokens the pool holds once `num_experts` experts take their pages (a token needs
+    one KV slot in every layer)."""
+    allocator = PageAllocator(geometry, plan.num_huge_pages)
+    for i in range(num_experts):
+        if allocator.allocate(PageType.EXPERT, t.pages_per_expert, ("expert", i)) is None:
+            raise ValueError(f"the pool cannot hold {num_experts} experts")
+    return allocator.num_free(PageType.KV) // num_layers * block_size

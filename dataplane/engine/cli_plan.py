@@ -1,0 +1,118 @@
+"""`rimuru plan --model M --memory-budget B`: will the model fit, and how many tokens of KV
+cache does each policy leave — without loading a single weight.
+
+Runs the engine's own start-up arithmetic on the model's shapes (see `capacity.py`), so a
+30B model can be planned on a laptop. The activation reserve is estimated unless given; the
+engine measures it on CUDA. Exit status 0 if at least one policy fits, 2 if none does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rimuru.dataplane.bench.cli import POLICIES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="preset name or local HF directory")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--memory-budget", required=True, help="bytes, e.g. 59GiB")
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    p.add_argument(
+        "--activation-reserve", default=None, help="bytes (default: estimated from the shapes)"
+    )
+    p.add_argument("--expert-offload-limit", type=int, default=16)
+    p.add_argument("--fixed-expert-share", type=float, default=0.5)
+    p.add_argument("--loading-buffer-slots", type=int, default=None)
+    p.add_argument(
+        "--router-skew", type=float, default=1.0, help="presets: adds the skew's router bias"
+    )
+    p.add_argument(
+        "--context-len",
+        type=int,
+        default=512,
+        help="tokens per request for the 'requests' columns (ShareGPT averages ~400-500)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ValueError as exc:
+        print(f"rimuru plan: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rimuru.dataplane.adjust.tunables import Tunables
+    from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
+    from rimuru.dataplane.engine.config import EngineConfig
+    from rimuru.dataplane.memory.units import format_bytes, parse_bytes
+
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise ValueError(f"unknown policy {unknown}: choose from {', '.join(POLICIES)}")
+    if args.context_len < 1:
+        raise ValueError("--context-len must be >= 1")
+    reserve = args.activation_reserve
+    config = EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        router_skew=args.router_skew,
+        memory_budget=parse_bytes(args.memory_budget),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        fixed_expert_share=args.fixed_expert_share,
+        loading_buffer_slots=args.loading_buffer_slots,
+        activation_reserve=parse_bytes(reserve) if reserve is not None else None,
+        tunables=Tunables(expert_offload_limit=args.expert_offload_limit),
+    )
+    cap = plan_capacity(config, policies)
+    mc = cap.model_config
+    print(
+        f"{args.model}: {mc.num_layers} layers x {mc.num_experts} experts; routed experts "
+        f"{format_bytes(cap.expert_bytes)}, non-pool weights "
+        f"{format_bytes(cap.non_pool_weight_bytes)}; activation reserve "
+        f"{format_bytes(cap.activation_reserve_bytes)} "
+        f"({'given' if reserve is not None else 'estimated; the engine measures it on CUDA'})"
+    )
+    header = (
+        "policy",
+        "pool",
+        "loading buffers",
+        "experts at start",
+        "KV tokens at start",
+        "fewest experts",
+        "KV tokens at most",
+        f"requests of {args.context_len} tokens",
+    )
+    rows, failures = [], []
+    for policy, item in zip(policies, cap.policies, strict=True):
+        if not isinstance(item, PolicyCapacity):
+            failures.append(f"{policy}: does not fit: {item}")
+            continue
+        rows.append(
+            (
+                policy,
+                format_bytes(item.plan.pool_bytes),
+                format_bytes(item.plan.loading_buffer_bytes),
+                str(item.experts_at_start),
+                str(item.kv_tokens_at_start),
+                str(item.experts_at_least),
+                str(item.kv_tokens_at_most),
+                f"{item.kv_tokens_at_start // args.context_len} .. "
+                f"{item.kv_tokens_at_most // args.context_len}",
+            )
+        )
+    if rows:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
+        for r in rows:
+            print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    for line in failures:
+        print(line, file=sys.stderr)
+    return 0 if rows else 2

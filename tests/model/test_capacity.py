@@ -1,0 +1,87 @@
+"""`rimuru plan` / `plan_capacity` give the engine's own start-up figures without loading
+weights: the same memory plan, experts resident and KV room as a real engine, for every model
+family (checkpoints from tests/model/conftest.py) and the tiny preset."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from rimuru.cli import main
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.memory.geometry import PageType
+
+MiB = 2**20
+POLICIES = ("resident", "fixed", "elastic")
+
+
+def assert_plan_is_the_engines(config: EngineConfig) -> list[PolicyCapacity]:
+    planned = plan_capacity(config, POLICIES).policies
+    for policy, cap in zip(POLICIES, planned, strict=True):
+        assert isinstance(cap, PolicyCapacity), cap
+        engine = Engine(
+            replace(config, tunables=replace(config.tunables, mode=policy)), log_plan=False
+        )
+        mc = engine.model_config
+        assert cap.plan == engine.plan
+        assert cap.experts_at_start == engine.experts.num_resident()
+        kv_pages = engine.allocator.num_free(PageType.KV)
+        assert cap.kv_tokens_at_start == kv_pages // mc.num_layers * config.block_size
+    return list(planned)
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "qwen3_moe", "mixtral"])
+def test_plan_equals_a_real_engine_for_each_family(hf_checkpoints, family):
+    probe = EngineConfig(
+        model=str(hf_checkpoints[family].path),
+        memory_budget=64 * MiB,
+        activation_reserve=256 * 1024,
+        tunables=Tunables(expert_offload_limit=3),
+        fixed_expert_share=0.4,
+    )
+    sizes = plan_capacity(probe, ("resident",))
+    page = sizes.geometry.expert_page_bytes
+    # a pool of 30 experts under the fixed policy's 2 x 8-slot buffers: fixed caches 0.4 x 30
+    budget = sizes.non_pool_weight_bytes + 256 * 1024 + (2 * 3 * 8 + 30 * 3) * page
+    config = replace(probe, memory_budget=budget)
+    resident, fixed, elastic = assert_plan_is_the_engines(config)
+    # the policies differ as designed: fixed keeps fewer experts, elastic can go down to E - 3
+    assert fixed.experts_at_start < resident.experts_at_start == elastic.experts_at_start
+    assert elastic.experts_at_least == 2 * (8 - 3)
+    assert elastic.kv_tokens_at_most > elastic.kv_tokens_at_start
+
+
+def test_plan_equals_a_real_engine_for_the_tiny_preset_with_router_skew():
+    config = EngineConfig(memory_budget=304 * MiB, max_num_batched_tokens=1024)
+    assert_plan_is_the_engines(config)  # the skew's fp32 router bias is counted too
+    no_skew = plan_capacity(replace(config, router_skew=0.0), ("resident",)).non_pool_weight_bytes
+    skewed = plan_capacity(config, ("resident",)).non_pool_weight_bytes
+    assert skewed - no_skew == 4 * 32 * 4  # layers x experts x fp32
+
+
+def test_cli_prints_each_policy_and_says_why_one_does_not_fit(capsys):
+    code = main(["plan", "--model", "qwen3-30b-a3b", "--memory-budget", "20GiB"])
+    out, err = capsys.readouterr()
+    assert code == 0  # fixed fits
+    rows = [line.split() for line in out.splitlines()[2:]]
+    fixed = plan_capacity(
+        EngineConfig(model="qwen3-30b-a3b", memory_budget=20 * 2**30, max_num_batched_tokens=1024),
+        ("fixed",),
+    ).policies[0]
+    assert [r[0] for r in rows] == ["fixed"]
+    assert rows[0][5:7] == [str(fixed.experts_at_start), str(fixed.kv_tokens_at_start)]
+    assert "resident: does not fit: the pool" in err and "cannot hold the 6144 experts" in err
+    assert "elastic: does not fit" in err and "expert_offload_limit=16" in err
+
+
+def test_cli_exits_2_when_nothing_fits_or_input_is_bad(capsys):
+    assert main(["plan", "--model", "tiny", "--memory-budget", "1MiB"]) == 2
+    assert "does not fit" in capsys.readouterr().err
+    assert main(["plan", "--memory-budget", "1GiB", "--policies", "cached"]) == 2
+    assert "unknown policy ['cached']" in capsys.readouterr().err
+    assert main(["plan", "--memory-budget", "lots"]) == 2
+    assert "rimuru plan:" in capsys.readouterr().err
