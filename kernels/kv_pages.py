@@ -111,8 +111,14 @@ def load_kv_tile(
     return k, v
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision: fp32 inputs exactly ("ieee"; Triton's default on NVIDIA is
+    tf32, which would make fp32 attention disagree with the torch path); else the default."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 @triton.jit
-def online_softmax_step(m, row_sum, acc, scores, v):
+def online_softmax_step(m, row_sum, acc, scores, v, DOT_PRECISION: tl.constexpr):
     """Fold one tile of base-2 scores [M, N] and values [N, Dh] into (m, row_sum, acc).
 
     m starts finite (-1e30) so that a row whose scores are all -inf keeps p = 0, not NaN.
@@ -121,5 +127,5 @@ def online_softmax_step(m, row_sum, acc, scores, v):
     p = tl.exp2(scores - m_new[:, None])
     alpha = tl.exp2(m - m_new)
     row_sum = row_sum * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, row_sum, acc

@@ -26,6 +26,7 @@ from rimuru.kernels.kv_pages import (
     check_kv_pages,
     check_query,
     default_scale,
+    dot_precision,
     load_kv_tile,
     online_softmax_step,
 )
@@ -58,6 +59,7 @@ def _decode_kernel(
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
@@ -84,9 +86,9 @@ def _decode_kernel(
         k, v = load_kv_tile(
             kv_ptr, table_row, toks, tmask, kv_head, stride_page, stride_kind, stride_tok, HEAD_DIM
         )
-        scores = tl.dot(q, tl.trans(k)) * scale_log2  # [G, N]
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [G, N]
         scores = tl.where(tmask[None, :], scores, float("-inf"))
-        m, row_sum, acc = online_softmax_step(m, row_sum, acc, scores, v)
+        m, row_sum, acc = online_softmax_step(m, row_sum, acc, scores, v, DOT_PRECISION)
     gmask = g < GROUP
     if SPLIT:
         row = (b * GROUP * tl.num_programs(1) + heads) * num_splits + split  # [G]
@@ -177,7 +179,7 @@ def paged_decode_attention(
         block_tables.stride(0), kv_pages.stride(0), kv_pages.stride(1), kv_pages.stride(2),
         num_splits, tokens_per_split,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=Dh,
-        BLOCK_N=_BLOCK_N, SPLIT=split, num_warps=4, num_stages=3,
+        BLOCK_N=_BLOCK_N, SPLIT=split, DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=3,
     )  # fmt: skip
     if split:
         _merge_splits_kernel[(B, Hq)](

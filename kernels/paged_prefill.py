@@ -26,6 +26,7 @@ from rimuru.kernels.kv_pages import (
     check_kv_pages,
     check_query,
     default_scale,
+    dot_precision,
     load_kv_tile,
     online_softmax_step,
 )
@@ -52,6 +53,7 @@ def _prefill_kernel(
     stride_tok,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -82,10 +84,10 @@ def _prefill_kernel(
         k, v = load_kv_tile(
             kv_ptr, table_row, toks, tmask, kv_head, stride_page, stride_kind, stride_tok, HEAD_DIM
         )
-        scores = tl.dot(q, tl.trans(k)) * scale_log2  # [M, N]
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, N]
         visible = (toks[None, :] <= q_pos[:, None]) & tmask[None, :]
         scores = tl.where(visible, scores, float("-inf"))
-        m, row_sum, acc = online_softmax_step(m, row_sum, acc, scores, v)
+        m, row_sum, acc = online_softmax_step(m, row_sum, acc, scores, v, DOT_PRECISION)
     o_ptrs = out_ptr + rows[:, None] * stride_ot + head * stride_oh + d[None, :]
     tl.store(o_ptrs, (acc / row_sum[:, None]).to(out_ptr.dtype.element_ty), mask=imask[:, None])
 
@@ -126,7 +128,7 @@ def paged_prefill_attention(
         default_scale(scale, Dh) * _LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), kv_pages.stride(0), kv_pages.stride(1), kv_pages.stride(2),
         GROUP=Hq // kv_pages.shape[3], HEAD_DIM=Dh, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=4, num_stages=2,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
     )  # fmt: skip
     return out
 

@@ -56,6 +56,9 @@ class Engine(EngineSetup):
     def __init__(self, config: EngineConfig, *, log_plan: bool = True):
         self.config = config
         self.device = torch.device(config.device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            # Triton launches on the current device, whatever device its tensors are on
+            torch.cuda.set_device(self.device)
         skew = config.router_skew if config.model in PRESETS else 0.0
         self.source = open_weights(config.model, seed=config.seed, router_skew=skew)
         self.model_config = self.source.config

@@ -180,7 +180,7 @@ class ExpertManager:
         buffer = self.buffers[layer % 2]
         if buffer.layer != layer:
             buffer.reset(layer)
-        counts = torch.bincount(topk_ids.flatten(), minlength=self.num_experts)  # [E]
+        counts = self._histogram(topk_ids)  # [E]
         self._routing_counts[layer] += counts
         if (
             self.moe_kernel is not None
@@ -195,9 +195,7 @@ class ExpertManager:
         predict = self.router_logits is not None and layer + 1 < self.num_layers
         if predict:
             guess = torch.topk(self.router_logits(layer + 1, x), self.top_k, dim=-1).indices
-            counts = torch.stack(
-                (counts, torch.bincount(guess.flatten(), minlength=self.num_experts))
-            )
+            counts = torch.stack((counts, self._histogram(guess)))
         host = counts.cpu().view(-1, self.num_experts)  # [1 or 2, E]
         needed = torch.nonzero(host[0]).flatten().tolist()
         missing = [e for e in needed if e not in self.resident[layer]]
@@ -206,8 +204,9 @@ class ExpertManager:
             self.counters.predictor_hits += sum(1 for e in missing if e in buffer.slot_of)
         if buffer.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(buffer.ready)
+        # all of them first: a full buffer may only drop predictions this layer does not need
+        buffer.used.update(missing)
         for e in missing:
-            buffer.used.add(e)
             if e not in buffer.slot_of:
                 self._copy_to_buffer(buffer, layer, e)
         if missing and self._copy_stream is not None:
@@ -222,6 +221,13 @@ class ExpertManager:
         if layer > 0:
             self.counters.prefetched_unused += len(set(buffer.slot_of) - buffer.used)
         return out
+
+    def _histogram(self, ids: torch.Tensor) -> torch.Tensor:
+        """Tokens per expert, [E] int64, on the device. Not torch.bincount: on CUDA it reads
+        the input's min and max back to the host, a synchronisation per call."""
+        flat = ids.flatten().to(torch.int64)
+        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device)
+        return counts.scatter_add_(0, flat, torch.ones_like(flat))
 
     def _all_resident(self, layer: int) -> bool:
         return layer >= self.num_layers or len(self.resident[layer]) == self.num_experts

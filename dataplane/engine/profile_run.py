@@ -3,13 +3,15 @@
 One sequence of `max_num_batched_tokens` prompt tokens runs through the model, with its KV
 in a scratch pool and every routed expert read from one loading-buffer slot (activation
 memory does not depend on which weights a token meets), then the logits of `max_num_seqs`
-rows. The peak allocated above what existed before the forward is the activation reserve.
+rows. The peak allocated above what existed before the forward — the scratch pool and slot
+excluded, since they stand in for the engine's own pages — is the activation reserve.
 CUDA only: the CPU has no peak counter, so there the engine uses `estimate_activation_bytes`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -40,7 +42,7 @@ class _OneSlotExperts:
         return self.moe_kernel(x, topk_ids, topk_weights, self.buffer, self.buffer, self.table)
 
 
-def profiling_forward(
+def prepare_profiling_forward(
     model: MoETransformer,
     host_experts: list[ExpertWeights],
     geometry: PageGeometry,
@@ -48,8 +50,10 @@ def profiling_forward(
     num_seqs: int,
     moe_kernel,
     attention_kernels,
-) -> torch.Tensor:
-    """Run the full-size step on scratch memory; returns the logits [min(S, T), V]."""
+) -> Callable[[], torch.Tensor]:
+    """Allocate the full-size step's scratch (KV pool, one expert slot, inputs) and return
+    the forward over it, which returns the logits [min(S, T), V]. Apart so that the
+    measurement counts only what the forward itself allocates."""
     device, dtype = model.device, model.dtype
     layers = model.config.num_layers
     num_blocks = math.ceil(num_tokens / geometry.shape.block_size)
@@ -64,8 +68,27 @@ def profiling_forward(
     generator = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (num_tokens,), generator=generator).to(device)
     positions = torch.arange(num_tokens, device=device)
-    hidden = runner.forward(ids, positions, meta)
-    return runner.compute_logits(hidden[-min(num_seqs, num_tokens) :])
+
+    def forward() -> torch.Tensor:
+        hidden = runner.forward(ids, positions, meta)
+        return runner.compute_logits(hidden[-min(num_seqs, num_tokens) :])
+
+    return forward
+
+
+def profiling_forward(
+    model: MoETransformer,
+    host_experts: list[ExpertWeights],
+    geometry: PageGeometry,
+    num_tokens: int,
+    num_seqs: int,
+    moe_kernel,
+    attention_kernels,
+) -> torch.Tensor:
+    """Run the full-size step on scratch memory; returns the logits [min(S, T), V]."""
+    return prepare_profiling_forward(
+        model, host_experts, geometry, num_tokens, num_seqs, moe_kernel, attention_kernels
+    )()
 
 
 def measure_activation_bytes(
@@ -81,12 +104,15 @@ def measure_activation_bytes(
     device = model.device
     if device.type != "cuda":
         raise ValueError("the profiling forward measures CUDA memory; use the estimate on CPU")
+    # the scratch KV pool and expert slot stand in for pool pages the engine has anyway:
+    # allocated before the baseline so that the reserve holds activations only
+    forward = prepare_profiling_forward(
+        model, host_experts, geometry, num_tokens, num_seqs, moe_kernel, attention_kernels
+    )
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
-    logits = profiling_forward(
-        model, host_experts, geometry, num_tokens, num_seqs, moe_kernel, attention_kernels
-    )
+    logits = forward()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base
     del logits
