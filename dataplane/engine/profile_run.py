@@ -76,21 +76,6 @@ def prepare_profiling_forward(
     return forward
 
 
-def profiling_forward(
-    model: MoETransformer,
-    host_experts: list[ExpertWeights],
-    geometry: PageGeometry,
-    num_tokens: int,
-    num_seqs: int,
-    moe_kernel,
-    attention_kernels,
-) -> torch.Tensor:
-    """Run the full-size step on scratch memory; returns the logits [min(S, T), V]."""
-    return prepare_profiling_forward(
-        model, host_experts, geometry, num_tokens, num_seqs, moe_kernel, attention_kernels
-    )()
-
-
 def measure_activation_bytes(
     model: MoETransformer,
     host_experts: list[ExpertWeights],
@@ -100,7 +85,7 @@ def measure_activation_bytes(
     moe_kernel,
     attention_kernels,
 ) -> int:
-    """Peak CUDA memory of `profiling_forward` above what was allocated before it."""
+    """Peak CUDA memory of the profiling forward above what was allocated before it."""
     device = model.device
     if device.type != "cuda":
         raise ValueError("the profiling forward measures CUDA memory; use the estimate on CPU")
