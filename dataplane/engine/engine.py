@@ -21,9 +21,9 @@ from dataclasses import replace
 
 import torch
 
-from rimuru.dataplane.adjust.adjuster import decide, reserve
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.engine.boundary import move_boundary
 from rimuru.dataplane.engine.budget import (
     MemoryPlan,
     plan_memory,
@@ -112,7 +112,12 @@ class Engine(EngineSetup):
         self.attention = PagedAttention(self.pool, kernels=self._attention_kernels())
         self.model = self.model.with_backends(self.attention, self.experts)
         self.kv = KVCacheManager(self.allocator, self.reclaim, mc.num_layers, config.block_size)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.kv,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            make_room=self._make_room if self.tunables.mode == "elastic" else None,
+        )
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.step_id = 0
@@ -296,22 +301,26 @@ class Engine(EngineSetup):
         step = self.step_id
         out = self.scheduler.schedule(step)
         if self.tunables.mode == "elastic":
-            decision = decide(
-                self.kv.shortfall_in_expert_pages(out.kv_pages_short),
-                self.allocator.num_free(PageType.EXPERT),
-                self.ranking,
-                self.experts.resident_sets(),
-                self.tunables,
-            )
-            changes = reserve(decision, self.allocator, self.tunables)
-            # The previous forward — the last that could read an evicted expert — has ended.
-            self.experts.apply(changes, last_step=step - 1)
+            self._move_boundary(out.kv_pages_short)
         outputs: list[RequestOutput] = []
         if out.scheduled:
             outputs = self._execute(out.scheduled, step)
         self._mark_complete(step)
         self._record(out, step)
         return outputs
+
+    def _move_boundary(self, kv_pages_short: int, evict_only: bool = False):
+        return move_boundary(
+            kv_pages_short, self.allocator, self.kv, self.experts, self.ranking, self.tunables,
+            self.step_id - 1, evict_only=evict_only,
+        )  # fmt: skip
+
+    def _make_room(self, kv_pages_lacking: int) -> int:
+        """Elastic, inside a scheduling round: evict experts now so that a running request
+        is not preempted; returns the KV pages gained (0 once expert_offload_limit binds)."""
+        before = self.allocator.num_free(PageType.KV)
+        self._move_boundary(kv_pages_lacking, evict_only=True)
+        return self.allocator.num_free(PageType.KV) - before
 
     def _mark_complete(self, step: int) -> None:
         """Pages released for `step` become free once its forward has finished on the device:

@@ -2,9 +2,12 @@
 
 One round (vLLM V1 semantics):
   1. Running requests first, oldest first: each gets its remaining tokens (a prompt chunk
-     or one decode token) within the token budget. If its KV pages do not fit, the newest
-     running request is preempted (pages freed, back to the front of the waiting queue,
-     recomputed from scratch later) until they do — possibly the request itself.
+     or one decode token) within the token budget. If its KV pages do not fit, `make_room`
+     (elastic: the adjuster evicts experts, within expert_offload_limit) is asked first;
+     only when it frees nothing is the newest running request preempted (pages freed, back
+     to the front of the waiting queue, recomputed from scratch later), until they fit —
+     possibly the request itself. Recomputing a preempted request costs far more than
+     reading an offloaded expert through a loading buffer.
   2. Waiting requests are admitted, oldest first, only if nothing was preempted this round,
      while `max_num_seqs` and the token budget allow and their pages fit.
   3. The shortfall — KV pages that were needed but could not be had — is reported in the
@@ -14,6 +17,7 @@ One round (vLLM V1 semantics):
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
@@ -38,10 +42,19 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        make_room: Callable[[int], int] | None = None,
+    ):
+        """`make_room(kv_pages_lacking)` frees pool pages for KV now and returns how many KV
+        pages it gained (0: nothing more can go)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.kv = kv
+        self.make_room = make_room
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
@@ -65,8 +78,11 @@ class Scheduler:
             num_new = min(request.num_tokens_to_compute, budget)
             counted = False
             while not self.kv.allocate_slots(request, num_new):
+                lacking = self.kv.num_pages_needed(request, num_new) - self.kv.num_free_pages
+                if self.make_room is not None and self.make_room(lacking) > 0:
+                    continue  # room was made: try again before preempting anyone
                 if not counted:  # count what this request lacked once, not per retry
-                    short += self.kv.num_pages_needed(request, num_new) - self.kv.num_free_pages
+                    short += lacking
                     counted = True
                 victim = self.running.pop()
                 self._preempt(victim, step)

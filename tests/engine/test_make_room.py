@@ -1,0 +1,47 @@
+"""Elastic mode makes room before it preempts: when a running request's next KV block does not
+fit, experts are evicted inside the scheduling round (within expert_offload_limit), and a
+request is preempted only once the limit binds. Tokens do not depend on either."""
+
+import random
+
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.request import SamplingParams
+
+MiB = 2**20
+LAYERS, EXPERTS = 4, 32  # the tiny preset
+
+
+def run(limit: int, budget: int, prompts):
+    engine = Engine(
+        EngineConfig(
+            memory_budget=budget,
+            activation_reserve=0,
+            max_num_batched_tokens=256,
+            loading_buffer_slots=32,
+            tunables=Tunables(mode="elastic", expert_offload_limit=limit),
+        ),
+        log_plan=False,
+    )
+    tokens = engine.generate(prompts, SamplingParams(max_tokens=64, ignore_eos=True))
+    engine.check_invariants()
+    assert engine.num_leaked_pages() == 0
+    fewest = min(s.num_experts_resident for s in engine.stats)
+    return tokens, engine.scheduler.num_preemptions, engine.experts.counters.evictions, fewest
+
+
+def test_elastic_evicts_before_it_preempts_and_preempts_once_the_limit_binds():
+    rng = random.Random(7)
+    prompts = [[rng.randrange(151_000) for _ in range(rng.randint(20, 60))] for _ in range(64)]
+    probe = Engine(EngineConfig(activation_reserve=0), log_plan=False)
+    # every expert resident leaves ~3 MiB of KV pages: 64 requests of up to 124 tokens need more
+    budget = probe.model.resident_nbytes() + 2 * 3 * 32 * probe.geometry.expert_page_bytes
+    budget += 25 * MiB
+    roomy, preempted, evicted, fewest = run(16, budget, prompts)
+    assert preempted == 0 and evicted > 0
+    assert LAYERS * (EXPERTS - 16) <= fewest < LAYERS * EXPERTS
+    tight, preempted, evicted, fewest = run(3, budget, prompts)
+    assert preempted > 0  # three experts a layer were not enough room
+    assert fewest == LAYERS * (EXPERTS - 3)  # the limit bound, and held
+    assert tight == roomy
