@@ -11,10 +11,11 @@ as a smoke test on a laptop.
 
 rate-sweep: `qwen3-30b-a3b` (bf16), budget 59 GiB — all weights are 56.9 GiB (experts
   54.0 GiB, the rest 2.9 GiB), so they barely fit and the resident policy keeps ~1.7 GiB of
-  KV (~18k tokens, ~45 ShareGPT requests). At 62 GiB (4.7 GiB of KV) 100 requests never ran
-  short on the H200 and the adjuster never moved (docs/benchmarks.md). Rates from light to
-  overload, each with --num-prompts requests (400 make memory bind at 16 req/s); one policy
-  per call (one engine serves all rates).
+  KV (18,784 tokens: 36 requests of 512 tokens, says `rimuru plan`). At 62 GiB (4.7 GiB of
+  KV) 100 requests never ran short on the H200 and the adjuster never moved
+  (docs/benchmarks.md). Rates from light to overload, each with --num-prompts requests (400
+  at 16 req/s should outgrow the resident KV; not yet run); one policy per call (one engine
+  serves all rates).
 ablation: `qwen1.5-moe-a2.7b`, 28.8 GiB, 10 req/s: fixed cache with gathered experts ->
   + adjuster (elastic, gathered) -> + paged kernel (elastic, in place).
 offload-sweep: elastic with several expert_offload_limit values on a burst (all requests at
