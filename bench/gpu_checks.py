@@ -1,0 +1,165 @@
+"""Checks of the code paths that only run on CUDA, in one short call: run it first in a device
+session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
+
+    python3 bench/gpu_checks.py [--out DIR]                       # CUDA (~1 min)
+    TRITON_INTERPRET=1 python bench/gpu_checks.py --device cpu [--only one-block]  # CPU
+
+1. one-block requests: a 5-token prompt alone, Triton kernels, every policy (block tables
+   of shape [L, 1, 1]; the H200 Fig. 4 run of 2026-11-29 stopped on exactly this).
+2. Triton path == torch path: greedy tokens of the fp32 `tiny` preset under the three
+   policies with kernels and without (fp32 dots must be exact, not tf32).
+3. no host synchronisation in a fully resident engine's forward: the forward runs under
+   torch.cuda.set_sync_debug_mode("error") (CUDA only).
+4. the activation reserve: measured by the profiling forward vs the CPU estimate (CUDA only).
+5. an engine on cuda:1 when there are two GPUs (Triton launches on the current device).
+Prints a table last: check, result, detail. Exit status 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.engine.budget import estimate_activation_bytes
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.request import SamplingParams
+
+MiB = 2**20
+POLICIES = ("resident", "fixed", "elastic")
+PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
+
+
+def engine(device: str, mode: str, kernels: bool, **overrides) -> Engine:
+    config = EngineConfig(
+        device=device,
+        activation_reserve=0,
+        max_num_batched_tokens=128,
+        memory_budget=200 * MiB,
+        loading_buffer_slots=32,
+        fixed_expert_share=0.05,  # few experts cached: the fixed path copies on every layer
+        use_kernels=kernels,
+        tunables=Tunables(mode=mode, expert_offload_limit=16),
+    )
+    return Engine(replace(config, **overrides), log_plan=False)
+
+
+def prompts(n: int) -> list[list[int]]:
+    rng = random.Random(3)
+    return [[rng.randrange(151_000) for _ in range(rng.randint(17, 70))] for _ in range(n)]
+
+
+def one_block(device: str) -> str:
+    first = None
+    for mode in POLICIES:
+        e = engine(device, mode, kernels=True)
+        tokens = e.generate([prompts(1)[0][:5]], PARAMS)
+        e.check_invariants()
+        first = first or tokens
+        if tokens != first:
+            raise AssertionError(f"{mode} gave {tokens}, resident {first}")
+    return f"3 policies, tokens {first[0]}"
+
+
+def paths_agree(device: str) -> str:
+    runs = {
+        (m, k): engine(device, m, k).generate(prompts(6), PARAMS)
+        for m in POLICIES
+        for k in (True, False)
+    }
+    reference = runs[("resident", False)]
+    differ = [f"{m}/{'triton' if k else 'torch'}" for (m, k), t in runs.items() if t != reference]
+    if differ:
+        raise AssertionError(f"tokens differ from resident/torch: {differ}")
+    return "6 runs, 36 tokens, all identical"
+
+
+def no_sync(device: str) -> str:
+    e = engine(device, "resident", kernels=True)
+    e.generate(prompts(2), PARAMS)  # compile everything first
+    forward = e.model.forward
+
+    def strict(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    e.model.forward = strict
+    e.generate(prompts(4), PARAMS)
+    return "4 requests decoded, forward never synchronised"
+
+
+def reserve(device: str) -> str:
+    e = engine(device, "resident", kernels=True, activation_reserve=None, memory_budget=400 * MiB)
+    estimate = estimate_activation_bytes(e.model_config, 128, 256, e.dtype)
+    return (
+        f"measured {e.plan.activation_reserve_bytes / MiB:.1f} MiB (incl. 10% headroom), "
+        f"estimate {estimate / MiB:.1f} MiB"
+    )
+
+
+def second_gpu(device: str) -> str:
+    e = engine("cuda:1", "elastic", kernels=True)
+    tokens = e.generate(prompts(2), PARAMS)
+    same = engine("cuda:0", "elastic", kernels=True).generate(prompts(2), PARAMS)
+    if tokens != same:
+        raise AssertionError("cuda:1 and cuda:0 disagree")
+    return "cuda:1 tokens == cuda:0 tokens"
+
+
+CHECKS = {
+    "one-block": ("one-block requests", one_block),
+    "paths": ("triton == torch tokens", paths_agree),
+    "sync": ("no host sync (resident)", no_sync),
+    "reserve": ("activation reserve", reserve),
+    "gpu1": ("second GPU", second_gpu),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default=None, help="also write gpu_checks.json here")
+    ap.add_argument("--only", default=None, help=f"comma list of {', '.join(CHECKS)}")
+    args = ap.parse_args()
+    cuda = args.device.startswith("cuda")
+    names = args.only.split(",") if args.only else list(CHECKS)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        ap.error(f"unknown checks {unknown}: choose from {', '.join(CHECKS)}")
+    wanted = {
+        "one-block": True,
+        "paths": True,
+        "sync": cuda,
+        "reserve": cuda,
+        "gpu1": cuda and torch.cuda.device_count() > 1,
+    }
+    checks = [CHECKS[n] for n in names if wanted[n]]
+    rows = []
+    for name, check in checks:
+        try:
+            rows.append((name, "ok", check(args.device)))
+        except Exception as exc:  # report every check, not just the first failure
+            traceback.print_exc()
+            rows.append((name, "FAILED", repr(exc)[:200]))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "gpu_checks.json").write_text(json.dumps(rows, indent=1))
+    width = max(len(r[0]) for r in rows)
+    for name, result, detail in rows:
+        print(f"{name.ljust(width)}  {result:6s}  {detail}")
+    return 1 if any(r[1] != "ok" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
