@@ -155,6 +155,9 @@ def main() -> int:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "gpu_checks.json").write_text(json.dumps(rows, indent=1))
+    if not rows:
+        print("no checks ran: the ones asked for need CUDA (or a second GPU)")
+        return 0
     width = max(len(r[0]) for r in rows)
     for name, result, detail in rows:
         print(f"{name.ljust(width)}  {result:6s}  {detail}")

@@ -111,7 +111,11 @@ def _policy(
         2 * 3 * slots * geometry.expert_page_bytes,
         geometry,
     )
-    ranking = HotnessRanking.uniform(mc.num_layers, mc.num_experts)
+    ranking = (
+        HotnessRanking.load(config.hotness_path)
+        if config.hotness_path
+        else HotnessRanking.uniform(mc.num_layers, mc.num_experts)
+    )  # start-up residency follows the ranking, as in the engine
     allocator = PageAllocator(geometry, plan.num_huge_pages)
     chosen = initial_experts(
         t, ranking, allocator.num_free(PageType.EXPERT), config.fixed_expert_share

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.bench.cli import POLICIES
 
 
@@ -27,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-offload-limit", type=int, default=16)
     p.add_argument("--fixed-expert-share", type=float, default=0.5)
     p.add_argument("--loading-buffer-slots", type=int, default=None)
+    p.add_argument("--hotness", default=None, help="offline ranking file (default: uniform)")
+    p.add_argument("--grow-threshold", type=int, default=Tunables.grow_threshold)
     p.add_argument(
         "--router-skew", type=float, default=1.0, help="presets: adds the skew's router bias"
     )
@@ -47,7 +50,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rimuru.dataplane.adjust.tunables import Tunables
     from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
     from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.memory.units import format_bytes, parse_bytes
@@ -68,8 +70,11 @@ def _run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         fixed_expert_share=args.fixed_expert_share,
         loading_buffer_slots=args.loading_buffer_slots,
+        hotness_path=args.hotness,
         activation_reserve=parse_bytes(reserve) if reserve is not None else None,
-        tunables=Tunables(expert_offload_limit=args.expert_offload_limit),
+        tunables=Tunables(
+            expert_offload_limit=args.expert_offload_limit, grow_threshold=args.grow_threshold
+        ),
     )
     cap = plan_capacity(config, policies)
     mc = cap.model_config

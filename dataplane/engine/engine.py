@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -297,17 +298,19 @@ class Engine(EngineSetup):
 
     # ------------------------------------------------------------------ one round
     def step(self) -> list[RequestOutput]:
-        self.step_id += 1
-        step = self.step_id
-        out = self.scheduler.schedule(step)
-        if self.tunables.mode == "elastic":
-            self._move_boundary(out.kv_pages_short)
-        outputs: list[RequestOutput] = []
-        if out.scheduled:
-            outputs = self._execute(out.scheduled, step)
-        self._mark_complete(step)
-        self._record(out, step)
-        return outputs
+        # the current CUDA device is per thread: Triton launches and events follow it
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
+            self.step_id += 1
+            step = self.step_id
+            out = self.scheduler.schedule(step)
+            if self.tunables.mode == "elastic":
+                self._move_boundary(out.kv_pages_short)
+            outputs: list[RequestOutput] = []
+            if out.scheduled:
+                outputs = self._execute(out.scheduled, step)
+            self._mark_complete(step)
+            self._record(out, step)
+            return outputs
 
     def _move_boundary(self, kv_pages_short: int, evict_only: bool = False):
         return move_boundary(

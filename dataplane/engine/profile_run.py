@@ -100,6 +100,6 @@ def measure_activation_bytes(
     logits = forward()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base
-    del logits
+    del logits, forward  # the closure holds the scratch pool: release it with the cache
     torch.cuda.empty_cache()
     return int(peak)

@@ -4,11 +4,13 @@ family (checkpoints from tests/model/conftest.py) and the tiny preset."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
 
 from rimuru.cli import main
+from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
 from rimuru.dataplane.engine.config import EngineConfig
@@ -85,3 +87,25 @@ def test_cli_exits_2_when_nothing_fits_or_input_is_bad(capsys):
     assert "unknown policy ['cached']" in capsys.readouterr().err
     assert main(["plan", "--memory-budget", "lots"]) == 2
     assert "rimuru plan:" in capsys.readouterr().err
+
+
+def test_plan_follows_the_hotness_ranking_like_the_engine(tmp_path):
+    # a skewed ranking spreads the fixed cache over the layers; with a uniform one the cache
+    # fills whole layers in order. 20 slots only fit the spread.
+    rng = random.Random(5)
+    counts = [[rng.random() ** 4 for _ in range(32)] for _ in range(4)]
+    HotnessRanking.from_counts(counts).save(tmp_path / "hot.json")
+    config = EngineConfig(
+        memory_budget=304 * MiB,
+        max_num_batched_tokens=1024,
+        loading_buffer_slots=20,
+        fixed_expert_share=0.45,
+        hotness_path=str(tmp_path / "hot.json"),
+    )
+    fixed = plan_capacity(config, ("fixed",)).policies[0]
+    assert isinstance(fixed, PolicyCapacity), fixed
+    engine = Engine(replace(config, tunables=Tunables(mode="fixed")), log_plan=False)
+    assert fixed.experts_at_start == engine.experts.num_resident()
+    assert fixed.kv_tokens_at_start == engine.allocator.num_free(PageType.KV) // 4 * 16
+    uniform = plan_capacity(replace(config, hotness_path=None), ("fixed",)).policies[0]
+    assert isinstance(uniform, str) and "leaves 32 experts of a layer" in uniform
