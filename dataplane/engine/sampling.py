@@ -36,27 +36,45 @@ class Sampler:
         tokens = torch.empty(len(params), dtype=torch.int64, device=logits.device)
         if greedy:
             tokens[greedy] = torch.argmax(logits[greedy], dim=-1)
-        for i, p in enumerate(params):
-            if p.temperature >= SAMPLING_EPS:
-                tokens[i] = self._sample_row(logits[i].float(), request_ids[i], p)
+        rows = [i for i, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
+        probs = self._filtered_probs(logits[rows], [params[i] for i in rows])
+        picks = torch.empty(len(rows), dtype=torch.int64, device=logits.device)
+        seeded = [j for j, i in enumerate(rows) if params[i].seed is not None]
+        unseeded = [j for j, i in enumerate(rows) if params[i].seed is None]
+        if unseeded:
+            picks[unseeded] = torch.multinomial(probs[unseeded], 1).squeeze(1)
+        for j in seeded:  # each seeded request draws from its own generator, batch or not
+            i = rows[j]
+            generator = self._generator(request_ids[i], params[i], logits.device)
+            picks[j] = torch.multinomial(probs[j], 1, generator=generator)[0]
+        tokens[rows] = picks
         return tokens.tolist()
 
-    def _sample_row(self, row: torch.Tensor, request_id: str, p: SamplingParams) -> torch.Tensor:
-        """One token id as a 1-element tensor on the row's device (no host synchronisation:
-        masks are applied with masked_fill, not boolean indexing)."""
-        row = row / p.temperature  # [V]
-        if p.top_k > 0 and p.top_k < row.numel():
-            kth = torch.topk(row, p.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            # keep the smallest prefix whose mass reaches top_p (always the first token)
-            drop = torch.cumsum(sorted_probs, 0) - sorted_probs >= p.top_p
-            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        generator = self._generator(request_id, p, row.device)
-        return torch.multinomial(probs, 1, generator=generator)
+    @staticmethod
+    def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """[R, V] logits -> [R, V] probabilities after temperature, top-k and top-p, in
+        vocabulary order. One pass for all rows: the filters work on a sorted copy and are
+        scattered back, so the draw itself runs in vocabulary order, where a tiny change of
+        the logits (another batch, another policy) moves the pick only at a boundary; in
+        sorted order two near-equal tokens swapping places would change it outright."""
+        device, vocab = logits.device, logits.shape[-1]
+        temperature = torch.tensor([p.temperature for p in params], device=device)
+        top_k = torch.tensor(
+            [p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device
+        )
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        scaled = logits.float() / temperature[:, None]
+        ranked, order = torch.sort(scaled, dim=-1, descending=True)
+        positions = torch.arange(vocab, device=device)
+        # top-k keeps every logit >= the k-th largest (ties at the k-th are kept)
+        kth = ranked.gather(1, (top_k - 1)[:, None])
+        keep = ranked >= kth
+        # top-p keeps the smallest prefix whose mass reaches top_p (always the first token)
+        sorted_probs = torch.softmax(ranked.masked_fill(~keep, float("-inf")), dim=-1)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        keep &= (before < top_p[:, None]) | (positions == 0) | (top_p >= 1.0)[:, None]
+        keep = torch.zeros_like(keep).scatter_(1, order, keep)  # back to vocabulary order
+        return torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
 
     def _generator(
         self, request_id: str, p: SamplingParams, device: torch.device

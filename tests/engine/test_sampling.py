@@ -33,3 +33,21 @@ def test_seeded_requests_repeat_exactly():
     a = [s1.sample(LOGITS[None], ["x"], [p])[0] for _ in range(20)]
     b = [s2.sample(LOGITS[None], ["x"], [p])[0] for _ in range(20)]
     assert a == b and a[0] == first[0] and len(set(a)) > 1
+
+
+def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_batch():
+    p = SamplingParams(temperature=1.2, top_p=0.95, seed=3)
+    alone = Sampler()
+    solo = [alone.sample(LOGITS[None], ["x"], [p])[0] for _ in range(15)]
+    batched, together = Sampler(), []
+    others = [
+        SamplingParams(),
+        SamplingParams(temperature=0.7, top_k=3),
+        SamplingParams(temperature=1.0, seed=9),
+    ]
+    logits = torch.stack([LOGITS.flip(0), LOGITS, LOGITS.roll(1), LOGITS])
+    for _ in range(15):
+        out = batched.sample(logits, ["g", "x", "u", "s"], [others[0], p, others[1], others[2]])
+        assert out[0] == 4  # the greedy row: argmax of the flipped logits
+        together.append(out[1])
+    assert together == solo and len(set(solo)) > 1
