@@ -1,7 +1,7 @@
 """Checks of the code paths that only run on CUDA, in one short call: run it first in a device
 session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
 
-    python3 bench/gpu_checks.py [--out DIR]                       # CUDA (~1 min)
+    python3 bench/gpu_checks.py [--out DIR]                       # CUDA (not yet run there)
     TRITON_INTERPRET=1 python bench/gpu_checks.py --device cpu [--only one-block]  # CPU
 
 1. one-block requests: a 5-token prompt alone, Triton kernels, every policy (block tables

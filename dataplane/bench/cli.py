@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -91,14 +90,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        return _run(args)
-    except ValueError as exc:
-        print(f"rimuru bench: {exc}", file=sys.stderr)
-        return 2
-
-
-def _run(args: argparse.Namespace) -> int:
     import torch
 
     from rimuru.dataplane.engine.config import EngineConfig

@@ -20,7 +20,12 @@ from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.budget import MemoryPlan, estimate_activation_bytes, plan_memory
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
-from rimuru.dataplane.engine.setup import buffer_slots, page_geometry
+from rimuru.dataplane.engine.setup import (
+    buffer_slots,
+    check_buffer_fits,
+    check_offload_fits,
+    page_geometry,
+)
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageGeometry, PageType
 from rimuru.dataplane.memory.units import format_bytes
@@ -100,10 +105,7 @@ def _policy(
 ) -> PolicyCapacity:
     t = config.tunables
     slots = buffer_slots(config, mc)
-    if t.mode == "elastic" and min(t.expert_offload_limit, mc.num_experts) > slots:
-        raise ValueError(
-            f"expert_offload_limit={t.expert_offload_limit} exceeds {slots} loading-buffer slots"
-        )
+    check_buffer_fits(t, mc.num_experts, slots)
     plan = plan_memory(
         config.memory_budget,
         non_pool,
@@ -121,11 +123,7 @@ def _policy(
         t, ranking, allocator.num_free(PageType.EXPERT), config.fixed_expert_share
     )
     offloaded = max_offloaded(chosen, mc.num_layers, mc.num_experts)
-    if offloaded > slots:
-        raise ValueError(
-            f"the {t.mode} policy leaves {offloaded} experts of a layer on the host but a "
-            f"loading buffer holds {slots}: raise loading_buffer_slots or the memory budget"
-        )
+    check_offload_fits(t.mode, offloaded, slots)
     expert_pages = len(chosen) * t.pages_per_expert
     if expert_pages > allocator.num_free(PageType.EXPERT):
         raise ValueError(

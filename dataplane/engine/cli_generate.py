@@ -38,14 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except ValueError as exc:
-        print(f"rimuru generate: {exc}", file=sys.stderr)
-        return 2
-
-
-def _run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.engine.request import SamplingParams
 
     if (args.prompt is None) == (args.token_ids is None):

@@ -42,14 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except ValueError as exc:
-        print(f"rimuru plan: {exc}", file=sys.stderr)
-        return 2
-
-
-def _run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
     from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.memory.units import format_bytes, parse_bytes

@@ -42,7 +42,12 @@ from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingPara
 from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
 from rimuru.dataplane.engine.sampling import Sampler
 from rimuru.dataplane.engine.scheduler import Scheduler
-from rimuru.dataplane.engine.setup import EngineSetup, page_geometry
+from rimuru.dataplane.engine.setup import (
+    EngineSetup,
+    check_buffer_fits,
+    check_offload_fits,
+    page_geometry,
+)
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
@@ -150,26 +155,14 @@ class Engine(EngineSetup):
         )
 
     def _check_buffer_fits(self, tunables: Tunables) -> None:
-        """A layer's offloaded experts must all fit one loading buffer (sized at start-up)."""
-        slots = self.experts.num_buffer_slots
-        limit = min(tunables.expert_offload_limit, self.model_config.num_experts)
-        if tunables.mode == "elastic" and limit > slots:
-            raise ValueError(
-                f"expert_offload_limit={tunables.expert_offload_limit} exceeds the loading "
-                f"buffers' {slots} slots set at start-up: restart with loading_buffer_slots "
-                f">= {limit} (--loading-buffer-slots) or keep the limit <= {slots}"
-            )
+        mc = self.model_config
+        check_buffer_fits(tunables, mc.num_experts, self.experts.num_buffer_slots)
 
     def _load_initial_experts(self) -> None:
         chosen = self._initial_experts()
         mc = self.model_config
         offloaded = max_offloaded(chosen, mc.num_layers, mc.num_experts)
-        if offloaded > self.experts.num_buffer_slots:
-            raise ValueError(
-                f"the {self.tunables.mode} policy leaves {offloaded} experts of a layer on the "
-                f"host but a loading buffer holds {self.experts.num_buffer_slots}: raise "
-                f"loading_buffer_slots to >= {offloaded} or the memory budget"
-            )
+        check_offload_fits(self.tunables.mode, offloaded, self.experts.num_buffer_slots)
         self.experts.load_initial(chosen, self.tunables.pages_per_expert)
 
     def set_ranking(self, ranking: HotnessRanking) -> None:

@@ -76,30 +76,17 @@ def prepare_profiling_forward(
     return forward
 
 
-def measure_activation_bytes(
-    model: MoETransformer,
-    host_experts: list[ExpertWeights],
-    geometry: PageGeometry,
-    num_tokens: int,
-    num_seqs: int,
-    moe_kernel,
-    attention_kernels,
-) -> int:
-    """Peak CUDA memory of the profiling forward above what was allocated before it."""
-    device = model.device
+def measure_activation_bytes(forward: Callable[[], torch.Tensor], device: torch.device) -> int:
+    """Peak CUDA memory of `forward` (from `prepare_profiling_forward`) above what was
+    allocated before it. Its scratch KV pool and expert slot, which stand in for pool pages
+    the engine has anyway, already exist: the reserve holds activations only."""
     if device.type != "cuda":
         raise ValueError("the profiling forward measures CUDA memory; use the estimate on CPU")
-    # the scratch KV pool and expert slot stand in for pool pages the engine has anyway:
-    # allocated before the baseline so that the reserve holds activations only
-    forward = prepare_profiling_forward(
-        model, host_experts, geometry, num_tokens, num_seqs, moe_kernel, attention_kernels
-    )
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
     logits = forward()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base
-    del logits, forward  # the closure holds the scratch pool: release it with the cache
-    torch.cuda.empty_cache()
+    del logits
     return int(peak)

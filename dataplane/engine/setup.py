@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.budget import device_memory_bytes, estimate_activation_bytes
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry
@@ -41,6 +42,27 @@ def buffer_slots(c: EngineConfig, mc: ModelConfig) -> int:
     return max(1, min(mc.num_experts, c.tunables.expert_offload_limit))
 
 
+def check_buffer_fits(tunables: Tunables, num_experts: int, slots: int) -> None:
+    """Elastic: a layer's offloaded experts must all fit one loading buffer (sized at start)."""
+    limit = min(tunables.expert_offload_limit, num_experts)
+    if tunables.mode == "elastic" and limit > slots:
+        raise ValueError(
+            f"expert_offload_limit={tunables.expert_offload_limit} exceeds the loading "
+            f"buffers' {slots} slots set at start-up: restart with loading_buffer_slots "
+            f">= {limit} (--loading-buffer-slots) or keep the limit <= {slots}"
+        )
+
+
+def check_offload_fits(mode: str, offloaded: int, slots: int) -> None:
+    """Start-up residency may leave at most one loading buffer's worth off any layer."""
+    if offloaded > slots:
+        raise ValueError(
+            f"the {mode} policy leaves {offloaded} experts of a layer on the host but a "
+            f"loading buffer holds {slots}: raise loading_buffer_slots to >= {offloaded} or "
+            f"the memory budget"
+        )
+
+
 class EngineSetup:
     def _budget_bytes(self) -> int:
         c = self.config
@@ -62,9 +84,12 @@ class EngineSetup:
         if c.activation_reserve is not None:
             return c.activation_reserve
         if self.device.type == "cuda" and self._use_kernels():
-            from rimuru.dataplane.engine.profile_run import measure_activation_bytes
+            from rimuru.dataplane.engine.profile_run import (
+                measure_activation_bytes,
+                prepare_profiling_forward,
+            )
 
-            measured = measure_activation_bytes(
+            forward = prepare_profiling_forward(
                 self.model,
                 self.host_experts,
                 self.geometry,
@@ -73,6 +98,9 @@ class EngineSetup:
                 self._moe_kernel(),
                 self._attention_kernels(),
             )
+            measured = measure_activation_bytes(forward, self.device)
+            del forward  # it holds the scratch pool: give that back before the engine's pool
+            torch.cuda.empty_cache()
             return int(measured * 1.1)  # 10% headroom for allocator fragmentation
         return estimate_activation_bytes(
             self.model_config, c.max_num_batched_tokens, c.max_num_seqs, self.dtype

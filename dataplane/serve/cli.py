@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 
 from rimuru.dataplane.memory.units import parse_bytes
 
@@ -113,12 +112,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    try:
-        config = engine_config(args)
-        link = control_plane_link(args)
-    except ValueError as exc:
-        print(f"rimuru serve: {exc}", file=sys.stderr)
-        return 2
+    config = engine_config(args)  # a ValueError here is reported by rimuru.cli, exit 2
+    link = control_plane_link(args)
     import torch
 
     if args.device == "cpu":

@@ -58,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     sub_parser = argparse.ArgumentParser(prog=f"rimuru {name}", description=SUBCOMMANDS[name][1])
     module.add_arguments(sub_parser)
     args = sub_parser.parse_args(argv[1:])
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except ValueError as exc:  # bad input, named by the code that refused it: no traceback
+        print(f"rimuru {name}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
