@@ -6,7 +6,8 @@
     python3 bench/paper_experiments.py merge DIR... --out docs/figures            # CPU, after
     python3 bench/paper_experiments.py merge A/results.json B/ --fig4 fig4.png --out DIR
 
-Defaults are the GPU setups; `--model tiny --device cpu --num-prompts 20` runs each one
+Flags this script does not know go to `rimuru bench` as they are (e.g.
+`--fixed-expert-share 0.75`). Defaults are the GPU setups; `--model tiny --device cpu --num-prompts 20` runs each one
 as a smoke test on a laptop.
 
 rate-sweep: `qwen3-30b-a3b` (bf16), budget 59 GiB — all weights are 56.9 GiB (experts
@@ -48,10 +49,13 @@ def _bench(args: argparse.Namespace, out: Path, extra: list[str]) -> int:
         "--output-dir", str(out),
         "--no-progress",
         *extra,
+        *args.passthrough,  # any other `rimuru bench` flag, e.g. --fixed-expert-share 0.75
     ]  # fmt: skip
     if args.memory_budget:
         argv += ["--memory-budget", args.memory_budget]
     code = rimuru_main(argv)
+    if code != 0:  # rimuru bench said why; the tables below would have nothing to read
+        raise SystemExit(code)
     gc.collect()
     import torch
 
@@ -123,7 +127,10 @@ def main() -> int:
     ap.add_argument("--limits", default="0,5,10")
     ap.add_argument("--fig4", default=None, help="merge: also draw the merged runs as Fig. 4")
     ap.add_argument("--labels", default=None, help="merge --fig4: comma-separated panel names")
-    args = ap.parse_args()
+    args, passthrough = ap.parse_known_args()
+    if passthrough and args.experiment == "merge":
+        ap.error(f"merge takes no engine flags; got {passthrough}")
+    args.passthrough = passthrough
     out = Path(args.out)
     rows: list[dict] = []
     if args.experiment == "merge":
