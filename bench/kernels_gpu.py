@@ -1,6 +1,7 @@
 """GPU lane of the kernels: correctness at real shapes and timings against their floors, one call.
 
 Usage (GPU):  python bench/kernels_gpu.py [--out-dir DIR] [--models all] [--tokens 1,...,4096]
+              [--skip-attention]
 
 Sections (each guarded, so one failure still leaves the others' figures):
   1. ceilings: device-to-device copy (bytes read + written) and an 8192^3 bf16 matmul.
@@ -257,6 +258,7 @@ def main() -> int:
     parser.add_argument("--models", default="all", help="comma list, 'all' or 'none'")
     parser.add_argument("--tokens", default=",".join(map(str, TOKEN_COUNTS)))
     parser.add_argument("--check-tokens", default="1,7,64,1024")
+    parser.add_argument("--skip-attention", action="store_true", help="fused MoE only")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("kernels_gpu.py needs a CUDA GPU", file=sys.stderr)
@@ -288,7 +290,7 @@ def main() -> int:
         except Exception as exc:
             traceback.print_exc()
             report["moe"][name] = {"error": repr(exc)[:300]}
-    for hq, h_kv in ((32, 4), (16, 16)):
+    for hq, h_kv in () if args.skip_attention else ((32, 4), (16, 16)):
         try:
             report["attention"].append(bench_attention(hq, h_kv))
         except Exception as exc:

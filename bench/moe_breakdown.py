@@ -100,7 +100,7 @@ def time_path(paged: bool, shape: MoeShape, experts: PagedExperts, x: torch.Tens
         )
     align = moe_align_block_size(ids, E, config.block_m, table)
     w = weights.to(torch.float32).contiguous().view(-1)  # [P], as _run passes it
-    act = torch.empty(P, inter, dtype=x.dtype, device=x.device)  # [P, I]
+    act = torch.empty(align.max_blocks * align.block_m, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(P, D, dtype=x.dtype, device=x.device)  # [P, D]
     up = functools.partial(
         launch_up_gemm, x, act, up_src, align, w, config.gemm1, inter_size=inter, top_k=k

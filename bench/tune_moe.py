@@ -89,8 +89,11 @@ def block_ms_for(num_tokens: int, shape: MoeShape) -> list[int]:
 def tiles_for(block_m: int, up: bool) -> list[GemmTile]:
     if block_m <= 32:
         return [GemmTile(n, k, 1, w, s) for n, k, w, s in _SMALL_TILES]
+    # Tensor-core tiles both ways: pointer loads and TMA descriptors (moe_gemm.py).
     return [
-        GemmTile(n, k, 8, w, s) for n, k, w, s in (_LARGE_UP_TILES if up else _LARGE_DOWN_TILES)
+        GemmTile(n, k, 8, w, s, tma)
+        for n, k, w, s in (_LARGE_UP_TILES if up else _LARGE_DOWN_TILES)
+        for tma in (False, True)
     ]
 
 
@@ -184,7 +187,7 @@ def _gemm_closures(
     x = torch.randn(num_tokens, shape.hidden_size, device=device).to(experts.pool_pages.dtype)
     align = moe_align_block_size(ids, shape.num_experts, block_m, experts.expert_table)
     P, inter = ids.numel(), shape.inter_size
-    act = torch.randn(P, inter, device=device).to(x.dtype)
+    act = torch.randn(align.max_blocks * block_m, inter, device=device).to(x.dtype)  # sorted rows
     act_out = torch.empty_like(act)
     y = torch.empty(P, shape.hidden_size, device=device, dtype=x.dtype)
     w = weights.reshape(-1).float()
@@ -298,7 +301,8 @@ def main() -> int:
     t0 = time.time()
     for shape in shapes:
         key = shape_key(shape.num_experts, shape.inter_size, shape.hidden_size, dtype)
-        doc["shapes"][key] = tune_shape(shape, tokens, dtype, args.rep_ms)
+        # Buckets not tuned in this run keep their entries.
+        doc["shapes"].setdefault(key, {}).update(tune_shape(shape, tokens, dtype, args.rep_ms))
     doc.update(
         device=device_name,
         tuned=datetime.date.today().isoformat(),
@@ -308,7 +312,9 @@ def main() -> int:
     )
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # atomic: an engine loading the table meanwhile sees old or new, whole
     if args.out:
         args.out.write_text(text)
     print(f"tuned in {time.time() - t0:.1f} s; wrote {path}", flush=True)

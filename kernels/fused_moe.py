@@ -111,7 +111,8 @@ def _run(
         config = get_moe_config(num_experts, inter_size, D, T, top_k, x.dtype, x.device)
     align = moe_align_block_size(topk_ids, num_experts, config.block_m, expert_table)
     weights = topk_weights.to(torch.float32).contiguous().view(-1)  # [P]
-    act = torch.empty(T * top_k, inter_size, dtype=x.dtype, device=x.device)  # [P, I]
+    # [R, I] in the alignment's sorted row order (moe_gemm.py), padding rows included.
+    act = torch.empty(align.max_blocks * align.block_m, inter_size, dtype=x.dtype, device=x.device)
     launch_up_gemm(
         x, act, up_source, align, weights, config.gemm1, inter_size=inter_size, top_k=top_k
     )

@@ -7,7 +7,8 @@ Tables live in ``configs/fused_moe_<device name>.json`` (spaces -> '_'), written
      "shapes": {"E=60,I=1408,D=2048,dtype=bfloat16": {"1": <config>, "2": ..., "4096": ...}}}
 
     <config> = {"block_m": 16,
-                "gemm1": {"block_n": 64, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4},
+                "gemm1": {"block_n": 64, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4,
+                          "tma": false},   # tma may be left out (false)
                 "gemm2": {...}}
 
 The two GEMMs share block_m (it is the alignment of the sorted pairs) and are tuned apart
@@ -32,6 +33,7 @@ class GemmTile:
     group_m: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    tma: bool = False  # weights (and the down GEMM's intermediate) through TMA descriptors
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,21 @@
 """The two grouped GEMMs of the fused MoE, over expert pages or over contiguous expert stacks.
 
-Shape key: P = pairs (T*K), D = hidden, I = expert intermediate, E = experts, BM/BN/BK = tile.
+Shape key: P = pairs (T*K), R = rows of the alignment (max_blocks * BM, a pair or padding
+each, in expert-sorted order), D = hidden, I = expert intermediate, E = experts,
+BM/BN/BK = tile.
 
-    up   (gemm1): act[p, n] = silu(x[p // K] . w1[n]) * (x[p // K] . w3[n])     act [P, I]
-    down (gemm2): y[p, d]   = weight[p] * act[p] . w2[d]                        y   [P, D]
+    up   (gemm1): act[r, n] = silu(x[p // K] . w1[n]) * (x[p // K] . w3[n])     act [R, I]
+    down (gemm2): y[p, d]   = weight[p] * act[r] . w2[d]                        y   [P, D]
+
+where p = sorted_pair_ids[r]. The intermediate lives in *sorted* row order: the up GEMM
+writes its tile's rows where they are (padding rows get zeros, since their x rows load as
+0), so the down GEMM reads a plain [BM, BK] block per step instead of gathering rows; only
+its store scatters rows back to pair order for the top-k sum.
 
 The up GEMM's output is the 2I-wide [gate | up] product, and a program's tile is column
 block n..n+BN of it in *both* halves: the gate half reads the w1 page, the up half reads
 the w3 page, each through its own base pointer (never concatenated); the two accumulators
-meet in the epilogue, where SiLU(gate)*up is applied before the one store. The down GEMM
-is then a plain GEMM whose operand loads pipeline.
+meet in the epilogue, where SiLU(gate)*up is applied before the one store.
 
 Where a matrix lies is resolved once per output tile:
 
@@ -20,6 +26,11 @@ Where a matrix lies is resolved once per output tile:
 
 so the paged kernel and its contiguous twin differ only in that base: one load of a page
 id in place of one load of an expert id.
+
+Two ways to load the tiles (GemmTile.tma): pointer loads (cp.async; any shape), or Hopper's
+tensor-memory accelerator through tensor descriptors made on the device from that base,
+once per program, for the weights and for the down GEMM's intermediate. TMA needs 16-byte
+aligned bases and row strides; the launcher falls back to pointer loads where they are not.
 """
 
 from dataclasses import dataclass
@@ -61,11 +72,13 @@ def _moe_gemm_kernel(
     page_elems,
     expert_stride,
     num_m_blocks,
+    a_num_rows,  # rows of a (for the down GEMM's descriptor)
     PAGE_COLUMN: tl.constexpr,  # 0 for the up GEMM (w1, and w3 next to it), 2 for down (w2)
     PAGED: tl.constexpr,
     UP: tl.constexpr,  # gather x rows by token, two accumulators, SiLU(gate)*up epilogue
     EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -94,22 +107,35 @@ def _moe_gemm_kernel(
         w_ptr = pool_ptr + expert * expert_stride
         if UP:
             w3_ptr = w_ptr + N * K  # w13 [E, 2I, D]: the up rows follow the gate rows
-    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM]
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] sorted rows of this tile
+    pair = tl.load(sorted_ptr + rows)  # [BM]; num_pairs marks padding
     row_mask = pair < num_pairs
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     col_mask = cols < N
-
-    if UP:
-        a_rows = pair // top_k
-    else:
-        a_rows = pair
     k_offs = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am + k_offs[None, :]  # [BM, BK]
-    b_offs = cols.to(tl.int64)[None, :] * K + k_offs[:, None]  # [BK, BN] into an [N, K] matrix
-    b_ptrs = w_ptr + b_offs
+    if UP:  # gather the x row of each pair's token
+        a_ptrs = a_ptr + (pair // top_k).to(tl.int64)[:, None] * stride_am + k_offs[None, :]
+    else:  # the intermediate is already in sorted order: a plain block
+        a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + k_offs[None, :]
+    if USE_TMA:
+        b_desc = tl.make_tensor_descriptor(
+            w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K]
+        )
+        if UP:
+            b3_desc = tl.make_tensor_descriptor(
+                w3_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K]
+            )
+        else:
+            a_desc = tl.make_tensor_descriptor(
+                a_ptr, shape=[a_num_rows, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K]
+            )
+    else:
+        b_offs = cols.to(tl.int64)[None, :] * K + k_offs[:, None]  # [BK, BN] of an [N, K] matrix
+        b_ptrs = w_ptr + b_offs
+        if UP:
+            b3_ptrs = w3_ptr + b_offs
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if UP:
-        b3_ptrs = w3_ptr + b_offs
         acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
@@ -119,22 +145,37 @@ def _moe_gemm_kernel(
             k_left = K - k * BLOCK_K
             a_mask = row_mask[:, None] & (k_offs[None, :] < k_left)
             b_mask = col_mask[None, :] & (k_offs[:, None] < k_left)
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        acc = tl.dot(a, tl.load(b_ptrs, mask=b_mask, other=0.0), acc, input_precision=DOT_PRECISION)
+        if USE_TMA and not UP:
+            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+        else:
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        if USE_TMA:  # out-of-range columns and k load as zeros
+            b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
+        else:
+            b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if UP:
-            b3 = tl.load(b3_ptrs, mask=b_mask, other=0.0)
+            if USE_TMA:
+                b3 = b3_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
+            else:
+                b3 = tl.load(b3_ptrs, mask=b_mask, other=0.0)
+                b3_ptrs += BLOCK_K
             acc3 = tl.dot(a, b3, acc3, input_precision=DOT_PRECISION)
-            b3_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+        if not USE_TMA:
+            b_ptrs += BLOCK_K
 
     if UP:
-        acc = acc / (1.0 + tl.exp(-acc)) * acc3  # SiLU(gate) * up
+        acc = acc / (1.0 + tl.exp(-acc)) * acc3  # SiLU(gate) * up; padding rows give 0
+        out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=col_mask[None, :])
     else:
         weight = tl.load(topk_weights_ptr + pair, mask=row_mask, other=0.0)
         acc = acc * weight[:, None]
-    out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+        out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + cols[None, :]
+        tl.store(
+            out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :]
+        )
 
 
 @dataclass(frozen=True)
@@ -153,33 +194,55 @@ class WeightSource:
     expert_stride: int  # elements between two experts of the stack (contiguous only)
 
 
+def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global scratch where device-made tensor descriptors live (128 bytes per program)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.empty(size, dtype=torch.int8, device=device)
+
+
+def _tma_ok(a: torch.Tensor, source: WeightSource, *, n: int, k: int, up: bool) -> bool:
+    """Whether every descriptor base and row stride is 16-byte aligned (TMA's rule)."""
+    size = a.element_size()
+    bases = [source.primary, source.buffer] + ([] if up else [a])
+    steps = [k, source.page_elems if source.paged else source.expert_stride]
+    if up and not source.paged:
+        steps.append(n * k)  # the up half of w13 starts I*D elements after the gate half
+    if not up:
+        steps.append(a.stride(0))
+    return all(t.data_ptr() % 16 == 0 for t in bases) and all(s * size % 16 == 0 for s in steps)
+
+
 def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, tile: GemmTile,
             *, n: int, k: int, top_k: int, up: bool) -> None:  # fmt: skip
     if source.paged and align.block_pages is None:
         raise ValueError("a paged GEMM needs the alignment built with expert_table")
+    use_tma = tile.tma and _tma_ok(a, source, n=n, k=k, up=up)
+    if use_tma:
+        triton.set_allocator(_tma_scratch)
     grid = (align.max_blocks * triton.cdiv(n, tile.block_n),)
     pages = align.block_pages if source.paged else align.block_expert_ids
     _moe_gemm_kernel[grid](
         a, source.primary, source.buffer, out, topk_weights,
         align.sorted_pair_ids, align.block_expert_ids, pages, align.num_padded,
         align.num_pairs, top_k, n, k, a.stride(0), out.stride(0),
-        source.page_elems, source.expert_stride, align.max_blocks,
+        source.page_elems, source.expert_stride, align.max_blocks, a.shape[0],
         PAGE_COLUMN=0 if up else 2, PAGED=source.paged, UP=up, EVEN_K=k % tile.block_k == 0,
-        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", USE_TMA=use_tma,
         BLOCK_M=align.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
 
 def launch_up_gemm(x, act, source, align, topk_weights, tile, *, inter_size: int, top_k: int):
-    """act [P, I] = silu(x w1^T) * (x w3^T) for every pair's token. Callers check tensors."""
+    """act [R, I] (R = align.max_blocks * block_m, sorted rows) = silu(x w1^T) * (x w3^T) for every pair's token. Callers check tensors."""
     _launch(
         x, act, source, align, topk_weights, tile, n=inter_size, k=x.shape[1], top_k=top_k, up=True
     )
 
 
 def launch_down_gemm(act, y, source, align, topk_weights, tile, *, inter_size: int, top_k: int):
-    """y [P, D] = weight * act w2^T. Callers check tensors."""
+    """y [P, D] = weight * act w2^T, act in sorted rows as the up GEMM wrote it. Callers check
+    tensors."""
     _launch(
         act, y, source, align, topk_weights, tile, n=y.shape[1], k=inter_size, top_k=top_k, up=False
     )

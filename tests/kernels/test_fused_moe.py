@@ -25,6 +25,9 @@ from rimuru.kernels import (
 SMALL = MoeConfig(16, GemmTile(32, 32), GemmTile(32, 32))
 # Many pairs: the interpreter's cost follows the number of programs, so use fewer, larger ones.
 LARGE = MoeConfig(64, GemmTile(64, 64), GemmTile(64, 32))
+# Weights (and the down GEMM's intermediate) through device-made TMA descriptors.
+SMALL_TMA = MoeConfig(16, GemmTile(32, 32, tma=True), GemmTile(32, 32, tma=True))
+LARGE_TMA = MoeConfig(64, GemmTile(64, 64, tma=True), GemmTile(64, 32, tma=True))
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3}
 
 
@@ -46,6 +49,9 @@ def _cases() -> list[Case]:
         Case(torch.float16, 300, 8, 16, 48, 40, LARGE),  # many pairs: multi-program align path
         Case(torch.float32, 37, 2, 6, 40, 24),  # D, I not multiples of the tiles
         Case(torch.float16, 9, 3, 5, 33, 17, MoeConfig(32, GemmTile(16, 16), GemmTile(64, 32))),
+        Case(torch.float16, 300, 8, 16, 48, 40, LARGE_TMA),
+        Case(torch.float32, 37, 2, 6, 40, 24, SMALL_TMA),  # K not a multiple of BK: zero fill
+        Case(torch.float16, 9, 3, 5, 33, 17, SMALL_TMA),  # rows of 66 bytes: pointer fallback
     ]
     rng = random.Random(4)
     for dtype in (torch.float32, torch.float16):
@@ -86,6 +92,7 @@ def _paged_layout(w1, w3, w2, routed: set[int], seed: int):
     _cases(),
     ids=lambda c: (
         f"{str(c.dtype)[6:]}-T{c.num_tokens}-K{c.top_k}-E{c.num_experts}-D{c.hidden}-I{c.inter}"
+        + ("-tma" if c.config.gemm1.tma else "")
     ),
 )
 def test_paged_equals_contiguous_equals_reference(case: Case):
@@ -188,3 +195,22 @@ def test_bad_contiguous_weights_are_refused():
         fused_moe_contiguous(
             x, ids, w, torch.zeros(4, 32, 32).transpose(1, 2), torch.zeros(4, 32, 16)
         )
+
+
+def test_tma_needs_16_byte_aligned_bases_and_strides():
+    """The launcher takes the TMA path only where every descriptor is legal."""
+    from rimuru.kernels.moe_gemm import WeightSource, _tma_ok
+
+    stack = torch.zeros(4, 2 * 40, 48, dtype=torch.float16)  # w13 [E, 2I, D], rows of 96 bytes
+    source = WeightSource(stack, stack, False, 0, stack.stride(0))
+    x = torch.zeros(8, 48, dtype=torch.float16)
+    assert _tma_ok(x, source, n=40, k=48, up=True)
+    odd = torch.zeros(4, 2 * 17, 33, dtype=torch.float16)  # rows of 66 bytes
+    assert not _tma_ok(
+        x[:, :33], WeightSource(odd, odd, False, 0, odd.stride(0)), n=17, k=33, up=True
+    )
+    shifted = stack.view(-1)[1:].view(-1)  # base 2 bytes past an aligned address
+    pages = WeightSource(
+        shifted[: 3 * 40 * 48].view(3, -1), stack.view(-1, 40 * 48), True, 40 * 48, 0
+    )
+    assert not _tma_ok(x, pages, n=40, k=48, up=True)
