@@ -95,7 +95,7 @@ def main() -> int:
     ap.add_argument("--expert-offload-limit", default="10")
     ap.add_argument("--policies", default="resident,fixed,elastic")
     ap.add_argument("--fixed-expert-share", default="0.5")
-    args = ap.parse_args()
+    args, passthrough = ap.parse_known_args()  # other flags go to `rimuru bench`
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d")}
@@ -124,6 +124,7 @@ def main() -> int:
                 "--fixed-expert-share", args.fixed_expert_share,
                 "--output-dir", str(out / f"fig4_skew{args.router_skew}_limit{args.expert_offload_limit}"),
                 "--no-progress",
+                *passthrough,
             ]
         )  # fmt: skip
         summary["fig4_exit"] = code

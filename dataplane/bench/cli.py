@@ -56,6 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-offload-limit", type=int, default=16)
     p.add_argument("--fixed-expert-share", type=float, default=0.5)
     p.add_argument(
+        "--no-evict-to-admit",
+        dest="evict_to_admit",
+        action="store_false",
+        help="elastic: preempt a request short of KV pages instead of evicting experts for it "
+        "within the round (fewer expert loads, fewer requests running)",
+    )
+    p.add_argument(
         "--loading-buffer-slots",
         type=int,
         default=None,
@@ -128,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         loading_buffer_slots=args.loading_buffer_slots,
         moe_path=args.moe_path,
         hotness_path=args.hotness,
+        evict_to_admit=args.evict_to_admit,
     )
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,11 @@ class EngineConfig:
     use_kernels: bool | None = None  # None = Triton kernels on CUDA, torch reference on CPU
     moe_path: str = "paged"  # "paged": read experts in place; "gather": copy first (ablation)
     activation_reserve: int | None = None  # None = measure with a profiling forward
+    # Elastic: when a running request lacks KV pages inside a scheduling round, evict
+    # experts (up to expert_offload_limit) before preempting anyone. More requests stay
+    # running; the offloaded experts are then copied in on every step that routes to them.
+    # False = preempt as vLLM does and move the boundary only between rounds.
+    evict_to_admit: bool = True
 
     def __post_init__(self) -> None:
         if self.memory_budget is not None and self.gpu_memory_utilization is not None:

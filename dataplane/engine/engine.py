@@ -122,7 +122,11 @@ class Engine(EngineSetup):
             self.kv,
             config.max_num_seqs,
             config.max_num_batched_tokens,
-            make_room=self._make_room if self.tunables.mode == "elastic" else None,
+            make_room=(
+                self._make_room
+                if self.tunables.mode == "elastic" and config.evict_to_admit
+                else None
+            ),
         )
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}

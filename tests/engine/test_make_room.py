@@ -13,9 +13,10 @@ MiB = 2**20
 LAYERS, EXPERTS = 4, 32  # the tiny preset
 
 
-def run(limit: int, budget: int, prompts):
+def run(limit: int, budget: int, prompts, evict_to_admit: bool = True):
     engine = Engine(
         EngineConfig(
+            evict_to_admit=evict_to_admit,
             memory_budget=budget,
             activation_reserve=0,
             max_num_batched_tokens=256,
@@ -45,3 +46,7 @@ def test_elastic_evicts_before_it_preempts_and_preempts_once_the_limit_binds():
     assert preempted > 0  # three experts a layer were not enough room
     assert fewest == LAYERS * (EXPERTS - 3)  # the limit bound, and held
     assert tight == roomy
+    # Switched off, the same load preempts instead, and the boundary moves only between rounds.
+    preempting, preempted, _, _ = run(16, budget, prompts, False)
+    assert preempted > 0
+    assert preempting == roomy
