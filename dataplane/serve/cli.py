@@ -75,6 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option("--pages-per-expert", default="3", type=int, help="pool pages per expert (w1, w3, w2)")
     option("--fixed-expert-share", default="0.5", type=float, help="fixed policy: pool share")
     option(
+        "--evict-to-admit",
+        default="on",
+        choices=("on", "off"),
+        help="elastic: evict experts inside a scheduling round before preempting a running "
+        "request short of KV pages (off: preempt, move the boundary between rounds)",
+    )
+    option(
         "--loading-buffer-slots",
         type=int,
         help="experts per loading buffer; caps the live expert_offload_limit (default: "
@@ -144,6 +151,7 @@ def engine_config(args: argparse.Namespace):
         fixed_expert_share=args.fixed_expert_share,
         loading_buffer_slots=args.loading_buffer_slots,
         hotness_path=args.hotness,
+        evict_to_admit=args.evict_to_admit == "on",
         tunables=Tunables(
             mode=args.mode,
             expert_offload_limit=args.expert_offload_limit,

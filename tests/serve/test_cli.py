@@ -14,6 +14,7 @@ import threading
 import time
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rimuru.cli import main
@@ -161,3 +162,21 @@ async def test_loadtest_script_reports_throughput_and_percentiles(data_plane, ca
     assert completed >= 4
     assert [line.split()[0] for line in lines[-3:]] == ["TTFT", "ITL", "E2E"]
     assert await data_plane.leak_check() == (0, 0)
+
+
+def test_evict_to_admit_is_on_unless_the_flag_or_its_env_turns_it_off(monkeypatch):
+    import argparse
+
+    from rimuru.dataplane.serve.cli import add_arguments, engine_config
+
+    def parse(*argv: str):
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        return engine_config(parser.parse_args(list(argv)))
+
+    assert parse().evict_to_admit is True
+    assert parse("--evict-to-admit", "off").evict_to_admit is False
+    monkeypatch.setenv("RIMURU_EVICT_TO_ADMIT", "off")
+    assert parse().evict_to_admit is False
+    with pytest.raises(SystemExit):  # argparse: not one of on / off
+        parse("--evict-to-admit", "maybe")
