@@ -1,0 +1,159 @@
+"""Where one engine step's time goes: host work against device work, at a steady decode batch.
+
+    python3 bench/step_profile.py --model qwen3-30b-a3b --memory-budget 59GiB --batch 32  # GPU
+    python bench/step_profile.py --model tiny --device cpu --batch 4 --steps 3             # CPU smoke
+
+The 2026-11-30 H200 runs decoded at ~66-80 ms per step with 1-30 requests for a 48-layer
+model (docs/benchmarks.md): ~1.4 ms per layer before any expert copy, which points at host
+work between kernel launches. This script makes that measurable: it fills the engine with
+`--batch` requests from the trace (prompts cut to `--prompt-len`), runs the prefill, then
+profiles `--steps` decode steps with torch.profiler and reports per step:
+
+  wall ms          the step as the caller sees it
+  device busy ms   union of the device's kernel and copy intervals (CUDA only)
+  host-only ms     wall - device busy: time the GPU sat idle waiting for the host
+  launches         kernels + copies launched
+  top host ops     self CPU time of the heaviest operators / Python functions
+
+Prints a short table last; the full report goes to OUT/step_profile.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.bench.trace import load_trace
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.memory.units import parse_bytes
+
+
+def busy_ms(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (µs in, ms out): overlapping kernels on
+    several streams count once."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total / 1e3
+
+
+def fill(engine: Engine, trace_name: str, batch: int, prompt_len: int, decode_steps: int) -> None:
+    trace = load_trace(trace_name)
+    if len(trace) < batch:
+        raise ValueError(f"trace {trace_name} holds {len(trace)} requests; --batch is {batch}")
+    # Enough tokens to stay in decode for the whole profile: the batch must not shrink.
+    params = SamplingParams(max_tokens=decode_steps + 8, ignore_eos=True)
+    for i, request in enumerate(trace.requests[:batch]):
+        engine.add_request(list(request.prompt_token_ids[:prompt_len]), params, f"profile-{i}")
+    for _ in range(1000):  # prefill (chunked) until every request decodes
+        engine.step()
+        running = engine.scheduler.running
+        if len(running) == batch and all(r.num_tokens_to_compute == 1 for r in running):
+            return
+    raise RuntimeError("the batch never reached steady decode; raise the memory budget")
+
+
+def profile_steps(engine: Engine, steps: int) -> dict:
+    cuda = engine.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    walls = []
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            engine.step()
+            walls.append((time.perf_counter() - t0) * 1e3)
+    events = prof.events()
+    device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    intervals = [(e.time_range.start, e.time_range.end) for e in device]
+    wall = sum(walls) / steps
+    busy = busy_ms(intervals) / steps if cuda else None
+    top = sorted(prof.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)[:12]
+    return {
+        "steps": steps,
+        "wall_ms": wall,
+        "wall_ms_each": walls,
+        "device_busy_ms": busy,
+        "host_only_ms": None if busy is None else wall - busy,
+        "device_launches_per_step": len(device) / steps if cuda else None,
+        "top_host_ops": [_op_row(a, steps) for a in top],
+    }
+
+
+def _op_row(average, steps: int) -> dict:
+    return {
+        "name": average.key,
+        "calls_per_step": average.count / steps,
+        "self_cpu_ms_per_step": average.self_cpu_time_total / 1e3 / steps,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-30b-a3b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--memory-budget", default=None, help="e.g. 59GiB (default: the device's)")
+    ap.add_argument("--policy", default="resident", choices=("resident", "fixed", "elastic"))
+    ap.add_argument("--batch", type=int, default=32, help="requests decoding together")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=20, help="decode steps profiled")
+    ap.add_argument("--trace", default="sharegpt_qwen_1000")
+    ap.add_argument("--out", type=Path, default=Path("."))
+    args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("step_profile.py: no CUDA device here; use --device cpu", file=sys.stderr)
+        return 2
+    if args.batch < 1 or args.steps < 1 or args.prompt_len < 1:
+        print("step_profile.py: --batch, --steps and --prompt-len must be >= 1", file=sys.stderr)
+        return 2
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
+        gpu_memory_utilization=None if args.memory_budget or args.device == "cpu" else 0.9,
+        tunables=Tunables(mode=args.policy, expert_offload_limit=0 if args.policy == "resident" else 8),
+        max_num_seqs=max(args.batch, 1),
+    )  # fmt: skip
+    engine = Engine(config)
+    fill(engine, args.trace, args.batch, args.prompt_len, args.steps)
+    report = {
+        "command": " ".join(["python", *sys.argv]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
+        "model": args.model,
+        "policy": args.policy,
+        "batch": args.batch,
+        "layers": engine.model_config.num_layers,
+        **profile_steps(engine, args.steps),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "step_profile.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(f"{'op':60s} {'calls/step':>10s} {'self ms/step':>12s}")
+    for op in report["top_host_ops"]:
+        print(
+            f"{op['name'][:60]:60s} {op['calls_per_step']:10.1f} {op['self_cpu_ms_per_step']:12.3f}"
+        )
+    busy = report["device_busy_ms"]
+    print(f"\n{args.model} ({report['layers']} layers), {args.policy}, batch {args.batch}: "
+          f"wall {report['wall_ms']:.1f} ms/step"
+          + ("" if busy is None else f", device busy {busy:.1f} ms, host-only "
+             f"{report['host_only_ms']:.1f} ms, {report['device_launches_per_step']:.0f} "
+             "launches/step"))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

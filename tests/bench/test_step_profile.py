@@ -1,0 +1,42 @@
+"""bench/step_profile.py: the device-busy arithmetic, and a CPU run of the whole script so the
+profile the next device session needs does not rot."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "step_profile.py"
+sys.path.insert(0, str(SCRIPT.parent))
+from step_profile import busy_ms  # noqa: E402
+
+
+def test_busy_time_counts_overlapping_intervals_once():
+    # µs: [0, 10) and [5, 20) overlap, [30, 35) stands alone, [31, 33) lies inside it
+    assert busy_ms([(30, 35), (0, 10), (5, 20), (31, 33)]) == 25 / 1e3
+    assert busy_ms([]) == 0.0
+
+
+def test_cpu_profile_reports_every_step_of_a_steady_batch(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "tiny", "--device", "cpu", "--batch", "3",
+         "--steps", "2", "--prompt-len", "24", "--trace", "sharegpt_qwen_cpu",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "step_profile.json").read_text())
+    assert (report["steps"], report["batch"], report["layers"]) == (2, 3, 4)
+    assert len(report["wall_ms_each"]) == 2 and report["device_busy_ms"] is None
+    # four layers of Q/K/V/O, router, expert and head matmuls: aten::mm must show up, per step
+    ops = {op["name"]: op for op in report["top_host_ops"]}
+    assert "aten::mm" in ops and ops["aten::mm"]["calls_per_step"] >= 4 * 4
+    assert "batch 3: wall" in done.stdout
+
+
+def test_bad_batch_is_refused_with_a_message():
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--batch", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--batch" in done.stderr
