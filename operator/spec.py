@@ -63,6 +63,7 @@ class EngineSpec:
     max_num_batched_tokens: int
     block_size: int
     loading_buffer_slots: int | None = None  # None = the engine's default (start-up limit)
+    evict_to_admit: bool | None = None  # None = the engine's default (on)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,15 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
         max_num_batched_tokens=_require(engine, "maxNumBatchedTokens", path),
         block_size=_require(engine, "blockSize", path),
         loading_buffer_slots=engine.get("loadingBufferSlots"),
+        evict_to_admit=_optional_bool(engine, "evictToAdmit", path),
     )
+
+
+def _optional_bool(section: Mapping[str, Any], key: str, path: str) -> bool | None:
+    value = section.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise SpecError(f"{path}.{key}", f"must be true or false; got {value!r}")
+    return value
 
 
 _SUFFIXES = {
