@@ -86,7 +86,7 @@ def part_a() -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--out", required=True)
     ap.add_argument("--num-prompts", type=int, default=300)
     ap.add_argument("--skip-a", action="store_true")
@@ -96,6 +96,11 @@ def main() -> int:
     ap.add_argument("--policies", default="resident,fixed,elastic")
     ap.add_argument("--fixed-expert-share", default="0.5")
     args, passthrough = ap.parse_known_args()  # other flags go to `rimuru bench`
+    fixed = {"--device", "--model", "--memory-budget", "--trace", "--request-rate",
+             "--max-num-batched-tokens", "--output-dir", "--no-progress"}  # fmt: skip
+    clashing = [a for a in passthrough if a.split("=", 1)[0] in fixed]
+    if clashing:
+        ap.error(f"{clashing} are fixed by the Fig. 4 setup of this script")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d")}

@@ -11,12 +11,11 @@ Flags this script does not know go to `rimuru bench` as they are (e.g.
 as a smoke test on a laptop.
 
 rate-sweep: `qwen3-30b-a3b` (bf16), budget 59 GiB — all weights are 56.9 GiB (experts
-  54.0 GiB, the rest 2.9 GiB), so they barely fit and the resident policy keeps ~1.7 GiB of
-  KV (18,784 tokens: 36 requests of 512 tokens, says `rimuru plan`). At 62 GiB (4.7 GiB of
-  KV) 100 requests never ran short on the H200 and the adjuster never moved
-  (docs/benchmarks.md). Rates from light to overload, each with --num-prompts requests (400
-  at 16 req/s should outgrow the resident KV; not yet run); one policy per call (one engine
-  serves all rates).
+  54.0 GiB, the rest 2.9 GiB), so they barely fit and the resident policy keeps ~1.8 GiB of
+  KV (~20,000 tokens with the 284 MiB reserve measured on 2026-11-30). Rates from light to
+  overload, each with --num-prompts requests; one policy per call (one engine serves all
+  rates). Run on 2026-11-30 as two calls per policy (16 req/s x 300, 1 req/s x 100):
+  docs/benchmarks.md.
 ablation: `qwen1.5-moe-a2.7b`, 28.8 GiB, 10 req/s: fixed cache with gathered experts ->
   + adjuster (elastic, gathered) -> + paged kernel (elastic, in place).
 offload-sweep: elastic with several expert_offload_limit values on a burst (all requests at
@@ -53,15 +52,25 @@ def _bench(args: argparse.Namespace, out: Path, extra: list[str]) -> int:
     ]  # fmt: skip
     if args.memory_budget:
         argv += ["--memory-budget", args.memory_budget]
-    code = rimuru_main(argv)
-    if code != 0:  # rimuru bench said why; the tables below would have nothing to read
-        raise SystemExit(code)
+    code = rimuru_main(argv)  # on failure rimuru bench has said why
     gc.collect()
     import torch
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the next engine of this call starts from a clean device
     return code
+
+
+# Flags this script sets itself: passed through as well, the later one would silently win.
+_OWN_BENCH_FLAGS = {
+    "--device", "--model", "--trace", "--num-prompts", "--router-skew", "--output-dir",
+    "--no-progress", "--memory-budget", "--policies", "--request-rate", "--expert-offload-limit",
+    "--moe-path",
+}  # fmt: skip
+
+
+def own_flags_passed_through(passthrough: list[str]) -> list[str]:
+    return [a for a in passthrough if a.split("=", 1)[0] in _OWN_BENCH_FLAGS]
 
 
 def recovery_seconds(result: BenchResult) -> float | None:
@@ -112,7 +121,8 @@ def _row(label: str, r: BenchResult) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # No abbreviations: `--limit 30` must not be taken for --limits.
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("experiment", choices=("rate-sweep", "ablation", "offload-sweep", "merge"))
     ap.add_argument("dirs", nargs="*", help="merge: result folders to combine")
     ap.add_argument("--out", required=True)
@@ -130,9 +140,15 @@ def main() -> int:
     args, passthrough = ap.parse_known_args()
     if passthrough and args.experiment == "merge":
         ap.error(f"merge takes no engine flags; got {passthrough}")
+    if own_flags_passed_through(passthrough):
+        ap.error(
+            f"{own_flags_passed_through(passthrough)} are set by this script; use its own "
+            "options (--rates, --limits, --policy, ...) instead"
+        )
     args.passthrough = passthrough
     out = Path(args.out)
     rows: list[dict] = []
+    code = 0
     if args.experiment == "merge":
         paths = [
             p
@@ -153,7 +169,7 @@ def main() -> int:
         args.model = args.model or "qwen3-30b-a3b"
         args.memory_budget = args.memory_budget or "59GiB"
         folder = out / f"rate_sweep_{args.policy}"
-        _bench(
+        code = _bench(
             args,
             folder,
             [
@@ -165,7 +181,8 @@ def main() -> int:
                 "32",
             ],
         )
-        rows = [_row(r.policy, r) for r in read_results(folder / "results.json")]
+        if code == 0:
+            rows = [_row(r.policy, r) for r in read_results(folder / "results.json")]
     elif args.experiment == "ablation":
         args.model = args.model or "qwen1.5-moe-a2.7b"
         args.memory_budget = args.memory_budget or "28.8GiB"
@@ -176,23 +193,29 @@ def main() -> int:
         ]
         for i, (label, extra) in enumerate(variants):
             folder = out / f"ablation_{i}"
-            _bench(args, folder, [*extra, "--request-rate", "10", "--expert-offload-limit", "10"])
+            code = _bench(
+                args, folder, [*extra, "--request-rate", "10", "--expert-offload-limit", "10"]
+            )
+            if code != 0:
+                break
             rows += [_row(label, r) for r in read_results(folder / "results.json")]
     else:
         args.model = args.model or "qwen1.5-moe-a2.7b"
         args.memory_budget = args.memory_budget or "28.8GiB"
         for limit in args.limits.split(","):
             folder = out / f"offload_limit_{limit}"
-            _bench(
+            code = _bench(
                 args,
                 folder,
                 ["--policies", "elastic", "--request-rate", "inf", "--expert-offload-limit", limit],
             )
+            if code != 0:
+                break
             rows += [_row(f"limit {limit}", r) for r in read_results(folder / "results.json")]
-    if rows:
+    if rows:  # what finished, even when a later run failed
         (out / f"{args.experiment}_table.json").write_text(json.dumps(rows, indent=1, default=str))
         print(table(rows))
-    return 0
+    return code
 
 
 if __name__ == "__main__":

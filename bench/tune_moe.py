@@ -303,13 +303,19 @@ def main() -> int:
         key = shape_key(shape.num_experts, shape.inter_size, shape.hidden_size, dtype)
         # Buckets not tuned in this run keep their entries.
         doc["shapes"].setdefault(key, {}).update(tune_shape(shape, tokens, dtype, args.rep_ms))
-    doc.update(
+    run = dict(
         device=device_name,
         tuned=datetime.date.today().isoformat(),
         command=" ".join(["python", *sys.argv]),
         torch=torch.__version__,
         triton=__import__("triton").__version__,
+        models=names,
+        tokens=tokens,
     )
+    # A partial run re-tunes some buckets and keeps the rest: every run is listed, so each
+    # bucket's origin stays known (the top-level fields name the latest run).
+    doc.setdefault("runs", []).append(run)
+    doc.update({k: v for k, v in run.items() if k not in ("models", "tokens")})
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -3,8 +3,9 @@
 Shape key: T = tokens, K = top-k, P = T*K pairs, E = experts, BM = rows per block,
 NB = cdiv(P, BM) + min(E, P) blocks at most (each used expert adds at most one partial block).
 
-A pair is named by its flat index p = t*K + k into topk_ids.view(-1): GEMM rows read
-topk_weights and the intermediate at row p, and p // K is the token.
+A pair is named by its flat index p = t*K + k into topk_ids.view(-1): p // K is the token,
+topk_weights[p] its weight, and the down GEMM writes its output row p. The intermediate
+between the GEMMs is kept in this alignment's own row order (row r of sorted_pair_ids).
 
 Example, BM = 4; expert 0 has 3 pairs, expert 1 none, expert 2 has 5 (P = 8):
 

@@ -54,10 +54,10 @@ def _page_base(pool_ptr, buffer_ptr, page, page_elems):
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k"])
 def _moe_gemm_kernel(
-    a_ptr,  # up: x [T, D]; down: act [P, I]
+    a_ptr,  # up: x [T, D]; down: act [R, I] in sorted row order
     pool_ptr,  # PAGED: pool pages [*, page_elems]; else the expert stack
     buffer_ptr,  # PAGED: loading-buffer slots [*, page_elems]
-    out_ptr,  # up: act [P, I]; down: y [P, D]
+    out_ptr,  # up: act [R, I] in sorted row order; down: y [P, D]
     topk_weights_ptr,  # [P] fp32
     sorted_ptr,
     block_expert_ptr,
@@ -195,7 +195,11 @@ class WeightSource:
 
 
 def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    """Global scratch where device-made tensor descriptors live (128 bytes per program)."""
+    """Global scratch where device-made tensor descriptors live (128 bytes per program).
+
+    Triton calls this at launch, on the current device, which is also where it launches the
+    kernel: callers with tensors on another GPU must make it current first (the engine does).
+    `triton.set_allocator` is process-wide; this one replaces any allocator set before."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.empty(size, dtype=torch.int8, device=device)
 

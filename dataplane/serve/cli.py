@@ -77,9 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option(
         "--evict-to-admit",
         default="on",
-        choices=("on", "off"),
-        help="elastic: evict experts inside a scheduling round before preempting a running "
-        "request short of KV pages (off: preempt, move the boundary between rounds)",
+        help="on or off: elastic evicts experts inside a scheduling round before preempting a "
+        "running request short of KV pages (off: preempt, move the boundary between rounds)",
     )
     option(
         "--loading-buffer-slots",
@@ -151,7 +150,7 @@ def engine_config(args: argparse.Namespace):
         fixed_expert_share=args.fixed_expert_share,
         loading_buffer_slots=args.loading_buffer_slots,
         hotness_path=args.hotness,
-        evict_to_admit=args.evict_to_admit == "on",
+        evict_to_admit=_on_off("--evict-to-admit", args.evict_to_admit),
         tunables=Tunables(
             mode=args.mode,
             expert_offload_limit=args.expert_offload_limit,
@@ -161,6 +160,18 @@ def engine_config(args: argparse.Namespace):
             pages_per_expert=args.pages_per_expert,
         ),
     )
+
+
+_ON, _OFF = ("on", "true", "1", "yes"), ("off", "false", "0", "no")
+
+
+def _on_off(flag: str, value: str) -> bool:
+    """A switch from the command line or the environment (argparse does not check an
+    environment default against `choices`, so both are checked here)."""
+    text = str(value).strip().lower()
+    if text in _ON or text in _OFF:
+        return text in _ON
+    raise ValueError(f"{flag} must be on or off (or true/false, 1/0, yes/no); got {value!r}")
 
 
 def control_plane_link(args: argparse.Namespace):

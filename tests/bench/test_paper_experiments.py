@@ -72,3 +72,24 @@ def test_recovery_is_measured_from_the_deepest_eviction(experiments, make_result
         result, steps=tuple(dataclasses.replace(s, num_experts_resident=128) for s in steps)
     )
     assert experiments.recovery_seconds(flat) is None  # the boundary never moved
+
+
+def test_flags_the_script_sets_itself_are_refused(tmp_path):
+    done = run("offload-sweep", *TINY, "--limits", "5", "--expert-offload-limit", "30",
+               "--out", str(tmp_path))  # fmt: skip
+    assert done.returncode == 2 and "are set by this script" in done.stderr
+    done = run("offload-sweep", *TINY, "--limit", "30", "--out", str(tmp_path))  # not --limits
+    assert done.returncode == 2 and "--limit" in done.stderr
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_a_failed_run_keeps_the_rows_that_finished(tmp_path):
+    done = run(
+        "offload-sweep", *TINY, "--num-prompts", "6", "--memory-budget", "300MiB",
+        "--limits", "0,-1,6", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "expert_offload_limit must be an integer >= 0" in done.stderr
+    rows = json.loads((tmp_path / "offload-sweep_table.json").read_text())
+    assert [r["run"] for r in rows] == ["limit 0"]  # and limit 6 never started
+    assert not (tmp_path / "offload_limit_6").exists()

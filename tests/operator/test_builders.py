@@ -402,4 +402,6 @@ def test_evict_to_admit_reaches_rimuru_serve_only_when_set(tiny_rd, monkeypatch)
     assert data["RIMURU_EVICT_TO_ADMIT"] == "off"
     for key, value in data.items():
         monkeypatch.setenv(key, value)
-    assert serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).evict_to_admit is False
+    assert (
+        serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).evict_to_admit is False
+    )

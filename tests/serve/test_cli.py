@@ -178,5 +178,8 @@ def test_evict_to_admit_is_on_unless_the_flag_or_its_env_turns_it_off(monkeypatc
     assert parse("--evict-to-admit", "off").evict_to_admit is False
     monkeypatch.setenv("RIMURU_EVICT_TO_ADMIT", "off")
     assert parse().evict_to_admit is False
-    with pytest.raises(SystemExit):  # argparse: not one of on / off
-        parse("--evict-to-admit", "maybe")
+    monkeypatch.setenv("RIMURU_EVICT_TO_ADMIT", "True")  # an environment spelling of on
+    assert parse().evict_to_admit is True
+    monkeypatch.setenv("RIMURU_EVICT_TO_ADMIT", "maybe")
+    with pytest.raises(ValueError, match="--evict-to-admit must be on or off"):
+        parse()
