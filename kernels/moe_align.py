@@ -100,7 +100,7 @@ def _write_pads_and_block_experts(
     return starts
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])  # batch-dependent ints
 def _align_single_program_kernel(
     topk_ids_ptr,
     sorted_ptr,
@@ -129,7 +129,7 @@ def _align_single_program_kernel(
     tl.store(sorted_ptr + pos, p, mask=p < num_pairs)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _align_rank_kernel(topk_ids_ptr, counts_ptr, rank_ptr, num_pairs, CHUNK: tl.constexpr):
     p = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     valid = p < num_pairs
@@ -138,7 +138,7 @@ def _align_rank_kernel(topk_ids_ptr, counts_ptr, rank_ptr, num_pairs, CHUNK: tl.
     tl.store(rank_ptr + p, rank, mask=valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
 def _align_offsets_kernel(
     counts_ptr,
     starts_ptr,
@@ -163,7 +163,7 @@ def _align_offsets_kernel(
     tl.store(starts_ptr + e, starts, mask=e < num_experts)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _align_scatter_kernel(
     topk_ids_ptr, starts_ptr, rank_ptr, sorted_ptr, num_pairs, CHUNK: tl.constexpr
 ):

@@ -52,7 +52,9 @@ def _page_base(pool_ptr, buffer_ptr, page, page_elems):
     return base
 
 
-@triton.jit(do_not_specialize=["num_pairs", "top_k"])
+# Ints that vary with the batch are not specialised: one compiled variant serves every batch
+# (the engine compiles each variant once at start-up, dataplane/engine/warmup.py).
+@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_m_blocks", "a_num_rows"])
 def _moe_gemm_kernel(
     a_ptr,  # up: x [T, D]; down: act [R, I] in sorted row order
     pool_ptr,  # PAGED: pool pages [*, page_elems]; else the expert stack

@@ -36,7 +36,8 @@ _BLOCK_N = 64
 _MIN_TOKENS_PER_SPLIT = 256
 
 
-@triton.jit
+# Block-table width and split sizes vary with the batch: not specialised (one variant each).
+@triton.jit(do_not_specialize=["stride_bt", "num_splits", "tokens_per_split"])
 def _decode_kernel(
     q_ptr,
     kv_ptr,
@@ -100,7 +101,7 @@ def _decode_kernel(
         tl.store(o_ptrs, (acc / row_sum[:, None]).to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "tokens_per_split"])
 def _merge_splits_kernel(
     part_out_ptr,
     part_lse_ptr,

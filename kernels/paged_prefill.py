@@ -34,7 +34,7 @@ from rimuru.kernels.kv_pages import (
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])  # the block-table width varies with the batch
 def _prefill_kernel(
     q_ptr,
     kv_ptr,

@@ -34,6 +34,9 @@ class EngineConfig:
     # running; the offloaded experts are then copied in on every step that routes to them.
     # False = preempt as vLLM does and move the boundary only between rounds.
     evict_to_admit: bool = True
+    # CUDA with Triton kernels: run the forward at every batch shape before serving, so no
+    # kernel compiles mid-serving (warmup.py). False only to shorten start-up in tests.
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         if self.memory_budget is not None and self.gpu_memory_utilization is not None:

@@ -99,6 +99,7 @@ class Engine(EngineSetup):
         slots = self._buffer_slots()
         buffer_bytes = 2 * 3 * slots * self.geometry.expert_page_bytes
         reserve_bytes = self._activation_reserve()
+        self._warm_up()  # before the pool: its scratch must not count against the budget
         self.plan: MemoryPlan = plan_memory(
             budget, self.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry
         )

@@ -28,7 +28,7 @@ from rimuru.dataplane.model import MoETransformer
 from rimuru.dataplane.model.weights import ExpertWeights
 
 
-class _OneSlotExperts:
+class OneSlotExperts:
     """ExpertBackend for the profiling forward: every expert reads buffer rows 0..2."""
 
     def __init__(self, experts: ExpertWeights, moe_kernel, device: torch.device):
@@ -63,7 +63,7 @@ def prepare_profiling_forward(
     meta = PagedAttentionMeta.build(
         [SequenceSlice(0, num_tokens, 0, blocks)], layers, geometry.shape.block_size, device
     )
-    experts = _OneSlotExperts(host_experts[0], moe_kernel, device)
+    experts = OneSlotExperts(host_experts[0], moe_kernel, device)
     runner = model.with_backends(PagedAttention(scratch, kernels=attention_kernels), experts)
     generator = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (num_tokens,), generator=generator).to(device)

@@ -7,6 +7,8 @@ called once from `Engine.__init__` (the kernel choice also by the profiling forw
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from rimuru.dataplane.adjust.tunables import Tunables
@@ -14,6 +16,8 @@ from rimuru.dataplane.engine.budget import device_memory_bytes, estimate_activat
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry
 from rimuru.dataplane.model.config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 def page_geometry(mc: ModelConfig, dtype: torch.dtype, block_size: int) -> PageGeometry:
@@ -105,6 +109,24 @@ class EngineSetup:
         return estimate_activation_bytes(
             self.model_config, c.max_num_batched_tokens, c.max_num_seqs, self.dtype
         )
+
+    def _warm_up(self) -> None:
+        """CUDA with Triton kernels: compile every kernel variant serving will launch now,
+        not in the middle of serving (warmup.py)."""
+        c = self.config
+        if not (c.warmup and self.device.type == "cuda" and self._use_kernels()):
+            return
+        from rimuru.dataplane.engine.warmup import warm_up, warmup_batches
+
+        batches = warmup_batches(
+            c.max_num_batched_tokens, c.max_num_seqs, self.max_model_len, c.block_size
+        )
+        seconds = warm_up(
+            self.model, self.host_experts, self.geometry, batches, self._moe_kernel(),
+            self._attention_kernels(),
+        )  # fmt: skip
+        torch.cuda.empty_cache()  # the scratch pool goes back before the engine's pool
+        log.info("warm-up: %d batch shapes in %.1f s", len(batches), seconds)
 
     def _buffer_slots(self) -> int:
         return buffer_slots(self.config, self.model_config)
