@@ -12,6 +12,8 @@ session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
    torch.cuda.set_sync_debug_mode("error") (CUDA only).
 4. the activation reserve: measured by the profiling forward vs the CPU estimate (CUDA only).
 5. an engine on cuda:1 when there are two GPUs (Triton launches on the current device).
+6. no kernel compiled mid-serving: after the start-up warm-up, varied batches make Triton
+   compile nothing (CUDA only; new, not yet run on a GPU).
 Prints a table last: check, result, detail. Exit status 1 if any check failed.
 """
 
@@ -117,12 +119,39 @@ def second_gpu(device: str) -> str:
     return "cuda:1 tokens == cuda:0 tokens"
 
 
+def no_compile_mid_serving(device: str) -> str:
+    """The start-up warm-up compiles every kernel variant: serving varied batches afterwards
+    makes Triton compile nothing (its post-compile hook counts each new variant)."""
+    import triton
+
+    compiled: list[str] = []
+
+    def hook(**kwargs) -> None:  # Triton passes key, repr, fn, compile, ...
+        compiled.append(str(kwargs.get("repr", "?"))[:120])
+
+    triton.knobs.runtime.jit_post_compile_hook = hook
+    try:
+        e = engine(device, "elastic", kernels=True, max_num_seqs=64)
+        at_start = len(compiled)
+        rng = random.Random(5)
+        for n in (1, 3, 7, 20, 64):  # batch sizes, prompt lengths and outputs that vary
+            params = SamplingParams(max_tokens=rng.randint(2, 40), ignore_eos=True)
+            e.generate(prompts(n), params)
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = None
+    serving = compiled[at_start:]
+    if serving:
+        raise AssertionError(f"{len(serving)} variants compiled while serving: {serving[:8]}")
+    return f"warm-up compiled {at_start} variants; serving 95 requests compiled 0"
+
+
 CHECKS = {
     "one-block": ("one-block requests", one_block),
     "paths": ("triton == torch tokens", paths_agree),
     "sync": ("no host sync (resident)", no_sync),
     "reserve": ("activation reserve", reserve),
     "gpu1": ("second GPU", second_gpu),
+    "compile": ("no compile mid-serving", no_compile_mid_serving),
 }
 
 
@@ -143,6 +172,7 @@ def main() -> int:
         "sync": cuda,
         "reserve": cuda,
         "gpu1": cuda and torch.cuda.device_count() > 1,
+        "compile": cuda,  # the interpreter compiles nothing
     }
     checks = [CHECKS[n] for n in names if wanted[n]]
     rows = []
