@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
 import traceback
 from dataclasses import replace
@@ -119,30 +120,48 @@ def second_gpu(device: str) -> str:
     return "cuda:1 tokens == cuda:0 tokens"
 
 
-def no_compile_mid_serving(device: str) -> str:
-    """The start-up warm-up compiles every kernel variant: serving varied batches afterwards
-    makes Triton compile nothing (its post-compile hook counts each new variant)."""
+def serve_and_count_compiles(device: str) -> tuple[int, list[str]]:
+    """Build an engine (its warm-up compiles), then serve varied batches: returns how many
+    variants the warm-up compiled and which ones serving compiled after it. Run in a fresh
+    process (no_compile_mid_serving), where no earlier engine has filled Triton's caches."""
     import triton
 
     compiled: list[str] = []
+    previous = triton.knobs.runtime.jit_post_compile_hook
 
     def hook(**kwargs) -> None:  # Triton passes key, repr, fn, compile, ...
         compiled.append(str(kwargs.get("repr", "?"))[:120])
 
     triton.knobs.runtime.jit_post_compile_hook = hook
     try:
-        e = engine(device, "elastic", kernels=True, max_num_seqs=64)
+        e = engine(device, "elastic", kernels=True, max_num_seqs=64, memory_budget=400 * MiB)
         at_start = len(compiled)
         rng = random.Random(5)
-        for n in (1, 3, 7, 20, 64):  # batch sizes, prompt lengths and outputs that vary
-            params = SamplingParams(max_tokens=rng.randint(2, 40), ignore_eos=True)
-            e.generate(prompts(n), params)
+        # batch sizes 1..64, prompts up to 700 tokens (split decodes), varied outputs
+        for n, longest in ((1, 700), (3, 300), (5, 520), (20, 70), (64, 40)):
+            batch = [[rng.randrange(151_000) for _ in range(rng.randint(5, longest))]
+                     for _ in range(n)]  # fmt: skip
+            e.generate(batch, SamplingParams(max_tokens=rng.randint(2, 40), ignore_eos=True))
     finally:
-        triton.knobs.runtime.jit_post_compile_hook = None
-    serving = compiled[at_start:]
+        triton.knobs.runtime.jit_post_compile_hook = previous
+    return at_start, compiled[at_start:]
+
+
+def no_compile_mid_serving(device: str) -> str:
+    here = str(Path(__file__).parent)
+    code = (
+        f"import json, sys; sys.path.insert(0, {here!r}); import gpu_checks; "
+        f"print(json.dumps(gpu_checks.serve_and_count_compiles({device!r})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-1500:])
+    at_start, serving = json.loads(done.stdout.strip().splitlines()[-1])
+    if at_start == 0:
+        raise AssertionError("the warm-up compiled nothing: the check saw warm caches")
     if serving:
-        raise AssertionError(f"{len(serving)} variants compiled while serving: {serving[:8]}")
-    return f"warm-up compiled {at_start} variants; serving 95 requests compiled 0"
+        raise AssertionError(f"{len(serving)} variants compiled while serving: {serving[:6]}")
+    return f"warm-up compiled {at_start} variants; serving 93 requests compiled 0"
 
 
 CHECKS = {

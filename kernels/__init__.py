@@ -15,11 +15,16 @@ from rimuru.kernels.fused_moe import (
     fused_moe_paged,
     fused_moe_paged_reference,
     fused_moe_reference,
+    fused_moe_variant,
 )
 from rimuru.kernels.kv_write import write_kv_pages, write_kv_pages_reference
 from rimuru.kernels.moe_align import MoeAlignment, moe_align_block_size
 from rimuru.kernels.moe_configs import GemmTile, MoeConfig, get_moe_config
-from rimuru.kernels.paged_decode import paged_decode_attention, paged_decode_attention_reference
+from rimuru.kernels.paged_decode import (
+    decode_warmup_contexts,
+    paged_decode_attention,
+    paged_decode_attention_reference,
+)
 from rimuru.kernels.paged_prefill import paged_prefill_attention, paged_prefill_attention_reference
 
 # The engine's name for the paged launcher (dataplane/engine/engine.py imports it).
@@ -29,10 +34,12 @@ __all__ = [
     "GemmTile",
     "MoeAlignment",
     "MoeConfig",
+    "decode_warmup_contexts",
     "fused_moe_contiguous",
     "fused_moe_paged",
     "fused_moe_paged_reference",
     "fused_moe_reference",
+    "fused_moe_variant",
     "get_moe_config",
     "moe_align_block_size",
     "paged_decode_attention",

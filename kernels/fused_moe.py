@@ -10,7 +10,9 @@ tuned table's entry):
                     pool_pages [num_pages, I*D], buffer_pages [num_slots, I*D] | None,
                     expert_table [E, 3] int32, *, config=None, out=None) -> [T, D]
     fused_moe_contiguous(x, topk_ids, topk_weights, w13 [E, 2I, D], w2 [E, D, I],
-                         *, config=None, out=None) -> [T, D]
+                         *, config=None, out=None, num_experts=None) -> [T, D]
+    fused_moe_variant(T, K, E, I, D, dtype, device) -> a key: calls with equal keys launch the
+                         same compiled kernels (the engine's start-up warm-up uses it)
 
 expert_table[e] holds the page ids of (w1, w3, w2) of expert e, Hugging Face layouts
 (w1, w3: [I, D]; w2: [D, I]); id >= 0 is a pool page, id < 0 is loading-buffer slot -id - 1.
@@ -28,7 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from rimuru.kernels.moe_align import moe_align_block_size
+from rimuru.kernels.moe_align import align_variant, moe_align_block_size
 from rimuru.kernels.moe_configs import MoeConfig, get_moe_config
 from rimuru.kernels.moe_gemm import WeightSource, launch_down_gemm, launch_up_gemm
 
@@ -176,8 +178,13 @@ def fused_moe_contiguous(
     *,
     config: MoeConfig | None = None,
     out: torch.Tensor | None = None,
+    num_experts: int | None = None,
 ) -> torch.Tensor:
-    """The same MoE over stacked weights w13 = [w1; w3] [E, 2I, D] and w2 [E, D, I]."""
+    """The same MoE over stacked weights w13 = [w1; w3] [E, 2I, D] and w2 [E, D, I].
+
+    ``num_experts`` (>= E) picks the config and alignment as for a layer of that many
+    experts: a caller that stacks only the E' experts a step routes to (the gather path)
+    passes the layer's E, so its kernels do not change with E'."""
     if w13.dim() != 3 or w2.dim() != 3:
         raise ValueError(f"w13 must be [E, 2I, D] and w2 [E, D, I]; got {w13.shape}, {w2.shape}")
     E, two_i, D = w13.shape
@@ -199,10 +206,28 @@ def fused_moe_contiguous(
         raise ValueError("w13 and w2 must be contiguous; call .contiguous() once at load time")
     if w13.device != x.device or w2.device != x.device:
         raise ValueError(f"w13 and w2 must be on x's device {x.device}")
+    if num_experts is not None and num_experts < E:
+        raise ValueError(f"num_experts={num_experts} is fewer than the {E} stacked experts")
     up = WeightSource(w13, w13, False, 0, w13.stride(0))
     down = WeightSource(w2, w2, False, 0, w2.stride(0))
     out = _check_out(out, x)
+    E = num_experts or E
     return _run(x, topk_ids, topk_weights, up, down, None, E, inter_size, config, out)
+
+
+def fused_moe_variant(
+    num_tokens: int,
+    top_k: int,
+    num_experts: int,
+    inter_size: int,
+    hidden_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple:
+    """Equal keys = the same compiled kernels: the tile config (tuned bucket or default)
+    and the align step's variant. Shapes, dtype and weight layout are fixed per engine."""
+    config = get_moe_config(num_experts, inter_size, hidden_size, num_tokens, top_k, dtype, device)
+    return (config, align_variant(num_tokens * top_k, num_experts, config.block_m))
 
 
 ExpertMatrices = Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]

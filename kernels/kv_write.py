@@ -17,7 +17,9 @@ import triton.language as tl
 from rimuru.kernels.kv_pages import PAGE_TOKENS, check_kv_pages
 
 
-@triton.jit
+# A layer's slot mapping is a row view of [L, T]: its alignment varies with T, so it is not
+# specialised (one variant).
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr"])
 def _write_kv_kernel(
     k_ptr,
     v_ptr,

@@ -176,6 +176,17 @@ def _align_scatter_kernel(
     tl.store(sorted_ptr + pos, p, mask=valid)
 
 
+def align_variant(num_pairs: int, num_experts: int, block_m: int) -> tuple:
+    """What decides which compiled align kernels a call launches (the engine's warm-up
+    enumerates it): one program over a [PAIRS, EXPERTS] one-hot while that fits, else the
+    chunked three-kernel path."""
+    experts_p2 = triton.next_power_of_2(num_experts)
+    pairs_p2 = triton.next_power_of_2(max(num_pairs, 1))
+    if pairs_p2 * experts_p2 <= _SINGLE_PROGRAM_MAX_CELLS:
+        return ("single", pairs_p2, experts_p2, block_m)
+    return ("chunked", experts_p2, block_m)
+
+
 def moe_align_block_size(
     topk_ids: torch.Tensor,
     num_experts: int,
@@ -210,7 +221,7 @@ def moe_align_block_size(
     pages = block_pages if with_pages else block_experts
     experts_p2 = triton.next_power_of_2(num_experts)
     pairs_p2 = triton.next_power_of_2(max(num_pairs, 1))
-    if pairs_p2 * experts_p2 <= _SINGLE_PROGRAM_MAX_CELLS:
+    if align_variant(num_pairs, num_experts, block_m)[0] == "single":
         _align_single_program_kernel[(1,)](
             ids, sorted_ids, block_experts, num_padded, table, pages, num_pairs, nb,
             BLOCK_M=block_m, PAIRS=pairs_p2, EXPERTS=experts_p2, WITH_PAGES=with_pages,

@@ -37,7 +37,12 @@ _MIN_TOKENS_PER_SPLIT = 256
 
 
 # Block-table width and split sizes vary with the batch: not specialised (one variant each).
-@triton.jit(do_not_specialize=["stride_bt", "num_splits", "tokens_per_split"])
+# A layer's block table is a view into [L, S, W] and may start off a 16-byte boundary: its
+# alignment is not specialised either (it only feeds per-block index loads).
+@triton.jit(
+    do_not_specialize=["stride_bt", "num_splits", "tokens_per_split"],
+    do_not_specialize_on_alignment=["block_tables_ptr"],
+)
 def _decode_kernel(
     q_ptr,
     kv_ptr,
@@ -138,6 +143,32 @@ def _num_programs_wanted(device: torch.device) -> int:
     return 8
 
 
+def _default_split(batch: int, h_kv: int, max_seq_len: int, device: torch.device) -> int:
+    """Tokens per split when the caller gives none: enough splits to fill the device."""
+    splits = triton.cdiv(_num_programs_wanted(device), batch * h_kv)
+    tokens = max(_MIN_TOKENS_PER_SPLIT, triton.cdiv(max_seq_len, splits))
+    return triton.cdiv(tokens, _BLOCK_N) * _BLOCK_N
+
+
+def decode_warmup_contexts(h_kv: int, max_model_len: int, device: torch.device) -> list[int]:
+    """Context lengths at which one sequence meets every compiled variant of the decode
+    kernels under the default split sizing: unsplit, and each power-of-two padding of the
+    merge kernel's split count (SPLITS_PAD) that a context up to max_model_len can reach.
+    Larger batches only reach fewer splits, so these cover them too."""
+    most = triton.cdiv(_num_programs_wanted(device), h_kv)  # splits of a batch of one
+    contexts = [1]
+    pad = 2
+    while pad // 2 < most:
+        splits = min(pad, most)  # a split count whose padding is `pad`
+        context = splits * _MIN_TOKENS_PER_SPLIT
+        if context > max_model_len:
+            break
+        assert triton.cdiv(context, _default_split(1, h_kv, context, device)) == splits
+        contexts.append(context)
+        pad *= 2
+    return contexts
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     kv_pages: torch.Tensor,
@@ -164,8 +195,7 @@ def paged_decode_attention(
     if B == 0:
         return out
     if tokens_per_split is None:
-        splits = triton.cdiv(_num_programs_wanted(q.device), B * h_kv)
-        tokens_per_split = max(_MIN_TOKENS_PER_SPLIT, triton.cdiv(max_seq_len, splits))
+        tokens_per_split = _default_split(B, h_kv, max_seq_len, q.device)
     tokens_per_split = triton.cdiv(tokens_per_split, _BLOCK_N) * _BLOCK_N
     num_splits = triton.cdiv(max_seq_len, tokens_per_split)
     group = Hq // h_kv

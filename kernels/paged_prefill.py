@@ -34,7 +34,9 @@ from rimuru.kernels.kv_pages import (
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit(do_not_specialize=["stride_bt"])  # the block-table width varies with the batch
+# The block-table width varies with the batch, and a layer's table is a view that may start
+# off a 16-byte boundary: neither is specialised (one variant).
+@triton.jit(do_not_specialize=["stride_bt"], do_not_specialize_on_alignment=["block_tables_ptr"])
 def _prefill_kernel(
     q_ptr,
     kv_ptr,

@@ -40,13 +40,17 @@ def make_gather_moe(inter: int, hidden: int, contiguous_moe: Callable[..., torch
         w3 = fetch(rows[:, 1]).view(n, inter, hidden)
         w13 = torch.cat((w1, w3), dim=1)  # [E', 2I, D]
         w2 = fetch(rows[:, 2]).view(n, hidden, inter)  # [E', D, I]
-        return contiguous_moe(x, remap[topk_ids], topk_weights, w13, w2)
+        # The layer's E, not E': the kernels then do not change with how many experts a
+        # step happens to route to (and the start-up warm-up covers them).
+        num_experts = expert_table.shape[0]
+        return contiguous_moe(x, remap[topk_ids], topk_weights, w13, w2, num_experts=num_experts)
 
     return gather_moe
 
 
-def reference_contiguous(x, topk_ids, topk_weights, w13, w2) -> torch.Tensor:
-    """Torch contiguous MoE (the CPU stand-in for the contiguous kernel)."""
+def reference_contiguous(x, topk_ids, topk_weights, w13, w2, num_experts=None) -> torch.Tensor:
+    """Torch contiguous MoE (the CPU stand-in for the contiguous kernel; num_experts, which
+    only steers the kernel's config, is not needed here)."""
     from rimuru.kernels import fused_moe_reference
 
     inter = w13.shape[1] // 2

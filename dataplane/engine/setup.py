@@ -117,10 +117,21 @@ class EngineSetup:
         if not (c.warmup and self.device.type == "cuda" and self._use_kernels()):
             return
         from rimuru.dataplane.engine.warmup import warm_up, warmup_batches
+        from rimuru.kernels import decode_warmup_contexts, fused_moe_variant
 
+        mc = self.model_config
+
+        def moe_key(num_tokens: int):
+            return fused_moe_variant(
+                num_tokens, mc.top_k, mc.num_experts, mc.moe_intermediate_size, mc.hidden_size,
+                self.dtype, self.device,
+            )  # fmt: skip
+
+        contexts = decode_warmup_contexts(mc.num_kv_heads, self.max_model_len, self.device)
         batches = warmup_batches(
-            c.max_num_batched_tokens, c.max_num_seqs, self.max_model_len, c.block_size
-        )
+            c.max_num_batched_tokens, c.max_num_seqs, self.max_model_len, c.block_size,
+            moe_key, contexts,
+        )  # fmt: skip
         seconds = warm_up(
             self.model, self.host_experts, self.geometry, batches, self._moe_kernel(),
             self._attention_kernels(),
