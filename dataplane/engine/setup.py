@@ -132,6 +132,7 @@ class EngineSetup:
             c.max_num_batched_tokens, c.max_num_seqs, self.max_model_len, c.block_size,
             moe_key, contexts,
         )  # fmt: skip
+        log.info("warm-up: compiling kernels for %d batch shapes before serving", len(batches))
         seconds = warm_up(
             self.model, self.host_experts, self.geometry, batches, self._moe_kernel(),
             self._attention_kernels(),
