@@ -1,0 +1,126 @@
+"""Run a named plan of GPU jobs in one device call: one job per GPU, in parallel, each a list
+of commands run in order under their own time limits, with logs and a summary table.
+
+    # on the device (x2 kind; the tool returns at most 8 files, so pack the folder):
+    python3 bench/device_plan.py next --out /tmp/r; tar czf $OUT/r.tgz -C /tmp r
+    python bench/device_plan.py next --out /tmp/r --dry-run   # here: print what would run
+
+Why: a device session has 30 minutes and each call costs a start. Written inline, a call's
+shell line is easy to get wrong (2026-11-30 lost a Fig. 4 job to a missing flag), and one
+job running over its time takes the others' results with it. Here every command is data,
+checked by `--dry-run` and by a CPU test, and each stops at its own limit.
+
+Each command's output goes to OUT/<job>.log; OUT/plan.json records exit codes and seconds;
+result folders go under OUT/<job>/ (commands see it as $JOB_OUT). The table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Step:
+    command: str  # run by bash in the repository root; $JOB_OUT is the job's result folder
+    limit_s: int
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    gpu: int
+    steps: tuple[Step, ...]
+
+
+FIG4 = "python3 bench/engine_gpu.py --skip-a --expert-offload-limit 30 --num-prompts 500"
+PLANS: dict[str, tuple[Job, ...]] = {
+    # The next session's first call (docs/benchmarks.md, "In code but not yet measured"):
+    # the checks, then Fig. 4 with all three policies on the same code and day.
+    "next": (
+        Job("gpu0", 0, (
+            Step(f"{FIG4} --policies resident,fixed --fixed-expert-share 0.75 --out $JOB_OUT", 500),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 180),
+            Step(f"{FIG4} --policies elastic --out $JOB_OUT", 300),
+        )),
+    ),
+    # Where a qwen3 step's time goes, and the kernels after any change to them.
+    "profile": (
+        Job("gpu0", 0, (
+            Step("python3 bench/step_profile.py --model qwen3-30b-a3b --memory-budget 59GiB "
+                 "--batch 32 --out $JOB_OUT", 300),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/moe_breakdown.py --out $JOB_OUT", 240),
+            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
+                 "--out-dir $JOB_OUT", 240),
+        )),
+    ),
+}  # fmt: skip
+
+
+def run_job(job: Job, out: Path) -> list[dict]:
+    """The job's steps in order, each under its limit; a failed step does not stop the next."""
+    folder = out / job.name
+    folder.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(job.gpu), JOB_OUT=str(folder))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    rows = []
+    with open(out / f"{job.name}.log", "a") as log:
+        for step in job.steps:
+            log.write(f"\n$ {step.command}\n")
+            log.flush()
+            t0 = time.time()
+            try:
+                code = subprocess.run(
+                    ["bash", "-c", step.command], env=env, stdout=log, stderr=subprocess.STDOUT,
+                    timeout=step.limit_s,
+                ).returncode  # fmt: skip
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+            rows.append(
+                {"job": job.name, "command": step.command, "exit": code,
+                 "seconds": round(time.time() - t0, 1), "limit_s": step.limit_s}
+            )  # fmt: skip
+    return rows
+
+
+def plan_seconds(jobs: tuple[Job, ...]) -> int:
+    """The plan's worst case: its longest job with every step at its limit."""
+    return max(sum(s.limit_s for s in job.steps) for job in jobs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("plan", choices=sorted(PLANS))
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = ap.parse_args(argv)
+    jobs = PLANS[args.plan]
+    if args.dry_run:
+        for job in jobs:
+            for step in job.steps:
+                print(f"[{job.name} GPU {job.gpu}, {step.limit_s} s] {step.command}")
+        print(f"worst case {plan_seconds(jobs)} s (a device call may run 600 s)")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        rows = [r for job_rows in pool.map(lambda j: run_job(j, args.out), jobs) for r in job_rows]
+    (args.out / "plan.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"{'job':6s} {'exit':>7s} {'s':>7s}  command")
+    for r in rows:
+        print(f"{r['job']:6s} {r['exit']!s:>7s} {r['seconds']:7.1f}  {r['command'][:90]}")
+    return 0 if all(r["exit"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
