@@ -46,7 +46,7 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # the checks, then Fig. 4 with all three policies on the same code and day.
     "next": (
         Job("gpu0", 0, (
-            Step(f"{FIG4} --policies resident,fixed --fixed-expert-share 0.75 --out $JOB_OUT", 500),
+            Step(f"{FIG4} --policies resident,fixed --fixed-expert-share 0.75 --out $JOB_OUT", 530),
         )),
         Job("gpu1", 1, (
             Step("python3 bench/gpu_checks.py --out $JOB_OUT", 180),
