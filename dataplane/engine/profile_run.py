@@ -1,7 +1,8 @@
 """The profiling forward: how much transient device memory one step at full size needs.
 
-One sequence of `max_num_batched_tokens` prompt tokens runs through the model, with its KV
-in a scratch pool and every routed expert read from one loading-buffer slot (activation
+One sequence of `max_num_batched_tokens` prompt tokens runs through the model on a
+ScratchRunner: its KV in a scratch pool and every routed expert read from one loading-buffer
+slot (activation
 memory does not depend on which weights a token meets), then the logits of `max_num_seqs`
 rows. The peak allocated above what existed before the forward — the scratch pool and slot
 excluded, since they stand in for the engine's own pages — is the activation reserve.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,6 +44,73 @@ class OneSlotExperts:
         return self.moe_kernel(x, topk_ids, topk_weights, self.buffer, self.buffer, self.table)
 
 
+@dataclass(frozen=True)
+class ScratchSeq:
+    """One sequence of a scratch batch: new tokens after already cached ones."""
+
+    num_new_tokens: int
+    num_computed_tokens: int
+
+
+SCRATCH_BLOCKS = 4  # KV pages per layer in the scratch pool; block tables cycle over them
+
+
+class ScratchRunner:
+    """The model over a scratch KV pool of SCRATCH_BLOCKS pages per layer and one expert
+    slot: runs a step of any batch shape without engine state, and leaves none. Block tables
+    cycle over the scratch pages, so the values attention reads are meaningless; only the
+    shapes, and the memory the forward allocates, are real. The pool is zeroed so that
+    context nobody wrote reads as 0, never as NaN that could reach the router."""
+
+    def __init__(
+        self,
+        model: MoETransformer,
+        host_experts: list[ExpertWeights],
+        geometry: PageGeometry,
+        moe_kernel,
+        attention_kernels,
+    ):
+        self.model, self.geometry = model, geometry
+        layers = model.config.num_layers
+        kv_per_huge = geometry.huge_page_bytes // geometry.kv_page_bytes
+        pool = UnifiedPool(
+            geometry, math.ceil(layers * SCRATCH_BLOCKS / kv_per_huge), model.dtype, model.device
+        )
+        pool.buffer.zero_()
+        experts = OneSlotExperts(host_experts[0], moe_kernel, model.device)
+        self.runner = model.with_backends(PagedAttention(pool, kernels=attention_kernels), experts)
+
+    def prepare(
+        self, batch: tuple[ScratchSeq, ...], logits_rows: int | None = None
+    ) -> Callable[[], torch.Tensor]:
+        """Put the batch's inputs on the device and return its forward, which returns the
+        logits of each sequence's last token, or of the last `logits_rows` tokens. Apart, so
+        that a measurement of the forward counts only what the forward allocates."""
+        device, layers = self.model.device, self.model.config.num_layers
+        bs = self.geometry.shape.block_size
+        slices, start, positions = [], 0, []
+        for s in batch:
+            context = s.num_computed_tokens + s.num_new_tokens
+            cycle = np.arange(math.ceil(context / bs), dtype=np.int64) % SCRATCH_BLOCKS
+            blocks = cycle[:, None] * layers + np.arange(layers, dtype=np.int64)[None, :]
+            slices.append(SequenceSlice(start, s.num_new_tokens, s.num_computed_tokens, blocks))
+            positions.append(np.arange(s.num_computed_tokens, context))
+            start += s.num_new_tokens
+        meta = PagedAttentionMeta.build(slices, layers, bs, device)
+        pos = torch.from_numpy(np.concatenate(positions)).to(device)
+        ids = pos % self.model.config.vocab_size
+        if logits_rows is None:
+            rows = torch.tensor([s.start + s.num_new_tokens - 1 for s in slices], device=device)
+        else:
+            rows = torch.arange(start - min(logits_rows, start), start, device=device)
+        runner = self.runner
+
+        def forward() -> torch.Tensor:
+            return runner.compute_logits(runner.forward(ids, pos, meta)[rows])
+
+        return forward
+
+
 def prepare_profiling_forward(
     model: MoETransformer,
     host_experts: list[ExpertWeights],
@@ -51,29 +120,9 @@ def prepare_profiling_forward(
     moe_kernel,
     attention_kernels,
 ) -> Callable[[], torch.Tensor]:
-    """Allocate the full-size step's scratch (KV pool, one expert slot, inputs) and return
-    the forward over it, which returns the logits [min(S, T), V]. Apart so that the
-    measurement counts only what the forward itself allocates."""
-    device, dtype = model.device, model.dtype
-    layers = model.config.num_layers
-    num_blocks = math.ceil(num_tokens / geometry.shape.block_size)
-    kv_per_huge = geometry.huge_page_bytes // geometry.kv_page_bytes
-    scratch = UnifiedPool(geometry, math.ceil(layers * num_blocks / kv_per_huge), dtype, device)
-    blocks = np.arange(num_blocks * layers, dtype=np.int64).reshape(num_blocks, layers)
-    meta = PagedAttentionMeta.build(
-        [SequenceSlice(0, num_tokens, 0, blocks)], layers, geometry.shape.block_size, device
-    )
-    experts = OneSlotExperts(host_experts[0], moe_kernel, device)
-    runner = model.with_backends(PagedAttention(scratch, kernels=attention_kernels), experts)
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    ids = torch.randint(0, model.config.vocab_size, (num_tokens,), generator=generator).to(device)
-    positions = torch.arange(num_tokens, device=device)
-
-    def forward() -> torch.Tensor:
-        hidden = runner.forward(ids, positions, meta)
-        return runner.compute_logits(hidden[-min(num_seqs, num_tokens) :])
-
-    return forward
+    """The full-size step (module doc): one prompt of num_tokens, logits [min(S, T), V]."""
+    scratch = ScratchRunner(model, host_experts, geometry, moe_kernel, attention_kernels)
+    return scratch.prepare((ScratchSeq(num_tokens, 0),), logits_rows=num_seqs)
 
 
 def measure_activation_bytes(forward: Callable[[], torch.Tensor], device: torch.device) -> int:

@@ -10,7 +10,8 @@ import sys
 import torch
 import triton
 
-from rimuru.dataplane.engine.warmup import WarmupSeq, warmup_batches
+from rimuru.dataplane.engine.profile_run import ScratchSeq
+from rimuru.dataplane.engine.warmup import warmup_batches
 from rimuru.kernels import decode_warmup_contexts, fused_moe_variant
 from rimuru.kernels.moe_configs import GemmTile, MoeConfig
 from rimuru.kernels.paged_decode import _default_split
@@ -24,12 +25,12 @@ def qwen3_key(num_tokens: int):  # the real key, CPU configs (default_moe_config
 
 def test_small_plan_is_exactly_decodes_per_key_then_contexts_prompt_and_a_mixed_step():
     got = warmup_batches(16, 4, 1024, 16, lambda t: t.bit_length(), [1, 512])
-    decode = WarmupSeq(1, 15)
+    decode = ScratchSeq(1, 15)
     assert got == [
         (decode,), (decode, decode), (decode,) * 4,  # keys of 1, 2-3, 4-7 tokens
-        (WarmupSeq(8, 0),), (WarmupSeq(16, 0),),  # 8-15, 16: more tokens than sequences
-        (WarmupSeq(1, 511),),  # a split decode
-        (WarmupSeq(15, 15), decode),  # a second chunk beside a decode
+        (ScratchSeq(8, 0),), (ScratchSeq(16, 0),),  # 8-15, 16: more tokens than sequences
+        (ScratchSeq(1, 511),),  # a split decode
+        (ScratchSeq(15, 15), decode),  # a second chunk beside a decode
     ]  # fmt: skip
 
 
