@@ -30,14 +30,13 @@ from pathlib import Path
 
 import torch
 
-from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.adjust.tunables import MODES, Tunables
 from rimuru.dataplane.engine.budget import estimate_activation_bytes
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
 
 MiB = 2**20
-POLICIES = ("resident", "fixed", "elastic")
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 
 
@@ -62,7 +61,7 @@ def prompts(n: int) -> list[list[int]]:
 
 def one_block(device: str) -> str:
     first = None
-    for mode in POLICIES:
+    for mode in MODES:
         e = engine(device, mode, kernels=True)
         tokens = e.generate([prompts(1)[0][:5]], PARAMS)
         e.check_invariants()
@@ -75,7 +74,7 @@ def one_block(device: str) -> str:
 def paths_agree(device: str) -> str:
     runs = {
         (m, k): engine(device, m, k).generate(prompts(6), PARAMS)
-        for m in POLICIES
+        for m in MODES
         for k in (True, False)
     }
     reference = runs[("resident", False)]

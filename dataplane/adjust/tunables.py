@@ -7,6 +7,15 @@ from dataclasses import asdict, dataclass
 MODES = ("resident", "fixed", "elastic")
 
 
+def parse_modes(text: str) -> tuple[str, ...]:
+    """A comma list of memory policies (the --policies flag of `rimuru bench` and `plan`)."""
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"unknown policy {unknown}: choose from {', '.join(MODES)}")
+    return modes
+
+
 @dataclass(frozen=True)
 class Tunables:
     mode: str = "elastic"

@@ -13,14 +13,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.adjust.tunables import MODES, Tunables, parse_modes
 from rimuru.dataplane.bench.arrivals import arrival_times, parse_request_rate
 from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_sweep
 from rimuru.dataplane.bench.results import BenchResult, write_results
 from rimuru.dataplane.bench.trace import load_trace
 from rimuru.dataplane.memory.units import parse_bytes
 
-POLICIES = ("resident", "fixed", "elastic")
 CPU_DEFAULT_BUDGET = (
     "304MiB"  # tiny: ~75 MiB non-pool weights + ~198 MiB activations; experts 24 MiB
 )
@@ -32,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None)
     p.add_argument(
         "--policies",
-        default=",".join(POLICIES),
+        default=",".join(MODES),
         help="comma-separated subset of resident,fixed,elastic",
     )
     p.add_argument("--trace", default="sharegpt_qwen_cpu", help="bundled trace name or .npz path")
@@ -103,10 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.engine.engine import Engine
     from rimuru.dataplane.engine.hotness_profile import profile_hotness
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown or not policies:
-        raise ValueError(f"unknown policy {unknown}: choose from {', '.join(POLICIES)}")
+    policies = parse_modes(args.policies)
     rates = [parse_request_rate(r) for r in str(args.request_rate).split(",")]
     if args.num_prompts < 1:
         raise ValueError("--num-prompts must be >= 1")

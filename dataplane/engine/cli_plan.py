@@ -11,15 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rimuru.dataplane.adjust.tunables import Tunables
-from rimuru.dataplane.bench.cli import POLICIES
+from rimuru.dataplane.adjust.tunables import MODES, Tunables, parse_modes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="preset name or local HF directory")
     p.add_argument("--dtype", default=None)
     p.add_argument("--memory-budget", required=True, help="bytes, e.g. 59GiB")
-    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--policies", default=",".join(MODES))
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
     p.add_argument(
@@ -46,10 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.memory.units import format_bytes, parse_bytes
 
-    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown or not policies:
-        raise ValueError(f"unknown policy {unknown}: choose from {', '.join(POLICIES)}")
+    policies = parse_modes(args.policies)
     if args.context_len < 1:
         raise ValueError("--context-len must be >= 1")
     reserve = args.activation_reserve

@@ -6,8 +6,10 @@ One round (vLLM V1 semantics):
      (elastic: the adjuster evicts experts, within expert_offload_limit) is asked first;
      only when it frees nothing is the newest running request preempted (pages freed, back
      to the front of the waiting queue, recomputed from scratch later), until they fit —
-     possibly the request itself. Recomputing a preempted request costs far more than
-     reading an offloaded expert through a loading buffer.
+     possibly the request itself. The trade: a preemption recomputes the request later, an
+     eviction copies the expert in on every step that routes to it. On the H200 (Fig. 4,
+     docs/benchmarks.md) evicting first held more requests at once but, one run each, gave
+     less throughput; `EngineConfig.evict_to_admit` chooses.
   2. Waiting requests are admitted, oldest first, only if nothing was preempted this round,
      while `max_num_seqs` and the token budget allow and their pages fit.
   3. The shortfall — KV pages that were needed but could not be had — is reported in the

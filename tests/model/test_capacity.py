@@ -11,19 +11,18 @@ import pytest
 
 from rimuru.cli import main
 from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.adjust.tunables import MODES, Tunables
 from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.memory.geometry import PageType
 
 MiB = 2**20
-POLICIES = ("resident", "fixed", "elastic")
 
 
 def assert_plan_is_the_engines(config: EngineConfig) -> list[PolicyCapacity]:
-    planned = plan_capacity(config, POLICIES).policies
-    for policy, cap in zip(POLICIES, planned, strict=True):
+    planned = plan_capacity(config, MODES).policies
+    for policy, cap in zip(MODES, planned, strict=True):
         assert isinstance(cap, PolicyCapacity), cap
         engine = Engine(
             replace(config, tunables=replace(config.tunables, mode=policy)), log_plan=False
