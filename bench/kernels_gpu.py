@@ -20,7 +20,6 @@ import argparse
 import functools
 import json
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -29,7 +28,17 @@ import triton
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tune_moe import MODELS, TOKEN_COUNTS, MoeShape, graph_of, make_experts, random_routing
+from tune_moe import (
+    MODELS,
+    PEAK_BYTES,
+    PEAK_FLOPS,
+    TOKEN_COUNTS,
+    MoeShape,
+    graph_of,
+    make_experts,
+    random_routing,
+    run_info,
+)
 
 from rimuru.kernels import (
     fused_moe_contiguous,
@@ -44,8 +53,6 @@ from rimuru.kernels import (
     write_kv_pages_reference,
 )
 
-PEAK_FLOPS = 755e12  # bf16 dense matmul, measured on this H200 (task brief)
-PEAK_BYTES = 4.17e12  # device copy, read + write, measured on this H200 (task brief)
 DEVICE = torch.device("cuda")
 
 
@@ -266,11 +273,7 @@ def main() -> int:
     names = {"all": sorted(MODELS), "none": []}.get(args.models) or args.models.split(",")
     tokens = [int(t) for t in args.tokens.split(",")]
     report = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "command": " ".join(["python", *sys.argv]),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
+        **run_info(),
         "moe": {},
         "attention": [],
     }

@@ -26,7 +26,6 @@ import argparse
 import functools
 import json
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict
@@ -37,27 +36,30 @@ import triton
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tune_moe import MODELS, MoeShape, PagedExperts, graph_of, make_experts, random_routing
+from tune_moe import (
+    MODELS,
+    PEAK_BYTES,
+    PEAK_FLOPS,
+    MoeShape,
+    PagedExperts,
+    make_experts,
+    random_routing,
+    replay_ms,
+    run_info,
+)
 
 from rimuru.kernels import fused_moe_contiguous, fused_moe_paged, get_moe_config
 from rimuru.kernels.moe_align import moe_align_block_size
 from rimuru.kernels.moe_configs import MoeConfig
 from rimuru.kernels.moe_gemm import WeightSource, launch_down_gemm, launch_up_gemm
 
-PEAK_FLOPS = 755e12  # bf16 dense matmul, measured on this H200 (as kernels_gpu.py)
-PEAK_BYTES = 4.17e12  # device copy, read + write, measured on this H200 (as kernels_gpu.py)
 ELEM = 2  # bytes of a bf16 element
 DEVICE = torch.device("cuda")
 
 
 def replay_us(fn: Callable[[], object], rep_ms: float) -> float:
-    """tune_moe._bench's timing (graph replays, L2 flushed, median) in us, minus its catch:
-    there a failure just drops a tile candidate, here it must reach the model's guard."""
-    replay = graph_of(fn).replay
-    ms = triton.testing.do_bench(
-        replay, warmup=max(1, rep_ms // 4), rep=rep_ms, return_mode="median"
-    )
-    return 1e3 * ms
+    """tune_moe.replay_ms in µs; a failure reaches the model's guard."""
+    return 1e3 * replay_ms(fn, rep_ms)
 
 
 def floor_us(flops: float, nbytes: float) -> float:
@@ -219,11 +221,7 @@ def main() -> int:
         return 2
     tokens = [int(t) for t in args.tokens.split(",")]
     report = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "command": " ".join(["python", *sys.argv]),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
+        **run_info(),
         "peak_flops": PEAK_FLOPS,
         "peak_bytes_per_s": PEAK_BYTES,
         "rep_ms": args.rep_ms,

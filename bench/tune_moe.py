@@ -165,15 +165,39 @@ def graph_of(fn) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def _bench(fn, rep_ms: float) -> float:
-    """Median of graph replays: at small sizes a direct launch's host time would be timed too."""
+# Ceilings of the floors, measured on this H200 (the task brief): bf16 dense matmul and a
+# device copy (bytes read + written). kernels_gpu.py and moe_breakdown.py use them too.
+PEAK_FLOPS = 755e12
+PEAK_BYTES = 4.17e12
+
+
+def replay_ms(fn, rep_ms: float) -> float:
+    """Median of CUDA-graph replays of fn (L2 flushed before each): at small sizes a direct
+    launch's host time would be timed too."""
     import triton.testing
 
+    replay = graph_of(fn).replay
+    return triton.testing.do_bench(
+        replay, warmup=max(1, rep_ms // 4), rep=rep_ms, return_mode="median"
+    )
+
+
+def run_info() -> dict:
+    """Date, command, device and versions: the header of every GPU report."""
+    import triton
+
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": " ".join(["python", *sys.argv]),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+
+
+def _bench(fn, rep_ms: float) -> float:
     try:
-        replay = graph_of(fn).replay
-        return triton.testing.do_bench(
-            replay, warmup=max(1, rep_ms // 4), rep=rep_ms, return_mode="median"
-        )
+        return replay_ms(fn, rep_ms)
     except Exception as exc:  # out of shared memory or registers: not a candidate here
         print(f"    skipped: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
         return float("inf")
