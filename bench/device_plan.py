@@ -65,6 +65,20 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
+    # One call: the step profile and the kernels on one GPU, the ablation (its gather arm
+    # now on the layer's tuned tiles) on the other.
+    "profile-ablation": (
+        Job("gpu0", 0, (
+            Step("python3 bench/step_profile.py --model qwen3-30b-a3b --memory-budget 59GiB "
+                 "--batch 32 --out $JOB_OUT", 270),
+            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
+                 "--out-dir $JOB_OUT", 250),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/paper_experiments.py ablation --num-prompts 150 "
+                 "--out $JOB_OUT", 520),
+        )),
+    ),
 }  # fmt: skip
 
 
