@@ -79,6 +79,21 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out $JOB_OUT", 520),
         )),
     ),
+    # Decode CUDA graphs: the GPU check first, a qwen3 step eager vs graphs, and Fig. 4's
+    # resident and elastic with graphs (fixed never has every expert resident: no graphs).
+    "graphs": (
+        Job("gpu0", 0, (
+            Step("python3 bench/gpu_checks.py --only graphs,paths,sync,compile --out $JOB_OUT",
+                 150),
+            Step("python3 bench/step_profile.py --model qwen3-30b-a3b --memory-budget 59GiB "
+                 "--batch 32 --enforce-eager --out $JOB_OUT", 190),
+            Step("python3 bench/step_profile.py --model qwen3-30b-a3b --memory-budget 59GiB "
+                 "--batch 32 --out $JOB_OUT", 190),
+        )),
+        Job("gpu1", 1, (
+            Step(f"{FIG4} --policies resident,elastic --out $JOB_OUT", 530),
+        )),
+    ),
 }  # fmt: skip
 
 

@@ -13,7 +13,9 @@ session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
 4. the activation reserve: measured by the profiling forward vs the CPU estimate (CUDA only).
 5. an engine on cuda:1 when there are two GPUs (Triton launches on the current device).
 6. no kernel compiled mid-serving: after the start-up warm-up, varied batches make Triton
-   compile nothing (CUDA only; new, not yet run on a GPU).
+   compile nothing (CUDA only; passed on 2026-11-30).
+7. CUDA graphs == eager: the fp32 `tiny` preset, resident and a tight elastic, greedy tokens
+   and routing counts with decode graphs replayed and with --enforce-eager (CUDA only; new).
 Prints a table last: check, result, detail. Exit status 1 if any check failed.
 """
 
@@ -85,7 +87,7 @@ def paths_agree(device: str) -> str:
 
 
 def no_sync(device: str) -> str:
-    e = engine(device, "resident", kernels=True)
+    e = engine(device, "resident", kernels=True, enforce_eager=True)  # the eager forward
     e.generate(prompts(2), PARAMS)  # compile everything first
     forward = e.model.forward
 
@@ -163,6 +165,49 @@ def no_compile_mid_serving(device: str) -> str:
     return f"warm-up compiled {at_start} variants; serving 93 requests compiled 0"
 
 
+def graphs_match_eager(device: str) -> str:
+    details = []
+    graph_bytes = 0
+    for mode in ("resident", "elastic"):
+        batch = prompts(12)
+        params = SamplingParams(max_tokens=16, ignore_eos=True)
+        # elastic: a pool of 26 MiB (experts take 24), tight enough to evict
+        probe = engine(device, "resident", kernels=True, enforce_eager=True)
+        tight = probe.plan.budget_bytes - probe.plan.pool_bytes + 26 * MiB + graph_bytes
+        g = engine(
+            device, mode, kernels=True, memory_budget=200 * MiB if mode == "resident" else tight
+        )
+        graph_bytes = g.plan.cuda_graph_bytes
+        # the eager twin gets the very same pool: same schedule, same routing counts
+        e = engine(device, mode, kernels=True, enforce_eager=True,
+                   memory_budget=g.plan.budget_bytes - graph_bytes)  # fmt: skip
+        if e.plan.pool_bytes != g.plan.pool_bytes:
+            raise AssertionError(
+                f"{mode}: pools differ ({e.plan.pool_bytes} vs {g.plan.pool_bytes})"
+            )
+        got, want = g.generate(batch, params), e.generate(batch, params)
+        got_counts, want_counts = g.experts.routing_counts, e.experts.routing_counts
+        for x in (g, e):
+            x.check_invariants()
+            if x.num_leaked_pages():
+                raise AssertionError(f"{mode}: {x.num_leaked_pages()} KV pages leaked")
+        if g.graphs is None or g.graphs.replays == 0:
+            raise AssertionError(f"{mode}: no graph was replayed")
+        if got != want:
+            raise AssertionError(f"{mode}: graph tokens differ from eager")
+        # Routing counts match unless a preemption recomputed tokens in one of them (the
+        # graph engine's L padding pages leave it that much less KV).
+        recomputed = g.scheduler.num_preemptions + e.scheduler.num_preemptions
+        if not recomputed and not torch.equal(got_counts, want_counts):
+            raise AssertionError(f"{mode}: routing counts differ (padding counted?)")
+        details.append(
+            f"{mode} {g.graphs.replays}/{g.stats[-1].step} steps replayed, "
+            f"{g.experts.counters.evictions} evictions, {recomputed} preemptions, "
+            f"graphs {g.plan.cuda_graph_bytes / MiB:.1f} MiB planned"
+        )
+    return "; ".join(details) + "; tokens and counts identical"
+
+
 CHECKS = {
     "one-block": ("one-block requests", one_block),
     "paths": ("triton == torch tokens", paths_agree),
@@ -170,6 +215,7 @@ CHECKS = {
     "reserve": ("activation reserve", reserve),
     "gpu1": ("second GPU", second_gpu),
     "compile": ("no compile mid-serving", no_compile_mid_serving),
+    "graphs": ("CUDA graphs == eager", graphs_match_eager),
 }
 
 
@@ -191,6 +237,7 @@ def main() -> int:
         "reserve": cuda,
         "gpu1": cuda and torch.cuda.device_count() > 1,
         "compile": cuda,  # the interpreter compiles nothing
+        "graphs": cuda,
     }
     checks = [CHECKS[n] for n in names if wanted[n]]
     rows = []

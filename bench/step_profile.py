@@ -112,6 +112,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20, help="decode steps profiled")
     ap.add_argument("--trace", default="sharegpt_qwen_1000")
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--enforce-eager", action="store_true", help="no decode CUDA graphs")
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("step_profile.py: no CUDA device here; use --device cpu", file=sys.stderr)
@@ -126,6 +127,7 @@ def main() -> int:
         gpu_memory_utilization=None if args.memory_budget or args.device == "cpu" else 0.9,
         tunables=Tunables(mode=args.policy, expert_offload_limit=0 if args.policy == "resident" else 8),
         max_num_seqs=max(args.batch, 1),
+        enforce_eager=args.enforce_eager,
     )  # fmt: skip
     engine = Engine(config)
     fill(engine, args.trace, args.batch, args.prompt_len, args.steps)
@@ -136,18 +138,21 @@ def main() -> int:
         "model": args.model,
         "policy": args.policy,
         "batch": args.batch,
+        "cuda_graphs": engine.graphs is not None,
         "layers": engine.model_config.num_layers,
         **profile_steps(engine, args.steps),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "step_profile.json").write_text(json.dumps(report, indent=1) + "\n")
+    name = "step_profile_eager.json" if args.enforce_eager else "step_profile.json"
+    (args.out / name).write_text(json.dumps(report, indent=1) + "\n")
     print(f"{'op':60s} {'calls/step':>10s} {'self ms/step':>12s}")
     for op in report["top_host_ops"]:
         print(
             f"{op['name'][:60]:60s} {op['calls_per_step']:10.1f} {op['self_cpu_ms_per_step']:12.3f}"
         )
     busy = report["device_busy_ms"]
-    print(f"\n{args.model} ({report['layers']} layers), {args.policy}, batch {args.batch}: "
+    mode = "CUDA graphs" if report["cuda_graphs"] else "eager"
+    print(f"\n{args.model} ({report['layers']} layers), {args.policy}, {mode}, batch {args.batch}: "
           f"wall {report['wall_ms']:.1f} ms/step"
           + ("" if busy is None else f", device busy {busy:.1f} ms, host-only "
              f"{report['host_only_ms']:.1f} ms, {report['device_launches_per_step']:.0f} "

@@ -62,6 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "within the round (fewer expert loads, fewer requests running)",
     )
     p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="CUDA: never replay decode CUDA graphs (as vLLM's --enforce-eager)",
+    )
+    p.add_argument(
         "--loading-buffer-slots",
         type=int,
         default=None,
@@ -132,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         moe_path=args.moe_path,
         hotness_path=args.hotness,
         evict_to_admit=args.evict_to_admit,
+        enforce_eager=args.enforce_eager,
     )
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ class MemoryPlan:
     loading_buffer_bytes: int
     num_huge_pages: int
     huge_page_bytes: int
+    cuda_graph_bytes: int = 0  # decode graphs' private memory (0 when eager)
 
     @property
     def pool_bytes(self) -> int:
@@ -37,8 +38,14 @@ class MemoryPlan:
         return (
             f"memory budget {format_bytes(self.budget_bytes)} = non-pool weights "
             f"{format_bytes(self.non_pool_weight_bytes)} + activation reserve "
-            f"{format_bytes(self.activation_reserve_bytes)} + loading buffers "
-            f"{format_bytes(self.loading_buffer_bytes)} + pool {format_bytes(self.pool_bytes)} "
+            f"{format_bytes(self.activation_reserve_bytes)} + "
+            + (
+                f"CUDA graphs {format_bytes(self.cuda_graph_bytes)} + "
+                if self.cuda_graph_bytes
+                else ""
+            )
+            + f"loading buffers {format_bytes(self.loading_buffer_bytes)} + pool "
+            f"{format_bytes(self.pool_bytes)} "
             f"({self.num_huge_pages} huge pages of {format_bytes(self.huge_page_bytes)})"
         )
 
@@ -49,7 +56,10 @@ def plan_memory(
     activation_reserve_bytes: int,
     loading_buffer_bytes: int,
     geometry: PageGeometry,
+    cuda_graph_bytes: int = 0,
 ) -> MemoryPlan:
+    # the graphs' memory is transient-like: it belongs with the activation reserve
+    activation_reserve_bytes += cuda_graph_bytes
     left = budget_bytes - non_pool_weight_bytes - activation_reserve_bytes - loading_buffer_bytes
     num_huge = left // geometry.huge_page_bytes if left > 0 else 0
     if num_huge < 1:
@@ -70,10 +80,11 @@ def plan_memory(
     return MemoryPlan(
         budget_bytes,
         non_pool_weight_bytes,
-        activation_reserve_bytes,
+        activation_reserve_bytes - cuda_graph_bytes,
         loading_buffer_bytes,
         num_huge,
         geometry.huge_page_bytes,
+        cuda_graph_bytes,
     )
 
 

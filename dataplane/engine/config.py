@@ -37,6 +37,10 @@ class EngineConfig:
     # CUDA with Triton kernels: run the forward at every batch shape before serving, so no
     # kernel compiles mid-serving (warmup.py). False only to shorten start-up in tests.
     warmup: bool = True
+    # CUDA with Triton kernels: decode-only steps with every expert resident replay CUDA
+    # graphs (cuda_graphs.py). True = always eager, as vLLM's --enforce-eager.
+    enforce_eager: bool = False
+    max_seq_len_to_capture: int = 8192  # longer contexts decode eagerly (vLLM's name)
 
     def __post_init__(self) -> None:
         if self.memory_budget is not None and self.gpu_memory_utilization is not None:
@@ -57,6 +61,10 @@ class EngineConfig:
             )
         if self.moe_path not in ("paged", "gather"):
             raise ValueError(f"moe_path must be 'paged' or 'gather', got {self.moe_path!r}")
+        if self.max_seq_len_to_capture < 1:
+            raise ValueError(
+                f"max_seq_len_to_capture must be >= 1, got {self.max_seq_len_to_capture}"
+            )
         if self.router_skew < 0:
             raise ValueError(f"router_skew must be >= 0, got {self.router_skew}")
 

@@ -30,6 +30,7 @@ from rimuru.dataplane.engine.budget import (
     plan_memory,
 )
 from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, DecodeGraphs
 from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.outputs import RequestOutput, StepStats
@@ -100,9 +101,11 @@ class Engine(EngineSetup):
         buffer_bytes = 2 * 3 * slots * self.geometry.expert_page_bytes
         reserve_bytes = self._activation_reserve()
         self._warm_up()  # before the pool: its scratch must not count against the budget
+        graph_bytes = self._cuda_graph_reserve()
         self.plan: MemoryPlan = plan_memory(
-            budget, self.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry
-        )
+            budget, self.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry,
+            cuda_graph_bytes=graph_bytes,
+        )  # fmt: skip
         self.pool = UnifiedPool(self.geometry, self.plan.num_huge_pages, self.dtype, self.device)
         self.allocator = PageAllocator(self.geometry, self.plan.num_huge_pages)
         self.reclaim = DeferredReclaim(self.allocator)
@@ -136,6 +139,8 @@ class Engine(EngineSetup):
         self._check_buffer_fits(self.tunables)
         self._load_initial_experts()
         self.experts.counters = ExpertCounters()  # start-up loading is not serving traffic
+        self._graph_pad_pages: list[int] = []
+        self.graphs: DecodeGraphs | None = self.make_decode_graphs() if graph_bytes else None
         if log_plan:
             log.info("%s", self.plan.describe())
             log.info(
@@ -310,6 +315,43 @@ class Engine(EngineSetup):
             self._record(out, step)
             return outputs
 
+    def make_decode_graphs(self, *, capture: bool = True) -> DecodeGraphs | None:
+        """The decode graphs over the real pool (cuda_graphs.py); None if the policy's
+        start-up residency leaves experts off (then every step is eager). capture=False
+        keeps the static, padded inputs but runs them eagerly (what a CPU can test)."""
+        if not self.experts.fully_resident():
+            log.info("CUDA graphs: not captured, experts are offloaded at start-up")
+            return None
+        pad = self.allocator.allocate(PageType.KV, self.model_config.num_layers, GRAPH_PADDING)
+        if pad is None:
+            log.info("CUDA graphs: not captured, no KV pages left for the padding rows")
+            return None
+        self._graph_pad_pages = pad
+        self.pool.view(PageType.KV)[pad] = 0  # padding rows attend over zeros
+        graphs = DecodeGraphs(
+            self.model, self.experts, pad, self._graph_sizes(), self._graph_max_context(),
+            self.config.block_size,
+        )  # fmt: skip
+        graphs.replay = capture
+        if not capture:
+            return graphs
+        t0 = time.perf_counter()
+        before = torch.cuda.memory_reserved(self.device)
+        try:
+            graphs.capture()
+        except Exception:  # serving eagerly beats not serving; the log says why
+            log.exception("CUDA graphs: capture failed, every step runs eagerly")
+            self.experts.count_rows = None
+            return None
+        log.info(
+            "CUDA graphs: %d decode sizes (1..%d seqs, contexts <= %d) captured in %.1f s, "
+            "%.1f MiB held (planned %.1f MiB)",
+            len(graphs.sizes), graphs.sizes[-1], graphs.max_context, time.perf_counter() - t0,
+            (torch.cuda.memory_reserved(self.device) - before) / 2**20,
+            self.plan.cuda_graph_bytes / 2**20,
+        )  # fmt: skip
+        return graphs
+
     def _move_boundary(self, kv_pages_short: int, evict_only: bool = False):
         return move_boundary(
             kv_pages_short, self.allocator, self.kv, self.experts, self.ranking, self.tunables,
@@ -348,15 +390,18 @@ class Engine(EngineSetup):
             if r.num_computed_tokens + n == r.num_tokens:
                 sample_rows.append(start + n - 1)
                 sample_requests.append(r)
-        meta = PagedAttentionMeta.build(
-            slices, self.model_config.num_layers, self.config.block_size, self.device
-        )
         self.experts.begin_step()
-        hidden = self.model.forward(
-            torch.tensor(input_ids, device=self.device),
-            torch.tensor(positions, device=self.device),
-            meta,
-        )
+        if self.graphs is not None and self.graphs.serves(slices):
+            hidden = self.graphs.run(input_ids, positions, slices)
+        else:
+            meta = PagedAttentionMeta.build(
+                slices, self.model_config.num_layers, self.config.block_size, self.device
+            )
+            hidden = self.model.forward(
+                torch.tensor(input_ids, device=self.device),
+                torch.tensor(positions, device=self.device),
+                meta,
+            )
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         if not sample_requests:
@@ -454,7 +499,9 @@ class Engine(EngineSetup):
         self.allocator.check_invariants()
         live = {r.request_id for r in self.requests.values() if not r.status.finished}
         kv_owners = {o for t, _, o in self.allocator.owned_pages() if t is PageType.KV}
-        leaked = {o for o in kv_owners if o not in live and not _is_pending(o)}
+        leaked = {
+            o for o in kv_owners if o not in live and not _is_pending(o) and o != GRAPH_PADDING
+        }
         if leaked:
             raise AssertionError(
                 f"KV pages leaked by finished requests: {sorted(map(str, leaked))}"
@@ -470,7 +517,8 @@ class Engine(EngineSetup):
 
     def num_leaked_pages(self) -> int:
         """After all requests finished: KV pages still owned (should be 0)."""
-        return self.allocator.num_owned(PageType.KV) + self.reclaim.num_pending(PageType.KV)
+        owned = self.allocator.num_owned(PageType.KV) - len(self._graph_pad_pages)
+        return owned + self.reclaim.num_pending(PageType.KV)
 
 
 def _is_pending(owner) -> bool:

@@ -105,6 +105,10 @@ class ExpertManager:
             self.num_layers, self.num_experts, dtype=torch.int64, device=self.device
         )
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # Rows of the step's batch to count, [T] int64 of 1/0, or None for all: a decode
+        # batch padded up to a CUDA graph's size (cuda_graphs.py) sets it so that padding
+        # rows neither count in the hotness statistics nor make an expert "needed".
+        self.count_rows: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ residency
     @property
@@ -227,7 +231,14 @@ class ExpertManager:
         the input's min and max back to the host, a synchronisation per call."""
         flat = ids.flatten().to(torch.int64)
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device)
-        return counts.scatter_add_(0, flat, torch.ones_like(flat))
+        rows = self.count_rows
+        if rows is None:
+            return counts.scatter_add_(0, flat, torch.ones_like(flat))
+        return counts.scatter_add_(0, flat, rows[:, None].expand(ids.shape).flatten())
+
+    def fully_resident(self) -> bool:
+        """Every expert of every layer lies in its pool pages (what a CUDA graph needs)."""
+        return all(len(r) == self.num_experts for r in self.resident)
 
     def _all_resident(self, layer: int) -> bool:
         return layer >= self.num_layers or len(self.resident[layer]) == self.num_experts

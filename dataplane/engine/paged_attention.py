@@ -115,7 +115,10 @@ class PagedAttention:
         kv = self.pool.view(PageType.KV)  # [P, 2, B, Hkv, Dh]
         if self.kernels is not None:
             return self.kernels["attend"](layer, q, k, v, meta, kv, self.scale)
-        slots = meta.slot_mapping[layer]  # [T]
+        slots = meta.slot_mapping[layer]  # [T]; a negative slot writes nothing (padding)
+        keep = slots >= 0
+        if not bool(keep.all()):
+            slots, k, v = slots[keep], k[keep], v[keep]
         pages, offsets = slots // self.block_size, slots % self.block_size
         kv[pages, 0, offsets] = k
         kv[pages, 1, offsets] = v

@@ -11,6 +11,7 @@ CUDA only: the CPU has no peak counter, so there the engine uses `estimate_activ
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,6 +87,33 @@ class ScratchRunner:
         """Put the batch's inputs on the device and return its forward, which returns the
         logits of each sequence's last token, or of the last `logits_rows` tokens. Apart, so
         that a measurement of the forward counts only what the forward allocates."""
+        ids, pos, meta, slices = self._inputs(batch)
+        start = slices[-1].start + slices[-1].num_new_tokens
+        device = self.model.device
+        if logits_rows is None:
+            rows = torch.tensor([s.start + s.num_new_tokens - 1 for s in slices], device=device)
+        else:
+            rows = torch.arange(start - min(logits_rows, start), start, device=device)
+        runner = self.runner
+
+        def forward() -> torch.Tensor:
+            return runner.compute_logits(runner.forward(ids, pos, meta)[rows])
+
+        return forward
+
+    def prepare_hidden(
+        self, batch: tuple[ScratchSeq, ...], max_seq_len: int | None = None
+    ) -> Callable[[], torch.Tensor]:
+        """As `prepare`, but the forward stops at the final hidden states (a decode graph's
+        output; the logits run outside it). max_seq_len: the bound the kernels size their
+        launch by (a decode graph's is its max context, not the batch's longest)."""
+        ids, pos, meta, _ = self._inputs(batch)
+        if max_seq_len is not None:
+            meta = dataclasses.replace(meta, max_seq_len=max(max_seq_len, meta.max_seq_len))
+        runner = self.runner
+        return lambda: runner.forward(ids, pos, meta)
+
+    def _inputs(self, batch: tuple[ScratchSeq, ...]):
         device, layers = self.model.device, self.model.config.num_layers
         bs = self.geometry.shape.block_size
         slices, start, positions = [], 0, []
@@ -99,16 +127,7 @@ class ScratchRunner:
         meta = PagedAttentionMeta.build(slices, layers, bs, device)
         pos = torch.from_numpy(np.concatenate(positions)).to(device)
         ids = pos % self.model.config.vocab_size
-        if logits_rows is None:
-            rows = torch.tensor([s.start + s.num_new_tokens - 1 for s in slices], device=device)
-        else:
-            rows = torch.arange(start - min(logits_rows, start), start, device=device)
-        runner = self.runner
-
-        def forward() -> torch.Tensor:
-            return runner.compute_logits(runner.forward(ids, pos, meta)[rows])
-
-        return forward
+        return ids, pos, meta, slices
 
 
 def prepare_profiling_forward(

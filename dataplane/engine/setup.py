@@ -140,6 +140,49 @@ class EngineSetup:
         torch.cuda.empty_cache()  # the scratch pool goes back before the engine's pool
         log.info("warm-up: %d batch shapes in %.1f s", len(batches), seconds)
 
+    def _uses_graphs(self) -> bool:
+        """Decode graphs serve CUDA with the paged Triton kernels, for a policy that can have
+        every expert resident (fixed never does; the gather path copies on the host's word)."""
+        c = self.config
+        return (
+            self.device.type == "cuda"
+            and self._use_kernels()
+            and not c.enforce_eager
+            and c.tunables.mode != "fixed"
+            and c.moe_path == "paged"
+        )
+
+    def _graph_sizes(self) -> tuple[int, ...]:
+        from rimuru.dataplane.engine.cuda_graphs import capture_sizes
+
+        return capture_sizes(self.config.max_num_seqs)
+
+    def _graph_max_context(self) -> int:
+        return min(self.config.max_seq_len_to_capture, self.max_model_len)
+
+    def _cuda_graph_reserve(self) -> int:
+        """Bytes the decode graphs will keep (0 when eager), planned before the pool: the
+        largest graph captured once on the profiling scratch, plus the static inputs and
+        every smaller graph's output, with 10% headroom as for the activation reserve."""
+        if not self._uses_graphs():
+            return 0
+        from rimuru.dataplane.engine.cuda_graphs import graph_memory_bytes
+        from rimuru.dataplane.engine.profile_run import ScratchRunner
+
+        mc, bs = self.model_config, self.config.block_size
+        sizes = self._graph_sizes()
+        scratch = ScratchRunner(
+            self.model, self.host_experts, self.geometry, self._moe_kernel(),
+            self._attention_kernels(),
+        )  # fmt: skip
+        largest = graph_memory_bytes(scratch, sizes[-1], bs, self._graph_max_context())
+        del scratch
+        torch.cuda.empty_cache()
+        width = -(-self._graph_max_context() // bs)
+        static = sizes[-1] * (mc.num_layers * (4 * width + 8) + 8 * 4 + 4)
+        outputs = sum(sizes[:-1]) * mc.hidden_size * self.geometry.shape.dtype_bytes
+        return int(1.1 * (largest + static + outputs))
+
     def _buffer_slots(self) -> int:
         return buffer_slots(self.config, self.model_config)
 

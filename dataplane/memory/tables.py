@@ -40,11 +40,15 @@ class ExpertPageTable:
         return None if row[0] == NOT_PRESENT else tuple(row)
 
     def on_device(self) -> torch.Tensor:
+        """The table on the engine's device. One tensor for the engine's life, rewritten in
+        place when rows change: a captured CUDA graph keeps reading it at the same address."""
         if self.device.type == "cpu":
             return self.host
-        if self._dirty or self._device_copy is None:
-            self._device_copy = self.host.to(self.device, non_blocking=False)
-            self._dirty = False
+        if self._device_copy is None:
+            self._device_copy = self.host.to(self.device)
+        elif self._dirty:
+            self._device_copy.copy_(self.host)  # queued after every kernel that read it
+        self._dirty = False
         return self._device_copy
 
 

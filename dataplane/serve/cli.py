@@ -81,6 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "running request short of KV pages (off: preempt, move the boundary between rounds)",
     )
     option(
+        "--enforce-eager",
+        default="off",
+        help="on or off: on = never replay decode CUDA graphs (vLLM's --enforce-eager)",
+    )
+    option(
         "--loading-buffer-slots",
         type=int,
         help="experts per loading buffer; caps the live expert_offload_limit (default: "
@@ -151,6 +156,7 @@ def engine_config(args: argparse.Namespace):
         loading_buffer_slots=args.loading_buffer_slots,
         hotness_path=args.hotness,
         evict_to_admit=_on_off("--evict-to-admit", args.evict_to_admit),
+        enforce_eager=_on_off("--enforce-eager", args.enforce_eager),
         tunables=Tunables(
             mode=args.mode,
             expert_offload_limit=args.expert_offload_limit,

@@ -1,0 +1,175 @@
+"""CUDA graphs of decode steps: one graph per padded batch size, replayed in place of the
+~50 kernel launches per layer that the eager forward issues from Python (vLLM's capture
+sizes; `enforce_eager` turns them off, as vLLM's `--enforce-eager` does).
+
+A step runs as a graph when all of this holds, else eagerly as before:
+  - every scheduled sequence decodes one token (no prompt chunk in the step);
+  - there are at most max(capture sizes) of them, each with a context of at most
+    `max_context` tokens (vLLM's max_seq_len_to_capture);
+  - every expert of every layer is resident: the MoE then reads pool pages through the
+    device expert table and never synchronises with the host. A layer with offloaded experts
+    needs the host-driven copy path, which a graph cannot hold.
+
+Invariants the replay relies on:
+  - Inputs live in static buffers rewritten in place before each replay. Every address
+    baked into a graph stays valid: the pool and its views are fixed at start-up and the
+    expert table's device copy is rewritten in place (ExpertPageTable.on_device).
+  - Padding rows (the batch padded up to a capture size) write no KV (slot -1) and attend
+    over one reserved, zeroed KV page per layer with a context of 1, so they read zeros,
+    never NaN. ExpertManager.count_rows keeps them out of the routing statistics.
+  - The graphs' memory is planned before the pool: `graph_memory_bytes` captures the
+    largest graph once on the profiling scratch and the engine adds it to its reserve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
+from rimuru.dataplane.engine.profile_run import ScratchRunner, ScratchSeq
+from rimuru.dataplane.model import MoETransformer
+
+GRAPH_PADDING = "cuda-graph padding"  # owner of the padding rows' KV pages (one per layer)
+
+
+def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """vLLM's pattern: 1, 2, 4, then every multiple of 8, up to max_num_seqs (included)."""
+    sizes = {1, 2, 4, *range(8, max_num_seqs + 1, 8), max_num_seqs}
+    return tuple(sorted(s for s in sizes if s <= max_num_seqs))
+
+
+def graph_memory_bytes(scratch: ScratchRunner, size: int, block_size: int, max_context: int) -> int:
+    """Device memory one decode graph of `size` sequences keeps: its private pool, measured
+    by capturing it on the profiling scratch (same kernels, same shapes), then released."""
+    device = scratch.model.device
+    forward = scratch.prepare_hidden((ScratchSeq(1, block_size - 1),) * size, max_context)
+    forward()  # eager first: anything lazy (allocator blocks, kernel loads) happens here
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = forward()
+    torch.cuda.synchronize(device)
+    used = torch.cuda.memory_reserved(device) - before
+    del graph, out
+    torch.cuda.empty_cache()
+    return int(used)
+
+
+class DecodeGraphs:
+    """Static decode inputs and the graphs captured over them (module doc).
+
+    `replay=False` runs the same static, padded inputs eagerly: the CPU tests check the
+    padding and buffer handling with it, since a CPU cannot capture."""
+
+    def __init__(
+        self,
+        model: MoETransformer,
+        experts,  # ExpertManager: count_rows and fully_resident()
+        pad_pages: Sequence[int],  # one reserved, zeroed KV page per layer
+        sizes: Sequence[int],
+        max_context: int,
+        block_size: int,
+        *,
+        replay: bool = True,
+    ):
+        self.model, self.experts = model, experts
+        self.sizes = tuple(sorted(sizes))
+        self.max_context, self.block_size = max_context, block_size
+        self.replay = replay
+        layers, n, device = model.config.num_layers, self.sizes[-1], model.device
+        self.width = -(-max_context // block_size)  # block-table columns
+        self._pad = np.asarray(pad_pages, dtype=np.int32)  # [L]
+        # host staging, rewritten per step; device buffers, rewritten in place per step
+        self._tables = np.empty((layers, n, self.width), dtype=np.int32)
+        self._tables[:] = self._pad[:, None, None]
+        self.ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.pos = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slots = torch.full((layers, n), -1, dtype=torch.int64, device=device)
+        self.tables = torch.from_numpy(self._tables).to(device)  # [L, n, W]
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.rows = torch.zeros(n, dtype=torch.int64, device=device)  # 1 = a real row
+        self.cu = torch.arange(n + 1, dtype=torch.int32, device=device)  # one query each
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
+        self.steps = 0  # steps served from the static inputs
+        self.replays = 0  # of which replayed as graphs
+
+    def size_for(self, num_seqs: int) -> int | None:
+        return next((s for s in self.sizes if s >= num_seqs), None)
+
+    def serves(self, slices: Sequence[SequenceSlice]) -> bool:
+        return (
+            self.size_for(len(slices)) is not None
+            and all(s.num_new_tokens == 1 and s.context_len <= self.max_context for s in slices)
+            and self.experts.fully_resident()
+        )
+
+    def _meta(self, size: int) -> PagedAttentionMeta:
+        return PagedAttentionMeta(
+            (), self.slots[:, :size], self.tables[:, :size], self.cu[: size + 1],
+            self.seq_lens[:size], 1, self.max_context,
+        )  # fmt: skip
+
+    def _forward(self, size: int) -> torch.Tensor:
+        self.experts.count_rows = self.rows[:size]
+        try:
+            return self.model.forward(self.ids[:size], self.pos[:size], self._meta(size))
+        finally:
+            self.experts.count_rows = None
+
+    def capture(self) -> None:
+        """One graph per size, largest first, all in one memory pool (smaller graphs reuse
+        the largest one's blocks). Inputs are all padding while capturing."""
+        device = self.model.device
+        pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.sizes):
+            self._forward(size)  # eager: kernels loaded, allocator warm
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = self._forward(size)
+            self._graphs[size] = (graph, out)
+        torch.cuda.synchronize(device)
+        self.experts.reset_routing_counts()  # capture routed padding only; keep no trace
+
+    def run(self, input_ids: list[int], positions: list[int], slices: list[SequenceSlice]):
+        """The step's hidden states [len(slices), D] (the caller checked `serves`)."""
+        n, size = len(slices), self.size_for(len(slices))
+        assert size is not None
+        widest = max(len(s.blocks) for s in slices)
+        tables = self._tables[:, :size, :widest]
+        for i, s in enumerate(slices):
+            tables[:, i, : len(s.blocks)] = s.blocks.T
+        tables[:, n:, 0] = self._pad[:, None]
+        pos = np.zeros(size, dtype=np.int64)
+        pos[:n] = positions
+        ids = np.zeros(size, dtype=np.int64)
+        ids[:n] = input_ids
+        slots = np.full((tables.shape[0], size), -1, dtype=np.int64)
+        slots[:, :n] = tables[:, np.arange(n), pos[:n] // self.block_size] * self.block_size + (
+            pos[:n] % self.block_size
+        )
+        seq_lens = np.ones(size, dtype=np.int32)
+        seq_lens[:n] = pos[:n] + 1
+        rows = np.zeros(size, dtype=np.int64)
+        rows[:n] = 1
+        self.tables[:, :size, :widest].copy_(torch.from_numpy(tables))
+        for dst, src in ((self.ids, ids), (self.pos, pos), (self.seq_lens, seq_lens),
+                         (self.rows, rows)):  # fmt: skip
+            dst[:size].copy_(torch.from_numpy(src))
+        self.slots[:, :size].copy_(torch.from_numpy(slots))
+        # The graphs read the expert table at its fixed address; only an eager MoE call
+        # refreshes it, so after the adjuster moved experts it must be refreshed here.
+        self.experts.table.on_device()
+        self.steps += 1
+        graph, out = self._graphs.get(size, (None, None))
+        if self.replay and graph is not None:
+            graph.replay()
+            self.replays += 1
+        else:
+            out = self._forward(size)
+        return out[:n]

@@ -1,0 +1,74 @@
+"""Decode steps through the CUDA-graph inputs (static buffers, batch padded to a capture
+size, padding rows on reserved pages) give the eager engine's tokens and statistics.
+
+A CPU cannot capture, so the graphs run their static inputs eagerly here (capture=False);
+bench/gpu_checks.py compares captured replays with eager steps on the GPU."""
+
+import pytest
+import torch
+
+from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, capture_sizes
+from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.memory.geometry import PageType
+
+
+def test_capture_sizes_follow_vllm_and_end_at_max_num_seqs():
+    assert capture_sizes(256)[:6] == (1, 2, 4, 8, 16, 24)
+    assert capture_sizes(256)[-1] == 256 and len(capture_sizes(256)) == 3 + 32
+    assert capture_sizes(5) == (1, 2, 4, 5)
+    assert capture_sizes(1) == (1,)
+    assert capture_sizes(12) == (1, 2, 4, 8, 12)
+
+
+def _graph_engine(make_engine, mode, sizes=None):
+    engine = make_engine(mode)
+    free_before = engine.allocator.num_free(PageType.KV)
+    graphs = engine.make_decode_graphs(capture=False)
+    assert graphs is not None
+    if sizes is not None:
+        graphs.sizes = sizes
+    engine.graphs = graphs
+    # one padding page per layer, owned as such, and zeroed
+    assert engine.allocator.num_free(PageType.KV) == free_before - engine.model_config.num_layers
+    owners = {engine.allocator.owner_of(PageType.KV, p) for p in engine._graph_pad_pages}
+    assert owners == {GRAPH_PADDING}
+    return engine
+
+
+@pytest.mark.parametrize("mode", ["resident", "elastic"])
+def test_padded_static_decode_gives_the_eager_tokens_and_routing_counts(prompts, make_engine, mode):
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    # staggered lengths: decode batches of every size 1..5 appear, most of them padded
+    batch = prompts[:5]
+    eager = make_engine(mode)
+    want = eager.generate(batch, params)
+    engine = _graph_engine(make_engine, mode, sizes=(1, 2, 4, 8))
+    got = engine.generate(batch, params)
+    assert got == want
+    assert engine.graphs.steps > 0 and engine.graphs.replays == 0
+    # padding rows routed somewhere, but were not counted
+    assert torch.equal(engine.experts.routing_counts, eager.experts.routing_counts)
+    kv = engine.pool.view(PageType.KV)
+    assert not kv[engine._graph_pad_pages].any(), "a padding row wrote KV"
+    engine.check_invariants()
+    assert engine.num_leaked_pages() == 0
+
+
+def test_a_step_with_a_prompt_or_an_offloaded_expert_runs_eagerly(prompts, make_engine):
+    engine = _graph_engine(make_engine, "resident")  # its adjuster never brings one back
+    graphs = engine.graphs
+    engine.add_request(prompts[0], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()  # the prompt: eager
+    assert graphs.steps == 0
+    engine.step()  # one decode, every expert resident: static inputs
+    assert graphs.steps == 1
+    engine.experts.evict(0, 0, last_step=engine.step_id)
+    engine.step()  # an expert of layer 0 is off the device: eager
+    assert graphs.steps == 1
+
+
+def test_contexts_beyond_max_seq_len_to_capture_run_eagerly(prompts, make_engine):
+    engine = _graph_engine(make_engine, "resident")
+    engine.graphs.max_context = len(prompts[0]) + 1  # the first decode fits, the second not
+    engine.generate([prompts[0]], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert engine.graphs.steps == 1
