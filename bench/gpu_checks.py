@@ -167,16 +167,17 @@ def no_compile_mid_serving(device: str) -> str:
 
 def graphs_match_eager(device: str) -> str:
     details = []
-    graph_bytes = 0
+    eager = engine(device, "resident", kernels=True, enforce_eager=True)
+    not_pool = eager.plan.budget_bytes - eager.plan.pool_bytes
     for mode in ("resident", "elastic"):
-        batch = prompts(12)
-        params = SamplingParams(max_tokens=16, ignore_eos=True)
-        # elastic: a pool of 26 MiB (experts take 24), tight enough to evict
-        probe = engine(device, "resident", kernels=True, enforce_eager=True)
-        tight = probe.plan.budget_bytes - probe.plan.pool_bytes + 26 * MiB + graph_bytes
-        g = engine(
-            device, mode, kernels=True, memory_budget=200 * MiB if mode == "resident" else tight
-        )
+        budget = 200 * MiB
+        batch, params = prompts(12), SamplingParams(max_tokens=16, ignore_eos=True)
+        if mode == "elastic":
+            # a pool of 25 MiB (experts take 24): 20 requests make it evict and load back
+            probe = engine(device, mode, kernels=True)  # what its graphs plan
+            budget = not_pool + 25 * MiB + probe.plan.cuda_graph_bytes
+            batch, params = prompts(20), SamplingParams(max_tokens=32, ignore_eos=True)
+        g = engine(device, mode, kernels=True, memory_budget=budget)
         graph_bytes = g.plan.cuda_graph_bytes
         # the eager twin gets the very same pool: same schedule, same routing counts
         e = engine(device, mode, kernels=True, enforce_eager=True,
@@ -202,7 +203,8 @@ def graphs_match_eager(device: str) -> str:
             raise AssertionError(f"{mode}: routing counts differ (padding counted?)")
         details.append(
             f"{mode} {g.graphs.replays}/{g.stats[-1].step} steps replayed, "
-            f"{g.experts.counters.evictions} evictions, {recomputed} preemptions, "
+            f"{g.experts.counters.evictions} evictions, {g.experts.counters.loads} loads, "
+            f"{recomputed} preemptions, "
             f"graphs {g.plan.cuda_graph_bytes / MiB:.1f} MiB planned"
         )
     return "; ".join(details) + "; tokens and counts identical"
