@@ -17,7 +17,8 @@ rate-sweep: `qwen3-30b-a3b` (bf16), budget 59 GiB — all weights are 56.9 GiB (
   rates). Run on 2026-11-30 as two calls per policy (16 req/s x 300, 1 req/s x 100):
   docs/benchmarks.md.
 ablation: `qwen1.5-moe-a2.7b`, 28.8 GiB, 10 req/s: fixed cache with gathered experts ->
-  + adjuster (elastic, gathered) -> + paged kernel (elastic, in place).
+  + adjuster (elastic, gathered) -> + paged kernel (elastic, in place); all three eager
+  (--enforce-eager), so that decode CUDA graphs do not favour the paged arm.
 offload-sweep: elastic with several expert_offload_limit values on a burst (all requests at
   t = 0): output throughput, and the recovery time — seconds from the deepest eviction to
   the moment every expert is resident again.
@@ -193,8 +194,12 @@ def main() -> int:
         ]
         for i, (label, extra) in enumerate(variants):
             folder = out / f"ablation_{i}"
+            # eager in every arm: only the paged arm could replay decode graphs (a gather
+            # copies on the host's word), and the ablation compares kernels, not graphs
             code = _bench(
-                args, folder, [*extra, "--request-rate", "10", "--expert-offload-limit", "10"]
+                args,
+                folder,
+                [*extra, "--request-rate", "10", "--expert-offload-limit", "10", "--enforce-eager"],
             )
             if code != 0:
                 break

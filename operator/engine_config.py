@@ -38,6 +38,8 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
         config["RIMURU_LOADING_BUFFER_SLOTS"] = str(engine.loading_buffer_slots)
     if engine.evict_to_admit is not None:
         config["RIMURU_EVICT_TO_ADMIT"] = "on" if engine.evict_to_admit else "off"
+    if engine.enforce_eager is not None:
+        config["RIMURU_ENFORCE_EAGER"] = "on" if engine.enforce_eager else "off"
     tunables = spec.policy.tunables
     config["RIMURU_POLICY_MODE"] = tunables.mode
     config["RIMURU_PAGES_PER_EXPERT"] = str(tunables.pages_per_expert)

@@ -64,6 +64,7 @@ class EngineSpec:
     block_size: int
     loading_buffer_slots: int | None = None  # None = the engine's default (start-up limit)
     evict_to_admit: bool | None = None  # None = the engine's default (on)
+    enforce_eager: bool | None = None  # None = the engine's default (decode CUDA graphs on)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
         block_size=_require(engine, "blockSize", path),
         loading_buffer_slots=engine.get("loadingBufferSlots"),
         evict_to_admit=_optional_bool(engine, "evictToAdmit", path),
+        enforce_eager=_optional_bool(engine, "enforceEager", path),
     )
 
 

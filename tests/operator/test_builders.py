@@ -303,6 +303,7 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
         ("policy.growThreshold", 2, "spec.policy.growThreshold"),
         ("engine.memoryBudget", "1.5", "spec.engine.memoryBudget"),
         ("engine.evictToAdmit", "no", "spec.engine.evictToAdmit"),
+        ("engine.enforceEager", 1, "spec.engine.enforceEager"),
     ],
 )
 def test_specs_that_can_never_work_name_the_field(tiny_rd, path, value, field):
@@ -392,6 +393,18 @@ def test_loading_buffer_slots_reach_the_engine_config(tiny_rd):
     without = copy.deepcopy(tiny_rd)
     del without["spec"]["engine"]["loadingBufferSlots"]
     assert "RIMURU_LOADING_BUFFER_SLOTS" not in build_engine_config_map(_parse(without))["data"]
+
+
+def test_enforce_eager_reaches_rimuru_serve_only_when_set(tiny_rd, monkeypatch):
+    from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
+
+    assert "RIMURU_ENFORCE_EAGER" not in build_engine_config_map(_parse(tiny_rd))["data"]
+    assert serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).enforce_eager is False
+    data = build_engine_config_map(_parse(_changed(tiny_rd, "engine.enforceEager", True)))["data"]
+    assert data["RIMURU_ENFORCE_EAGER"] == "on"
+    for key, value in data.items():
+        monkeypatch.setenv(key, value)
+    assert serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).enforce_eager is True
 
 
 def test_evict_to_admit_reaches_rimuru_serve_only_when_set(tiny_rd, monkeypatch):
