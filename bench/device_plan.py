@@ -94,6 +94,20 @@ PLANS: dict[str, tuple[Job, ...]] = {
             Step(f"{FIG4} --policies resident,elastic --out $JOB_OUT", 530),
         )),
     ),
+    # After the inference-mode fix of the device expert table: the graph check again,
+    # Fig. 4 elastic with graphs, and the light-load rate sweep (TPOT goal) with graphs.
+    "graphs2": (
+        Job("gpu0", 0, (
+            Step("python3 bench/gpu_checks.py --only graphs --out $JOB_OUT", 90),
+            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 1 "
+                 "--num-prompts 100 --out $JOB_OUT/resident", 300),
+        )),
+        Job("gpu1", 1, (
+            Step(f"{FIG4} --policies elastic --out $JOB_OUT", 230),
+            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 1 "
+                 "--num-prompts 100 --out $JOB_OUT/elastic", 300),
+        )),
+    ),
 }  # fmt: skip
 
 

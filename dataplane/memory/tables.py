@@ -44,10 +44,13 @@ class ExpertPageTable:
         place when rows change: a captured CUDA graph keeps reading it at the same address."""
         if self.device.type == "cpu":
             return self.host
-        if self._device_copy is None:
-            self._device_copy = self.host.to(self.device)
-        elif self._dirty:
-            self._device_copy.copy_(self.host)  # queued after every kernel that read it
+        # Made and rewritten under inference mode: the forward (inference mode) may make it,
+        # and torch refuses in-place updates of an inference tensor outside that mode.
+        with torch.inference_mode():
+            if self._device_copy is None:
+                self._device_copy = self.host.to(self.device)
+            elif self._dirty:
+                self._device_copy.copy_(self.host)  # queued after every kernel that read it
         self._dirty = False
         return self._device_copy
 

@@ -24,3 +24,20 @@ def test_block_table_is_per_block_one_page_per_layer():
     with pytest.raises(ValueError, match="a block needs 3 pages, got 2"):
         b.append_block([1, 2])
     assert b.pop_blocks() == [10, 11, 12, 20, 21, 22] and len(b) == 0
+
+
+def test_device_table_keeps_its_address_and_updates_outside_inference_mode():
+    """A captured CUDA graph reads the device table at a fixed address: the first copy may be
+    made inside the forward (inference mode) and must still take in-place updates made by
+    the engine between steps (outside it). 'meta' stands in for CUDA: same tensor rules."""
+    import torch
+
+    from rimuru.dataplane.memory.tables import ExpertPageTable
+
+    table = ExpertPageTable(2, 4, device="meta")
+    with torch.inference_mode():
+        first = table.on_device()
+    table.set_pages(1, 3, (7, 8, 9))
+    again = table.on_device()  # outside inference mode: in place, no new tensor
+    assert again is first
+    assert again.data_ptr() == first.data_ptr() and again.shape == (2, 4, 3)
