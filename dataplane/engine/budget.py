@@ -76,6 +76,12 @@ def plan_memory(
             f"({format_bytes(loading_buffer_bytes)}) and one huge page "
             f"({format_bytes(geometry.huge_page_bytes)}): give at least {format_bytes(need)}, "
             f"or lower max_num_batched_tokens"
+            + (
+                f" (the reserve includes {format_bytes(cuda_graph_bytes)} of decode CUDA "
+                f"graphs; --enforce-eager drops them)"
+                if cuda_graph_bytes
+                else ""
+            )
         )
     return MemoryPlan(
         budget_bytes,

@@ -18,7 +18,16 @@ Invariants the replay relies on:
     over one reserved, zeroed KV page per layer with a context of 1, so they read zeros,
     never NaN. ExpertManager.count_rows keeps them out of the routing statistics.
   - The graphs' memory is planned before the pool: `graph_memory_bytes` captures the
-    largest graph once on the profiling scratch and the engine adds it to its reserve.
+    largest graph once on the profiling scratch and the engine adds it to its reserve, only
+    when the policy starts with every expert resident beside it (else no graph is captured).
+  - Padding pages are KV pages no request may use: max_kv_tokens leaves them out.
+
+Known difference from an eager step: the decode kernel sizes its flash-decoding splits from
+the batch and the longest context. A graph is launched with its padded size and
+`max_context`, so on contexts above ~256 tokens it may split differently from the eager
+step of the same batch: same math, other float rounding. It can also use fewer, longer
+splits at medium batches. Tokens were identical in the GPU check (contexts < 100 tokens).
+Neither effect has been measured on long contexts.
 """
 
 from __future__ import annotations
@@ -51,7 +60,9 @@ def graph_memory_bytes(scratch: ScratchRunner, size: int, block_size: int, max_c
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved(device)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # a stream of this device: torch's default capture stream lives on whichever device
+    # captured first in the process (a second engine on another GPU would capture there)
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream(device)):
         out = forward()
     torch.cuda.synchronize(device)
     used = torch.cuda.memory_reserved(device) - before
@@ -104,7 +115,12 @@ class DecodeGraphs:
     def serves(self, slices: Sequence[SequenceSlice]) -> bool:
         return (
             self.size_for(len(slices)) is not None
-            and all(s.num_new_tokens == 1 and s.context_len <= self.max_context for s in slices)
+            and all(
+                s.num_new_tokens == 1
+                and s.context_len <= self.max_context
+                and len(s.blocks) <= self.width
+                for s in slices
+            )
             and self.experts.fully_resident()
         )
 
@@ -126,11 +142,12 @@ class DecodeGraphs:
         the largest one's blocks). Inputs are all padding while capturing."""
         device = self.model.device
         pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device)  # this device's (see graph_memory_bytes)
         for size in reversed(self.sizes):
             self._forward(size)  # eager: kernels loaded, allocator warm
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
                 out = self._forward(size)
             self._graphs[size] = (graph, out)
         torch.cuda.synchronize(device)
@@ -150,9 +167,8 @@ class DecodeGraphs:
         ids = np.zeros(size, dtype=np.int64)
         ids[:n] = input_ids
         slots = np.full((tables.shape[0], size), -1, dtype=np.int64)
-        slots[:, :n] = tables[:, np.arange(n), pos[:n] // self.block_size] * self.block_size + (
-            pos[:n] % self.block_size
-        )
+        pages = tables[:, np.arange(n), pos[:n] // self.block_size].astype(np.int64)
+        slots[:, :n] = pages * self.block_size + pos[:n] % self.block_size
         seq_lens = np.ones(size, dtype=np.int32)
         seq_lens[:n] = pos[:n] + 1
         rows = np.zeros(size, dtype=np.int64)

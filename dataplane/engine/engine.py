@@ -101,7 +101,7 @@ class Engine(EngineSetup):
         buffer_bytes = 2 * 3 * slots * self.geometry.expert_page_bytes
         reserve_bytes = self._activation_reserve()
         self._warm_up()  # before the pool: its scratch must not count against the budget
-        graph_bytes = self._cuda_graph_reserve()
+        graph_bytes = self._cuda_graph_reserve(budget, reserve_bytes, buffer_bytes)
         self.plan: MemoryPlan = plan_memory(
             budget, self.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry,
             cuda_graph_bytes=graph_bytes,
@@ -218,7 +218,7 @@ class Engine(EngineSetup):
             min_resident = self.experts.num_resident()
         kv_pages = (
             total_expert_pages - min_resident * t.pages_per_expert
-        ) * self.geometry.kv_pages_per_expert_page
+        ) * self.geometry.kv_pages_per_expert_page - len(self._graph_pad_pages)
         return (kv_pages // mc.num_layers) * self.config.block_size
 
     def validate_request(
@@ -342,6 +342,8 @@ class Engine(EngineSetup):
         except Exception:  # serving eagerly beats not serving; the log says why
             log.exception("CUDA graphs: capture failed, every step runs eagerly")
             self.experts.count_rows = None
+            self.allocator.free(PageType.KV, pad, GRAPH_PADDING)
+            self._graph_pad_pages = []
             return None
         log.info(
             "CUDA graphs: %d decode sizes (1..%d seqs, contexts <= %d) captured in %.1f s, "

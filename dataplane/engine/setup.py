@@ -160,11 +160,31 @@ class EngineSetup:
     def _graph_max_context(self) -> int:
         return min(self.config.max_seq_len_to_capture, self.max_model_len)
 
-    def _cuda_graph_reserve(self) -> int:
+    def _all_experts_fit(self, budget: int, reserve: int, buffers: int) -> bool:
+        """Whether the pool left by this plan starts with every expert resident: elastic
+        keeps grow_threshold expert pages free (residency.py); resident needs them all."""
+        from rimuru.dataplane.engine.budget import plan_memory
+        from rimuru.dataplane.memory.geometry import PageType
+
+        mc, t = self.model_config, self.config.tunables
+        try:
+            plan = plan_memory(
+                budget, self.model.resident_nbytes(), reserve, buffers, self.geometry
+            )
+        except ValueError:
+            return False
+        expert_pages = plan.pool_bytes // self.geometry.bytes_of(PageType.EXPERT)
+        margin = t.grow_threshold if t.mode == "elastic" else 0
+        return expert_pages - margin >= mc.num_layers * mc.num_experts * t.pages_per_expert
+
+    def _cuda_graph_reserve(self, budget: int, reserve: int, buffers: int) -> int:
         """Bytes the decode graphs will keep (0 when eager), planned before the pool: the
         largest graph captured once on the profiling scratch, plus the static inputs and
-        every smaller graph's output, with 10% headroom as for the activation reserve."""
-        if not self._uses_graphs():
+        every smaller graph's output, with 10% headroom as for the activation reserve.
+
+        0 as well when the policy would start with experts offloaded, with or without the
+        graphs' memory: no graph could be captured, and the KV keeps that memory."""
+        if not self._uses_graphs() or not self._all_experts_fit(budget, reserve, buffers):
             return 0
         from rimuru.dataplane.engine.cuda_graphs import graph_memory_bytes
         from rimuru.dataplane.engine.profile_run import ScratchRunner
@@ -181,7 +201,11 @@ class EngineSetup:
         width = -(-self._graph_max_context() // bs)
         static = sizes[-1] * (mc.num_layers * (4 * width + 8) + 8 * 4 + 4)
         outputs = sum(sizes[:-1]) * mc.hidden_size * self.geometry.shape.dtype_bytes
-        return int(1.1 * (largest + static + outputs))
+        planned = int(1.1 * (largest + static + outputs))
+        if not self._all_experts_fit(budget, reserve + planned, buffers):
+            log.info("CUDA graphs: off, their %.1f MiB would push experts off", planned / 2**20)
+            return 0
+        return planned
 
     def _buffer_slots(self) -> int:
         return buffer_slots(self.config, self.model_config)

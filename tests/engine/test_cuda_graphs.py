@@ -72,3 +72,29 @@ def test_contexts_beyond_max_seq_len_to_capture_run_eagerly(prompts, make_engine
     engine.graphs.max_context = len(prompts[0]) + 1  # the first decode fits, the second not
     engine.generate([prompts[0]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert engine.graphs.steps == 1
+
+
+def test_the_padding_pages_shrink_the_longest_request_accepted(make_engine):
+    """One padding page per layer is one 16-token block less for requests: a request sized
+    to the old limit is refused up front instead of being preempted forever."""
+    engine = make_engine("resident")
+    before = engine.max_kv_tokens()
+    engine.graphs = engine.make_decode_graphs(capture=False)
+    assert engine.max_kv_tokens() == before - engine.config.block_size
+    with pytest.raises(ValueError, match="can never fit"):
+        engine.add_request([5] * (before - 1), SamplingParams(max_tokens=1))
+
+
+@pytest.mark.parametrize(
+    "pool_mib, extra_mib, fits", [(26, 0, True), (26, 3, False), (20, 0, False)]
+)
+def test_graph_memory_is_planned_only_when_every_expert_starts_resident(
+    make_engine, pool_mib, extra_mib, fits
+):
+    """The tiny preset's experts take 24 MiB: graphs (which need every expert resident) are
+    worth their memory only if the pool still holds them all beside it."""
+    engine = make_engine("elastic", pool_mib=pool_mib)
+    plan = engine.plan
+    reserve = plan.activation_reserve_bytes + extra_mib * 2**20
+    assert engine._all_experts_fit(plan.budget_bytes, reserve, plan.loading_buffer_bytes) is fits
+    assert engine.experts.fully_resident() is (pool_mib == 26)
