@@ -108,6 +108,20 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--num-prompts 100 --out $JOB_OUT/elastic", 300),
         )),
     ),
+    # Next session: device copy-in (expert_copy="device"), whose steps stay CUDA graphs with
+    # experts offloaded. Its GPU check first, then Fig. 4's offloading policies with it, to
+    # set against the host-copy runs of 2026-11-30 (elastic 754.7, fixed 832.4 tok/s).
+    "device-copy": (
+        Job("gpu0", 0, (
+            Step("python3 bench/gpu_checks.py --only device-copy,graphs,compile --out $JOB_OUT",
+                 150),
+            Step(f"{FIG4} --policies elastic --expert-copy device --out $JOB_OUT", 300),
+        )),
+        Job("gpu1", 1, (
+            Step(f"{FIG4} --policies fixed --fixed-expert-share 0.75 --expert-copy device "
+                 "--out $JOB_OUT", 300),
+        )),
+    ),
 }  # fmt: skip
 
 

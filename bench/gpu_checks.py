@@ -15,7 +15,11 @@ session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
 6. no kernel compiled mid-serving: after the start-up warm-up, varied batches make Triton
    compile nothing (CUDA only; passed on 2026-11-30).
 7. CUDA graphs == eager: the fp32 `tiny` preset, resident and a tight elastic, greedy tokens
-   and routing counts with decode graphs replayed and with --enforce-eager (CUDA only; new).
+   and routing counts with decode graphs replayed and with --enforce-eager (CUDA only;
+   passed on 2026-11-30 after a fix).
+8. device copy-in == host copies: fixed and a tight elastic with expert_copy="device" (a
+   kernel reads pinned host memory; graphs replay with experts offloaded) give the eager
+   host-copy tokens (CUDA only; new, not yet run on a GPU).
 Prints a table last: check, result, detail. Exit status 1 if any check failed.
 """
 
@@ -210,6 +214,42 @@ def graphs_match_eager(device: str) -> str:
     return "; ".join(details) + "; tokens and counts identical"
 
 
+def device_copy_matches_host(device: str) -> str:
+    details = []
+    eager = engine(device, "resident", kernels=True, enforce_eager=True)
+    not_pool = eager.plan.budget_bytes - eager.plan.pool_bytes
+    for mode in ("fixed", "elastic"):
+        batch, params = prompts(20), SamplingParams(max_tokens=32, ignore_eos=True)
+        budget = 200 * MiB
+        if mode == "elastic":  # a 25 MiB pool beside the graphs: evicts and loads back
+            probe = engine(device, mode, kernels=True, expert_copy="device")
+            budget = not_pool + 25 * MiB + probe.plan.cuda_graph_bytes
+        d = engine(device, mode, kernels=True, expert_copy="device", memory_budget=budget)
+        offloaded_replays = []
+        if d.graphs is not None:
+            run = d.graphs.run
+
+            def observed(*args, d=d, run=run, seen=offloaded_replays):
+                seen.append(not d.experts.fully_resident())
+                return run(*args)
+
+            d.graphs.run = observed
+        got = d.generate(batch, params)
+        want = engine(device, mode, kernels=True, enforce_eager=True).generate(batch, params)
+        d.check_invariants()
+        if got != want:
+            raise AssertionError(f"{mode}: device copy-in tokens differ from host copies")
+        if not d.experts.counters.buffer_copies:
+            raise AssertionError(f"{mode}: nothing was copied in")
+        if d.graphs is None or not any(offloaded_replays):
+            raise AssertionError(f"{mode}: no graph replayed with experts offloaded")
+        details.append(
+            f"{mode} {sum(offloaded_replays)} offloaded steps replayed, "
+            f"{d.experts.counters.buffer_copies} copies, {d.experts.counters.evictions} evictions"
+        )
+    return "; ".join(details) + "; tokens identical"
+
+
 CHECKS = {
     "one-block": ("one-block requests", one_block),
     "paths": ("triton == torch tokens", paths_agree),
@@ -218,6 +258,7 @@ CHECKS = {
     "gpu1": ("second GPU", second_gpu),
     "compile": ("no compile mid-serving", no_compile_mid_serving),
     "graphs": ("CUDA graphs == eager", graphs_match_eager),
+    "device-copy": ("device copy == host copy", device_copy_matches_host),
 }
 
 
@@ -240,6 +281,7 @@ def main() -> int:
         "gpu1": cuda and torch.cuda.device_count() > 1,
         "compile": cuda,  # the interpreter compiles nothing
         "graphs": cuda,
+        "device-copy": cuda,
     }
     checks = [CHECKS[n] for n in names if wanted[n]]
     rows = []

@@ -6,10 +6,13 @@ Imports only torch and triton. Launchers (signatures in each module's docstring)
   fused_moe_contiguous (its twin over [E, 2I, D] / [E, D, I] stacks), torch references.
 - moe_align.py: moe_align_block_size, the sort-by-expert step both use.
 - moe_configs.py: tuned block configurations (configs/*.json), get_moe_config.
+- expert_copy.py: copy_routed_experts (routed, offloaded experts from pinned host memory into
+  loading-buffer slots, decided on the device), torch reference.
 - kv_write.py: write_kv_pages (slot mapping into the paged KV view).
 - paged_decode.py / paged_prefill.py: paged attention over block tables (GQA).
 """
 
+from rimuru.kernels.expert_copy import copy_routed_experts, copy_routed_experts_reference
 from rimuru.kernels.fused_moe import (
     fused_moe_contiguous,
     fused_moe_paged,
@@ -34,6 +37,8 @@ __all__ = [
     "GemmTile",
     "MoeAlignment",
     "MoeConfig",
+    "copy_routed_experts",
+    "copy_routed_experts_reference",
     "decode_warmup_contexts",
     "fused_moe_contiguous",
     "fused_moe_paged",

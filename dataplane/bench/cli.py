@@ -62,6 +62,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "within the round (fewer expert loads, fewer requests running)",
     )
     p.add_argument(
+        "--expert-copy",
+        choices=("host", "device"),
+        default="host",
+        help="how offloaded experts reach the GPU: host-driven copies with prefetch, or a "
+        "device kernel into fixed slots (no host sync: steps stay CUDA graphs)",
+    )
+    p.add_argument(
         "--enforce-eager",
         action="store_true",
         help="CUDA: never replay decode CUDA graphs (as vLLM's --enforce-eager)",
@@ -138,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         hotness_path=args.hotness,
         evict_to_admit=args.evict_to_admit,
         enforce_eager=args.enforce_eager,
+        expert_copy=args.expert_copy,
     )
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

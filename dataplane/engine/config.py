@@ -41,6 +41,11 @@ class EngineConfig:
     # graphs (cuda_graphs.py). True = always eager, as vLLM's --enforce-eager.
     enforce_eager: bool = False
     max_seq_len_to_capture: int = 8192  # longer contexts decode eagerly (vLLM's name)
+    # How offloaded experts reach the device for a step. "host": the host reads the routing
+    # and copies (prefetching the next layer's predicted experts); a layer with offloaded
+    # experts then syncs, and the step cannot be a graph. "device": a kernel copies the
+    # routed ones into fixed slots, no sync, graph-safe (device_copy.py; not yet measured).
+    expert_copy: str = "host"
 
     def __post_init__(self) -> None:
         if self.memory_budget is not None and self.gpu_memory_utilization is not None:
@@ -61,6 +66,10 @@ class EngineConfig:
             )
         if self.moe_path not in ("paged", "gather"):
             raise ValueError(f"moe_path must be 'paged' or 'gather', got {self.moe_path!r}")
+        if self.expert_copy not in ("host", "device"):
+            raise ValueError(f"expert_copy must be 'host' or 'device', got {self.expert_copy!r}")
+        if self.expert_copy == "device" and self.moe_path != "paged":
+            raise ValueError("expert_copy='device' needs moe_path='paged' (the gather path copies)")
         if self.max_seq_len_to_capture < 1:
             raise ValueError(
                 f"max_seq_len_to_capture must be >= 1, got {self.max_seq_len_to_capture}"

@@ -8,7 +8,8 @@ A step runs as a graph when all of this holds, else eagerly as before:
     `max_context` tokens (vLLM's max_seq_len_to_capture);
   - every expert of every layer is resident: the MoE then reads pool pages through the
     device expert table and never synchronises with the host. A layer with offloaded experts
-    needs the host-driven copy path, which a graph cannot hold.
+    needs the host-driven copy path, which a graph cannot hold, unless the engine copies
+    experts in on the device (expert_copy="device", device_copy.py): then any residency.
 
 Invariants the replay relies on:
   - Inputs live in static buffers rewritten in place before each replay. Every address
@@ -80,7 +81,7 @@ class DecodeGraphs:
     def __init__(
         self,
         model: MoETransformer,
-        experts,  # ExpertManager: count_rows and fully_resident()
+        experts,  # ExpertManager: count_rows and graph_safe()
         pad_pages: Sequence[int],  # one reserved, zeroed KV page per layer
         sizes: Sequence[int],
         max_context: int,
@@ -121,7 +122,7 @@ class DecodeGraphs:
                 and len(s.blocks) <= self.width
                 for s in slices
             )
-            and self.experts.fully_resident()
+            and self.experts.graph_safe()
         )
 
     def _meta(self, size: int) -> PagedAttentionMeta:

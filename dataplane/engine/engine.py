@@ -118,6 +118,7 @@ class Engine(EngineSetup):
             router_logits=self.model.router_logits,
             top_k=mc.top_k,
             moe_kernel=self._moe_kernel(),
+            copy_kernel=self._copy_kernel(),
         )
         self.attention = PagedAttention(self.pool, kernels=self._attention_kernels())
         self.model = self.model.with_backends(self.attention, self.experts)
@@ -319,7 +320,7 @@ class Engine(EngineSetup):
         """The decode graphs over the real pool (cuda_graphs.py); None if the policy's
         start-up residency leaves experts off (then every step is eager). capture=False
         keeps the static, padded inputs but runs them eagerly (what a CPU can test)."""
-        if not self.experts.fully_resident():
+        if not self.experts.graph_safe():
             log.info("CUDA graphs: not captured, experts are offloaded at start-up")
             return None
         pad = self.allocator.allocate(PageType.KV, self.model_config.num_layers, GRAPH_PADDING)
@@ -445,6 +446,7 @@ class Engine(EngineSetup):
         return None
 
     def _record(self, out, step: int) -> None:
+        self.experts.sync_counters()  # after the step's forward finished
         self.stats.append(
             StepStats.capture(
                 step, out.num_tokens, self.scheduler, self.experts, self.allocator, self.pool

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from rimuru.dataplane.adjust.adjuster import ChangeList
+from rimuru.dataplane.engine.device_copy import DeviceCopyIn
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
@@ -75,7 +76,11 @@ class ExpertManager:
         router_logits: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
         top_k: int = 1,
         moe_kernel: MoEKernel | None = None,
+        copy_kernel: Callable[..., None] | None = None,
     ):
+        """copy_kernel: None = host-driven copies (this module's doc); else device-decided
+        copy-in (device_copy.py) through this function (kernels.copy_routed_experts, or
+        device_copy.copy_routed_experts_torch on the CPU)."""
         self.pool = pool
         self.allocator = allocator
         self.reclaim = reclaim
@@ -109,6 +114,14 @@ class ExpertManager:
         # batch padded up to a CUDA graph's size (cuda_graphs.py) sets it so that padding
         # rows neither count in the hotness statistics nor make an expert "needed".
         self.count_rows: torch.Tensor | None = None
+        self.copy_kernel = copy_kernel
+        self.device_copy = (
+            DeviceCopyIn(self.num_layers, self.num_experts, self.num_buffer_slots, self.device)
+            if copy_kernel is not None
+            else None
+        )
+        # device mode: experts copied in, counted on the device, read once per step
+        self._device_copies = torch.zeros((), dtype=torch.int64, device=self.device)
 
     # ------------------------------------------------------------------ residency
     @property
@@ -136,6 +149,8 @@ class ExpertManager:
         self.counters.bytes_h2d += self._matrix_bytes(w1) * 3
         self.table.set_pages(layer, expert, tuple(pages))
         self.resident[layer].add(expert)
+        if self.device_copy is not None:
+            self.device_copy.refresh(layer, self.table, self.resident[layer])
 
     def evict(self, layer: int, expert: int, last_step: int) -> None:
         pages = self.table.pages(layer, expert)
@@ -143,6 +158,8 @@ class ExpertManager:
             raise ValueError(f"expert {expert} of layer {layer} is not resident")
         self.table.clear(layer, expert)
         self.resident[layer].discard(expert)
+        if self.device_copy is not None:
+            self.device_copy.refresh(layer, self.table, self.resident[layer])
         self.reclaim.release(PageType.EXPERT, pages, ("expert", layer, expert), last_step)
         self.counters.evictions += 1
 
@@ -156,6 +173,16 @@ class ExpertManager:
 
     def load_initial(self, experts: Sequence[tuple[int, int]], pages_per_expert: int) -> None:
         """Start-up residency; raises if the pool cannot hold them."""
+        device_copy, self.device_copy = self.device_copy, None  # rows once, after all loads
+        try:
+            self._load_initial(experts, pages_per_expert)
+        finally:
+            self.device_copy = device_copy
+        if device_copy is not None:
+            for layer in range(self.num_layers):
+                device_copy.refresh(layer, self.table, self.resident[layer])
+
+    def _load_initial(self, experts: Sequence[tuple[int, int]], pages_per_expert: int) -> None:
         for layer, expert in experts:
             pages = self.allocator.allocate(
                 PageType.EXPERT, pages_per_expert, ("expert", layer, expert)
@@ -169,9 +196,15 @@ class ExpertManager:
             self.place(layer, expert, tuple(pages))
 
     def release_all(self) -> None:
-        for layer in range(self.num_layers):
-            for expert in sorted(self.resident[layer]):
-                self.evict(layer, expert, last_step=self.reclaim.last_completed_step)
+        """Every expert off the device (only to re-choose residency: load_initial follows,
+        and re-derives the device-copy rows that a layer of all-offloaded experts breaks)."""
+        device_copy, self.device_copy = self.device_copy, None
+        try:
+            for layer in range(self.num_layers):
+                for expert in sorted(self.resident[layer]):
+                    self.evict(layer, expert, last_step=self.reclaim.last_completed_step)
+        finally:
+            self.device_copy = device_copy
 
     # ------------------------------------------------------------------ MoE (ExpertBackend)
     def begin_step(self) -> None:
@@ -186,6 +219,8 @@ class ExpertManager:
             buffer.reset(layer)
         counts = self._histogram(topk_ids)  # [E]
         self._routing_counts[layer] += counts
+        if self.device_copy is not None:
+            return self._moe_device_copy(layer, x, topk_ids, topk_weights, buffer, counts)
         if (
             self.moe_kernel is not None
             and self._all_resident(layer)
@@ -287,10 +322,42 @@ class ExpertManager:
         self.counters.buffer_copies += 1
         self.counters.bytes_h2d += 3 * self._matrix_bytes(self.host[layer].w1[expert])
 
+    def _moe_device_copy(self, layer, x, topk_ids, topk_weights, buffer, counts) -> torch.Tensor:
+        """Device mode (device_copy.py): copy-in and MoE without a host decision."""
+        offloaded = self.device_copy.offloaded()[layer]  # [S]
+        w = self.host[layer]
+        self.copy_kernel(counts, offloaded, w.w1, w.w3, w.w2, buffer.pages)
+        copied = (offloaded >= 0) & (counts[offloaded.clamp(min=0).long()] > 0)
+        self._device_copies += copied.sum()
+        if self.moe_kernel is not None:
+            table = self.device_copy.table.on_device()[layer]
+            pool = self.pool.view(PageType.EXPERT)
+            return self.moe_kernel(x, topk_ids, topk_weights, pool, buffer.pages, table)
+        needed = torch.nonzero(counts.cpu()).flatten().tolist()  # the CPU path
+        return self._moe_torch(layer, x, topk_ids, topk_weights, buffer, needed)
+
+    def sync_counters(self) -> None:
+        """Device mode: add the copies counted on the device to the host counters. Called
+        once per step, after the step's forward finished (no stall)."""
+        if self.device_copy is None:
+            return
+        copies = int(self._device_copies.item())
+        self._device_copies.zero_()
+        self.counters.buffer_copies += copies
+        self.counters.bytes_h2d += copies * 3 * self._matrix_bytes(self.host[0].w1[0])
+
+    def graph_safe(self) -> bool:
+        """Whether a step can be a CUDA graph now: device mode always; host mode only while
+        every expert is resident (no copy to decide)."""
+        return self.device_copy is not None or self.fully_resident()
+
     def _weights(self, layer: int, expert: int, buffer: _Buffer) -> tuple[torch.Tensor, ...]:
         pages = self.table.pages(layer, expert)
         if pages is not None:
             source, ids = self.pool.view(PageType.EXPERT), pages
+        elif self.device_copy is not None:  # its fixed slot, filled by this step's copy-in
+            rows = self.device_copy.slot_rows(layer, expert)
+            source, ids = buffer.pages, tuple(-r - 1 for r in rows)
         else:
             slot = buffer.slot_of[expert]
             source, ids = buffer.pages, (3 * slot, 3 * slot + 1, 3 * slot + 2)

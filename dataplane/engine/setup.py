@@ -141,14 +141,15 @@ class EngineSetup:
         log.info("warm-up: %d batch shapes in %.1f s", len(batches), seconds)
 
     def _uses_graphs(self) -> bool:
-        """Decode graphs serve CUDA with the paged Triton kernels, for a policy that can have
-        every expert resident (fixed never does; the gather path copies on the host's word)."""
+        """Decode graphs serve CUDA with the paged Triton kernels, for a policy whose steps
+        can be graphs: any with device copy-in; with host copies only while every expert is
+        resident (fixed never is; the gather path copies on the host's word)."""
         c = self.config
         return (
             self.device.type == "cuda"
             and self._use_kernels()
             and not c.enforce_eager
-            and c.tunables.mode != "fixed"
+            and (c.tunables.mode != "fixed" or c.expert_copy == "device")
             and c.moe_path == "paged"
         )
 
@@ -184,7 +185,10 @@ class EngineSetup:
 
         0 as well when the policy would start with experts offloaded, with or without the
         graphs' memory: no graph could be captured, and the KV keeps that memory."""
-        if not self._uses_graphs() or not self._all_experts_fit(budget, reserve, buffers):
+        if not self._uses_graphs():
+            return 0
+        device_copy = self.config.expert_copy == "device"  # graphs whatever the residency
+        if not device_copy and not self._all_experts_fit(budget, reserve, buffers):
             return 0
         from rimuru.dataplane.engine.cuda_graphs import graph_memory_bytes
         from rimuru.dataplane.engine.profile_run import ScratchRunner
@@ -202,7 +206,7 @@ class EngineSetup:
         static = sizes[-1] * (mc.num_layers * (4 * width + 8) + 8 * 4 + 4)
         outputs = sum(sizes[:-1]) * mc.hidden_size * self.geometry.shape.dtype_bytes
         planned = int(1.1 * (largest + static + outputs))
-        if not self._all_experts_fit(budget, reserve + planned, buffers):
+        if not device_copy and not self._all_experts_fit(budget, reserve + planned, buffers):
             log.info("CUDA graphs: off, their %.1f MiB would push experts off", planned / 2**20)
             return 0
         return planned
@@ -227,6 +231,18 @@ class EngineSetup:
         from rimuru.kernels import paged_fused_moe  # imported only where Triton runs
 
         return paged_fused_moe
+
+    def _copy_kernel(self):
+        """Device copy-in's copy (None = host-driven copies)."""
+        if self.config.expert_copy != "device":
+            return None
+        if self._use_kernels():
+            from rimuru.kernels import copy_routed_experts
+
+            return copy_routed_experts
+        from rimuru.dataplane.engine.device_copy import copy_routed_experts_torch
+
+        return copy_routed_experts_torch
 
     def _attention_kernels(self):
         if not self._use_kernels():

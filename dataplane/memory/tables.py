@@ -18,14 +18,40 @@ def buffer_slot_id(slot: int) -> int:
     return -slot - 1
 
 
-class ExpertPageTable:
-    """[L, E, 3] int32 on the engine's device; rows change only between forwards."""
+class DeviceMirror:
+    """A host tensor the engine edits between forwards, and its copy on the engine's device:
+    one tensor for the engine's life, rewritten in place when the host side changed, so a
+    captured CUDA graph keeps reading it at the same address. On the CPU, the host tensor."""
 
-    def __init__(self, num_layers: int, num_experts: int, device: torch.device | str = "cpu"):
-        self.host = torch.full((num_layers, num_experts, 3), NOT_PRESENT, dtype=torch.int32)
+    def __init__(self, host: torch.Tensor, device: torch.device | str = "cpu"):
+        self.host = host
         self.device = torch.device(device)
         self._device_copy: torch.Tensor | None = None
         self._dirty = True
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
+
+    def on_device(self) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return self.host
+        # Made and rewritten under inference mode: the forward (inference mode) may make it,
+        # and torch refuses in-place updates of an inference tensor outside that mode.
+        with torch.inference_mode():
+            if self._device_copy is None:
+                self._device_copy = self.host.to(self.device)
+            elif self._dirty:
+                self._device_copy.copy_(self.host)  # queued after every kernel that read it
+        self._dirty = False
+        return self._device_copy
+
+
+class ExpertPageTable(DeviceMirror):
+    """[L, E, 3] int32 on the engine's device; rows change only between forwards."""
+
+    def __init__(self, num_layers: int, num_experts: int, device: torch.device | str = "cpu"):
+        host = torch.full((num_layers, num_experts, 3), NOT_PRESENT, dtype=torch.int32)
+        super().__init__(host, device)
 
     def set_pages(self, layer: int, expert: int, pages: tuple[int, int, int]) -> None:
         self.host[layer, expert] = torch.tensor(pages, dtype=torch.int32)
@@ -39,20 +65,10 @@ class ExpertPageTable:
         row = self.host[layer, expert].tolist()
         return None if row[0] == NOT_PRESENT else tuple(row)
 
-    def on_device(self) -> torch.Tensor:
-        """The table on the engine's device. One tensor for the engine's life, rewritten in
-        place when rows change: a captured CUDA graph keeps reading it at the same address."""
-        if self.device.type == "cpu":
-            return self.host
-        # Made and rewritten under inference mode: the forward (inference mode) may make it,
-        # and torch refuses in-place updates of an inference tensor outside that mode.
-        with torch.inference_mode():
-            if self._device_copy is None:
-                self._device_copy = self.host.to(self.device)
-            elif self._dirty:
-                self._device_copy.copy_(self.host)  # queued after every kernel that read it
-        self._dirty = False
-        return self._device_copy
+    def replace_layer(self, layer: int, rows: torch.Tensor) -> None:
+        """All of one layer's rows at once ([E, 3] int32)."""
+        self.host[layer] = rows
+        self._dirty = True
 
 
 class BlockTable:

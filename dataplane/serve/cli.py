@@ -81,6 +81,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "running request short of KV pages (off: preempt, move the boundary between rounds)",
     )
     option(
+        "--expert-copy",
+        default="host",
+        choices=("host", "device"),
+        help="host: host-driven expert copies with prefetch; device: a kernel copies routed "
+        "offloaded experts into fixed slots (graph-safe)",
+    )
+    option(
         "--enforce-eager",
         default="off",
         help="on or off: on = never replay decode CUDA graphs (vLLM's --enforce-eager)",
@@ -157,6 +164,7 @@ def engine_config(args: argparse.Namespace):
         hotness_path=args.hotness,
         evict_to_admit=_on_off("--evict-to-admit", args.evict_to_admit),
         enforce_eager=_on_off("--enforce-eager", args.enforce_eager),
+        expert_copy=args.expert_copy,
         tunables=Tunables(
             mode=args.mode,
             expert_offload_limit=args.expert_offload_limit,

@@ -33,6 +33,14 @@ for kernels in (False, True):
                             tunables=Tunables(mode="resident"), use_kernels=kernels), log_plan=False)
     out["resident_" + str(kernels)] = e.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
     out["resident_routed_" + str(kernels)] = int(e.experts.routing_counts.sum())
+# device copy-in: the copy kernel fills fixed slots, the MoE kernel reads them
+for kernels in (False, True):
+    e = Engine(EngineConfig(activation_reserve=0, max_num_batched_tokens=64, memory_budget=200 * 2**20,
+                            tunables=Tunables(mode="fixed"), fixed_expert_share=0.01, use_kernels=kernels,
+                            expert_copy="device"), log_plan=False)
+    out["device_" + str(kernels)] = e.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
+    out["device_copies_" + str(kernels)] = e.experts.counters.buffer_copies
+    e.check_invariants()
 print(json.dumps(out))
 """
 
@@ -49,3 +57,5 @@ def test_triton_path_matches_torch_path_under_the_interpreter():
     assert out["True_copies"] > 0  # experts really came from loading-buffer slots
     assert out["resident_True"] == out["resident_False"] == out["True"]
     assert out["resident_routed_True"] == out["resident_routed_False"] > 0
+    assert out["device_True"] == out["device_False"] == out["True"]
+    assert out["device_copies_True"] == out["device_copies_False"] > 0

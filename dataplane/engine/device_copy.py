@@ -1,0 +1,78 @@
+"""Expert copy-in decided on the device (`expert_copy="device"`): the alternative to the
+host-driven loading buffers of expert_manager.py.
+
+Host mode (the default) reads each layer's routing on the host, then copies the missing
+experts with cudaMemcpyAsync, prefetching layer l+1's predicted experts while layer l
+computes. That costs one host synchronisation per layer with offloaded experts, so such a
+step can never be a CUDA graph: on the H200, Fig. 4's elastic run spent 1,865 of 2,258
+steps eager at a median 62 ms, against 7.7 ms for its graph-replayed steps
+(docs/benchmarks.md).
+
+Device mode gives every offloaded expert of a layer a fixed loading-buffer slot (its rank
+among the layer's offloaded experts; at most `slots` of them, which expert_offload_limit
+already guarantees). After the router, one kernel (kernels/expert_copy.py) copies the
+routed ones from pinned host memory into their slots; the MoE kernel then reads them
+through a table whose rows already point at those slots. The step needs no host decision,
+so it can be captured. What it gives up: the copy no longer overlaps the previous layer's
+compute (it runs on the compute stream, after the router), and it reads host memory from a
+kernel rather than with the copy engines. Neither cost has been measured yet.
+
+Invariants:
+  * `table` (the kernel's [L, E, 3] table) equals the expert page table for resident
+    experts; an offloaded expert's row names its slot; both it and `offloaded` [L, S]
+    change only between forwards, in place (a captured graph keeps their addresses);
+  * two buffers alternate by layer as in host mode: layer l's copy lands in buffer l % 2
+    after layer l-2's MoE has read it (one stream, in order).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rimuru.dataplane.memory.tables import DeviceMirror, ExpertPageTable, buffer_slot_id
+
+
+class DeviceCopyIn:
+    def __init__(self, num_layers: int, num_experts: int, num_slots: int, device):
+        self.num_experts, self.num_slots = num_experts, num_slots
+        self.table = ExpertPageTable(num_layers, num_experts, device)  # the kernel's view
+        # [L, S] int32: the expert in each slot, -1 = unused
+        self._offloaded = DeviceMirror(
+            torch.full((num_layers, num_slots), -1, dtype=torch.int32), device
+        )
+
+    def refresh(self, layer: int, pages: ExpertPageTable, resident: set[int]) -> None:
+        """Re-derive one layer's rows after its residency changed (an eviction or a load)."""
+        offloaded = [e for e in range(self.num_experts) if e not in resident]
+        if len(offloaded) > self.num_slots:
+            raise RuntimeError(
+                f"layer {layer} has {len(offloaded)} experts offloaded but the loading buffer "
+                f"has {self.num_slots} slots: expert_offload_limit must not exceed the slots"
+            )
+        rows = pages.host[layer].clone()  # resident rows: their pool pages
+        slots = torch.full((self.num_slots,), -1, dtype=torch.int32)
+        for s, e in enumerate(offloaded):
+            rows[e] = torch.tensor([buffer_slot_id(3 * s + m) for m in range(3)])
+            slots[s] = e
+        self.table.replace_layer(layer, rows)
+        self._offloaded.host[layer] = slots
+        self._offloaded.mark_dirty()
+
+    def offloaded(self) -> torch.Tensor:
+        """[L, S] int32 on the engine's device (fixed address)."""
+        return self._offloaded.on_device()
+
+    def slot_rows(self, layer: int, expert: int) -> tuple[int, int, int]:
+        """The kernel table's row of one expert (pool pages, or buffer rows as ids < 0)."""
+        return tuple(self.table.host[layer, expert].tolist())
+
+
+def copy_routed_experts_torch(counts, offloaded, w1, w3, w2, buffer_pages) -> None:
+    """The CPU path of kernels.copy_routed_experts (the engine's CPU install has no Triton):
+    the routed experts among `offloaded` into their slots' rows."""
+    matrix_elems = w1.shape[1] * w1.shape[2]
+    routed = counts.cpu()
+    for slot, expert in enumerate(offloaded.tolist()):
+        if expert >= 0 and int(routed[expert]) > 0:
+            for m, w in enumerate((w1, w3, w2)):
+                buffer_pages[3 * slot + m, :matrix_elems].copy_(w[expert].reshape(-1))

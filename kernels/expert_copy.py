@@ -1,0 +1,117 @@
+"""Copy-in of routed, offloaded experts decided on the device: no host synchronisation, so a
+step with offloaded experts can still be captured in a CUDA graph.
+
+Shape key: E = experts of the layer, S = loading-buffer slots, I = expert intermediate,
+D = hidden.
+
+    copy_routed_experts(counts [E] int64, offloaded [S] int32, w1 [E, I, D], w3 [E, I, D],
+                        w2 [E, D, I], buffer_pages [>= 3S, >= I*D]) -> None
+
+offloaded[s] is the expert that lives in slot s while it is off the device (-1: slot
+unused). For every s with offloaded[s] = e >= 0 and counts[e] > 0, the three matrices of e
+are copied into buffer rows 3s, 3s+1, 3s+2; every other row is left as it is. The weights
+are read where they lie on the host: w1, w3 and w2 are pinned host tensors, which a CUDA
+kernel reads over PCIe through unified addressing (Triton accepts pinned pointers). On the
+CPU (tests, the interpreter) they are ordinary tensors.
+
+Why a kernel and not cudaMemcpyAsync: which experts to copy depends on this step's routing,
+which lives on the device. Copies issued by the host need the routing on the host first, a
+synchronisation per layer, and a graph cannot hold that.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK = 4096  # elements per program: 8 KiB of bf16, read as wide vector loads
+
+
+# S and the matrix sizes are fixed per model. A layer's row of `offloaded` and the step's
+# counts start at varying alignments: not specialised, one compiled variant.
+@triton.jit(do_not_specialize_on_alignment=["offloaded_ptr", "counts_ptr"])
+def _copy_routed_kernel(
+    counts_ptr,
+    offloaded_ptr,
+    w1_ptr,
+    w3_ptr,
+    w2_ptr,
+    buffer_ptr,
+    page_elems,  # elements between two buffer rows
+    matrix_elems,  # I * D
+    BLOCK: tl.constexpr,
+):
+    slot = tl.program_id(0)
+    matrix = tl.program_id(1)  # 0 w1, 1 w3, 2 w2
+    chunk = tl.program_id(2)
+    expert = tl.load(offloaded_ptr + slot)
+    if expert >= 0:  # noqa: SIM102 (nested: never read counts[-1])
+        if tl.load(counts_ptr + expert) > 0:
+            if matrix == 0:
+                src = w1_ptr
+            elif matrix == 1:
+                src = w3_ptr
+            else:
+                src = w2_ptr
+            offs = chunk * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < matrix_elems
+            values = tl.load(src + expert.to(tl.int64) * matrix_elems + offs, mask=mask)
+            row = (3 * slot + matrix).to(tl.int64)
+            tl.store(buffer_ptr + row * page_elems + offs, values, mask=mask)
+
+
+def _check(counts, offloaded, w1, w3, w2, buffer_pages) -> None:
+    E, inter, hidden = w1.shape
+    if w3.shape != (E, inter, hidden) or w2.shape != (E, hidden, inter):
+        raise ValueError(
+            f"w1/w3 must be [E, I, D] and w2 [E, D, I]; got {tuple(w1.shape)}, "
+            f"{tuple(w3.shape)}, {tuple(w2.shape)}"
+        )
+    if not all(w.is_contiguous() for w in (w1, w3, w2)):
+        raise ValueError("w1, w3 and w2 must be contiguous")
+    if counts.shape != (E,) or counts.dtype != torch.int64:
+        raise ValueError(f"counts must be int64 [{E}]; got {tuple(counts.shape)} {counts.dtype}")
+    if offloaded.dim() != 1 or offloaded.dtype != torch.int32:
+        raise ValueError(
+            f"offloaded must be int32 [S]; got {tuple(offloaded.shape)} {offloaded.dtype}"
+        )
+    if (
+        buffer_pages.dim() != 2
+        or buffer_pages.shape[0] < 3 * offloaded.shape[0]
+        or buffer_pages.shape[1] < inter * hidden
+        or buffer_pages.stride(1) != 1
+        or buffer_pages.dtype != w1.dtype
+    ):
+        raise ValueError(
+            f"buffer_pages must be {w1.dtype} [>= {3 * offloaded.shape[0]}, >= {inter * hidden}] "
+            f"with unit column stride; got {tuple(buffer_pages.shape)} {buffer_pages.dtype}"
+        )
+
+
+def copy_routed_experts(
+    counts: torch.Tensor,
+    offloaded: torch.Tensor,
+    w1: torch.Tensor,
+    w3: torch.Tensor,
+    w2: torch.Tensor,
+    buffer_pages: torch.Tensor,
+) -> None:
+    """See the module doc. One launch; returns at once (stream-ordered)."""
+    _check(counts, offloaded, w1, w3, w2, buffer_pages)
+    matrix_elems = w1.shape[1] * w1.shape[2]
+    if offloaded.shape[0] == 0:
+        return
+    grid = (offloaded.shape[0], 3, triton.cdiv(matrix_elems, _BLOCK))
+    _copy_routed_kernel[grid](
+        counts, offloaded, w1, w3, w2, buffer_pages, buffer_pages.stride(0), matrix_elems,
+        BLOCK=_BLOCK,
+    )  # fmt: skip
+
+
+def copy_routed_experts_reference(counts, offloaded, w1, w3, w2, buffer_pages) -> None:
+    """The same copies in torch (the CPU path; reads the routing on the host)."""
+    _check(counts, offloaded, w1, w3, w2, buffer_pages)
+    matrix_elems = w1.shape[1] * w1.shape[2]
+    for slot, expert in enumerate(offloaded.tolist()):
+        if expert >= 0 and int(counts[expert]) > 0:
+            for m, w in enumerate((w1, w3, w2)):
+                buffer_pages[3 * slot + m, :matrix_elems].copy_(w[expert].reshape(-1))

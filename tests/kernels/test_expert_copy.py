@@ -1,0 +1,53 @@
+"""copy_routed_experts (interpreter) == its torch reference: exactly the routed, offloaded
+experts land in their slots; every other buffer row keeps its poison."""
+
+import pytest
+import torch
+
+from rimuru.kernels import copy_routed_experts, copy_routed_experts_reference
+
+
+def _case(seed: int, E=6, inter=24, hidden=40, slots=4, page_extra=8, dtype=torch.float16):
+    g = torch.Generator().manual_seed(seed)
+    w1 = torch.randn(E, inter, hidden, generator=g).to(dtype)
+    w3 = torch.randn(E, inter, hidden, generator=g).to(dtype)
+    w2 = torch.randn(E, hidden, inter, generator=g).to(dtype)
+    buffer = torch.full((3 * slots + 2, inter * hidden + page_extra), -7.0, dtype=dtype)
+    return w1, w3, w2, buffer
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_copies_exactly_the_routed_offloaded_experts(dtype):
+    w1, w3, w2, buffer = _case(0, dtype=dtype)
+    offloaded = torch.tensor([4, -1, 1, 5], dtype=torch.int32)  # slot 1 unused
+    counts = torch.tensor([3, 0, 0, 9, 1, 2], dtype=torch.int64)  # 1 not routed; 4 and 5 are
+    want = buffer.clone()
+    copy_routed_experts_reference(counts, offloaded, w1, w3, w2, want)
+    copy_routed_experts(counts, offloaded, w1, w3, w2, buffer)
+    assert torch.equal(buffer, want)
+    n = w1.shape[1] * w1.shape[2]
+    assert torch.equal(buffer[0, :n], w1[4].reshape(-1))  # slot 0 = expert 4
+    assert torch.equal(buffer[11, :n], w2[5].reshape(-1))  # slot 3, w2 = expert 5's
+    untouched = [3, 4, 5, 6, 7, 8, 12, 13]  # slot 1 (unused), slot 2 (expert 1, not routed), spare
+    assert bool((buffer[untouched] == -7.0).all())
+    assert bool((buffer[:, n:] == -7.0).all())  # nothing past a matrix's end
+
+
+def test_a_matrix_longer_than_one_program_is_copied_whole():
+    w1, w3, w2, buffer = _case(1, E=3, inter=64, hidden=100, slots=1)  # 6,400 > 4,096 elements
+    offloaded = torch.tensor([2], dtype=torch.int32)
+    counts = torch.tensor([0, 0, 1], dtype=torch.int64)
+    copy_routed_experts(counts, offloaded, w1, w3, w2, buffer)
+    n = 64 * 100
+    for m, w in enumerate((w1, w3, w2)):
+        assert torch.equal(buffer[m, :n], w[2].reshape(-1))
+
+
+def test_bad_shapes_are_refused_with_what_was_expected():
+    w1, w3, w2, buffer = _case(2)
+    with pytest.raises(ValueError, match="int32"):
+        copy_routed_experts(torch.zeros(6, dtype=torch.int64), torch.zeros(4), w1, w3, w2, buffer)
+    with pytest.raises(ValueError, match="buffer_pages"):
+        copy_routed_experts(
+            torch.zeros(6, dtype=torch.int64), torch.zeros(9, dtype=torch.int32), w1, w3, w2, buffer
+        )
