@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-_BLOCK = 4096  # elements per program: 8 KiB of bf16, read as wide vector loads
+_BLOCK = 4096  # elements per loop step: 8 KiB of bf16, read as wide vector loads
+_PROGRAMS_PER_MATRIX = 8  # each copies a run of consecutive chunks; most slots exit at once
 
 
 # S and the matrix sizes are fixed per model. A layer's row of `offloaded` and the step's
@@ -38,11 +39,11 @@ def _copy_routed_kernel(
     buffer_ptr,
     page_elems,  # elements between two buffer rows
     matrix_elems,  # I * D
+    chunks_per_program,  # each program copies this many consecutive BLOCK chunks
     BLOCK: tl.constexpr,
 ):
     slot = tl.program_id(0)
     matrix = tl.program_id(1)  # 0 w1, 1 w3, 2 w2
-    chunk = tl.program_id(2)
     expert = tl.load(offloaded_ptr + slot)
     if expert >= 0:  # noqa: SIM102 (nested: never read counts[-1])
         if tl.load(counts_ptr + expert) > 0:
@@ -52,11 +53,13 @@ def _copy_routed_kernel(
                 src = w3_ptr
             else:
                 src = w2_ptr
-            offs = chunk * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < matrix_elems
-            values = tl.load(src + expert.to(tl.int64) * matrix_elems + offs, mask=mask)
-            row = (3 * slot + matrix).to(tl.int64)
-            tl.store(buffer_ptr + row * page_elems + offs, values, mask=mask)
+            src = src + expert.to(tl.int64) * matrix_elems
+            dst = buffer_ptr + (3 * slot + matrix).to(tl.int64) * page_elems
+            first = tl.program_id(2) * chunks_per_program
+            for j in range(0, chunks_per_program):
+                offs = (first + j) * BLOCK + tl.arange(0, BLOCK)
+                mask = offs < matrix_elems
+                tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
 
 
 def _check(counts, offloaded, w1, w3, w2, buffer_pages) -> None:
@@ -100,10 +103,12 @@ def copy_routed_experts(
     matrix_elems = w1.shape[1] * w1.shape[2]
     if offloaded.shape[0] == 0:
         return
-    grid = (offloaded.shape[0], 3, triton.cdiv(matrix_elems, _BLOCK))
+    chunks = triton.cdiv(matrix_elems, _BLOCK)
+    per_program = triton.cdiv(chunks, min(_PROGRAMS_PER_MATRIX, chunks))
+    grid = (offloaded.shape[0], 3, triton.cdiv(chunks, per_program))
     _copy_routed_kernel[grid](
         counts, offloaded, w1, w3, w2, buffer_pages, buffer_pages.stride(0), matrix_elems,
-        BLOCK=_BLOCK,
+        per_program, BLOCK=_BLOCK,
     )  # fmt: skip
 
 

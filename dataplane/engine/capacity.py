@@ -24,6 +24,7 @@ from rimuru.dataplane.engine.setup import (
     buffer_slots,
     check_buffer_fits,
     check_offload_fits,
+    loading_buffer_bytes,
     page_geometry,
 )
 from rimuru.dataplane.memory.allocator import PageAllocator
@@ -110,7 +111,7 @@ def _policy(
         config.memory_budget,
         non_pool,
         reserve,
-        2 * 3 * slots * geometry.expert_page_bytes,
+        loading_buffer_bytes(config, slots, geometry),
         geometry,
     )
     ranking = (

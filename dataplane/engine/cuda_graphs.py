@@ -179,9 +179,9 @@ class DecodeGraphs:
                          (self.rows, rows)):  # fmt: skip
             dst[:size].copy_(torch.from_numpy(src))
         self.slots[:, :size].copy_(torch.from_numpy(slots))
-        # The graphs read the expert table at its fixed address; only an eager MoE call
-        # refreshes it, so after the adjuster moved experts it must be refreshed here.
-        self.experts.table.on_device()
+        # The graphs read the expert tables at fixed addresses; only an eager MoE call
+        # refreshes them, so after the adjuster moved experts they are refreshed here.
+        self.experts.refresh_device_tables()
         self.steps += 1
         graph, out = self._graphs.get(size, (None, None))
         if self.replay and graph is not None:

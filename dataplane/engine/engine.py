@@ -47,6 +47,8 @@ from rimuru.dataplane.engine.setup import (
     EngineSetup,
     check_buffer_fits,
     check_offload_fits,
+    loading_buffer_bytes,
+    num_loading_buffers,
     page_geometry,
 )
 from rimuru.dataplane.memory.allocator import PageAllocator
@@ -98,7 +100,7 @@ class Engine(EngineSetup):
         # ---- memory plan
         budget = self._budget_bytes()
         slots = self._buffer_slots()
-        buffer_bytes = 2 * 3 * slots * self.geometry.expert_page_bytes
+        buffer_bytes = loading_buffer_bytes(config, slots, self.geometry)
         reserve_bytes = self._activation_reserve()
         self._warm_up()  # before the pool: its scratch must not count against the budget
         graph_bytes = self._cuda_graph_reserve(budget, reserve_bytes, buffer_bytes)
@@ -119,6 +121,7 @@ class Engine(EngineSetup):
             top_k=mc.top_k,
             moe_kernel=self._moe_kernel(),
             copy_kernel=self._copy_kernel(),
+            num_buffers=num_loading_buffers(config),
         )
         self.attention = PagedAttention(self.pool, kernels=self._attention_kernels())
         self.model = self.model.with_backends(self.attention, self.experts)

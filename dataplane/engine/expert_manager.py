@@ -77,6 +77,7 @@ class ExpertManager:
         top_k: int = 1,
         moe_kernel: MoEKernel | None = None,
         copy_kernel: Callable[..., None] | None = None,
+        num_buffers: int = 2,
     ):
         """copy_kernel: None = host-driven copies (this module's doc); else device-decided
         copy-in (device_copy.py) through this function (kernels.copy_routed_experts, or
@@ -98,7 +99,7 @@ class ExpertManager:
                     3 * self.num_buffer_slots, page_elems, dtype=pool.dtype, device=self.device
                 )
             )
-            for _ in range(2)
+            for _ in range(num_buffers)
         ]
         self.router_logits = router_logits
         self.top_k = top_k
@@ -156,6 +157,14 @@ class ExpertManager:
         pages = self.table.pages(layer, expert)
         if pages is None or expert not in self.resident[layer]:
             raise ValueError(f"expert {expert} of layer {layer} is not resident")
+        offloaded_after = self.num_experts - len(self.resident[layer]) + 1
+        if self.device_copy is not None and offloaded_after > self.num_buffer_slots:
+            # refused before anything changes: the expert stays resident, nothing leaks
+            raise RuntimeError(
+                f"layer {layer} would have {offloaded_after} experts offloaded but the loading "
+                f"buffer has {self.num_buffer_slots} slots: expert_offload_limit must not "
+                f"exceed the slots"
+            )
         self.table.clear(layer, expert)
         self.resident[layer].discard(expert)
         if self.device_copy is not None:
@@ -214,7 +223,7 @@ class ExpertManager:
     def moe(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
-        buffer = self.buffers[layer % 2]
+        buffer = self.buffers[layer % len(self.buffers)]
         if buffer.layer != layer:
             buffer.reset(layer)
         counts = self._histogram(topk_ids)  # [E]
@@ -345,6 +354,15 @@ class ExpertManager:
         self._device_copies.zero_()
         self.counters.buffer_copies += copies
         self.counters.bytes_h2d += copies * 3 * self._matrix_bytes(self.host[0].w1[0])
+
+    def refresh_device_tables(self) -> None:
+        """Bring every table a captured step reads up to date, in place (a replay runs no
+        Python, so nothing inside it would): the page table and, in device mode, the
+        copy-in rows. Stream-ordered after the adjuster's copies (place() waits for them)."""
+        self.table.on_device()
+        if self.device_copy is not None:
+            self.device_copy.table.on_device()
+            self.device_copy.offloaded()
 
     def graph_safe(self) -> bool:
         """Whether a step can be a CUDA graph now: device mode always; host mode only while

@@ -46,6 +46,16 @@ def buffer_slots(c: EngineConfig, mc: ModelConfig) -> int:
     return max(1, min(mc.num_experts, c.tunables.expert_offload_limit))
 
 
+def num_loading_buffers(c: EngineConfig) -> int:
+    """Host copies alternate two buffers (prefetch into one while the other is read); device
+    copy-in copies and computes on one stream, so one buffer serves every layer in turn."""
+    return 1 if c.expert_copy == "device" else 2
+
+
+def loading_buffer_bytes(c: EngineConfig, slots: int, geometry: PageGeometry) -> int:
+    return num_loading_buffers(c) * 3 * slots * geometry.expert_page_bytes
+
+
 def check_buffer_fits(tunables: Tunables, num_experts: int, slots: int) -> None:
     """Elastic: a layer's offloaded experts must all fit one loading buffer (sized at start)."""
     limit = min(tunables.expert_offload_limit, num_experts)
@@ -187,7 +197,10 @@ class EngineSetup:
         graphs' memory: no graph could be captured, and the KV keeps that memory."""
         if not self._uses_graphs():
             return 0
-        device_copy = self.config.expert_copy == "device"  # graphs whatever the residency
+        # device copy-in: graphs whatever the residency, except resident, which never
+        # offloads: there graphs must not push an expert off
+        c = self.config
+        device_copy = c.expert_copy == "device" and c.tunables.mode != "resident"
         if not device_copy and not self._all_experts_fit(budget, reserve, buffers):
             return 0
         from rimuru.dataplane.engine.cuda_graphs import graph_memory_bytes

@@ -16,7 +16,10 @@ PARAMS = SamplingParams(max_tokens=16, ignore_eos=True)
 def test_device_copy_gives_the_host_copy_tokens(prompts, make_engine, mode):
     host = make_engine(mode)
     want = host.generate(prompts, PARAMS)
-    dev = make_engine(mode, expert_copy="device")
+    # device mode has one loading buffer, not two: give the pool the same size
+    one_buffer_mib = host.plan.loading_buffer_bytes / 2 / 2**20
+    dev = make_engine(mode, pool_mib=26 - one_buffer_mib, expert_copy="device")
+    assert dev.plan.pool_bytes == host.plan.pool_bytes
     got = dev.generate(prompts, PARAMS)
     assert got == want
     dev.check_invariants()
@@ -44,19 +47,29 @@ def test_slots_follow_every_eviction_and_load(make_engine):
     assert dc.slot_rows(1, 2) == tuple(pages)
 
 
-def test_too_many_offloaded_for_the_slots_is_refused(make_engine):
+def test_too_many_offloaded_for_the_slots_is_refused_and_nothing_leaks(make_engine):
     engine = make_engine("elastic", expert_copy="device", loading_buffer_slots=16)
-    layer = 0
-    resident = sorted(engine.experts.resident[layer])
+    experts, layer = engine.experts, 0
+    assert len(experts.buffers) == 1  # device mode: copy and compute on one stream
+    assert engine.plan.loading_buffer_bytes == experts.buffer_bytes
+    resident = sorted(experts.resident[layer])
+    evicted = []
     with pytest.raises(RuntimeError, match="slots"):
         for e in resident:
-            engine.experts.evict(layer, e, last_step=engine.step_id)
+            experts.evict(layer, e, last_step=engine.step_id)
+            evicted.append(e)
+    assert experts.num_experts - len(experts.resident[layer]) == 16  # stopped at the slots
+    refused = resident[len(evicted)]
+    assert refused in experts.resident[layer] and experts.table.pages(layer, refused)
+    engine.check_invariants()
 
 
 def test_decode_steps_stay_graph_safe_with_experts_offloaded(prompts, make_engine):
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    want = make_engine("elastic").generate(prompts, params)
-    engine = make_engine("elastic", expert_copy="device")
+    host = make_engine("elastic")
+    want = host.generate(prompts, params)
+    one_buffer_mib = host.plan.loading_buffer_bytes / 2 / 2**20
+    engine = make_engine("elastic", pool_mib=26 - one_buffer_mib, expert_copy="device")
     graphs = engine.make_decode_graphs(capture=False)
     engine.graphs = graphs
     served_offloaded = []  # observe, per graph-served step, whether experts were offloaded

@@ -33,12 +33,14 @@ def test_copies_exactly_the_routed_offloaded_experts(dtype):
     assert bool((buffer[:, n:] == -7.0).all())  # nothing past a matrix's end
 
 
-def test_a_matrix_longer_than_one_program_is_copied_whole():
-    w1, w3, w2, buffer = _case(1, E=3, inter=64, hidden=100, slots=1)  # 6,400 > 4,096 elements
+@pytest.mark.parametrize("inter, hidden", [(64, 100), (128, 300)])
+def test_a_matrix_of_many_chunks_is_copied_whole(inter, hidden):
+    """6,400 elements: 2 chunks of 4,096; 38,400: 10 chunks, 2 per program over 5 programs."""
+    w1, w3, w2, buffer = _case(1, E=3, inter=inter, hidden=hidden, slots=1)
     offloaded = torch.tensor([2], dtype=torch.int32)
     counts = torch.tensor([0, 0, 1], dtype=torch.int64)
     copy_routed_experts(counts, offloaded, w1, w3, w2, buffer)
-    n = 64 * 100
+    n = inter * hidden
     for m, w in enumerate((w1, w3, w2)):
         assert torch.equal(buffer[m, :n], w[2].reshape(-1))
 
