@@ -40,6 +40,8 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
         config["RIMURU_EVICT_TO_ADMIT"] = "on" if engine.evict_to_admit else "off"
     if engine.enforce_eager is not None:
         config["RIMURU_ENFORCE_EAGER"] = "on" if engine.enforce_eager else "off"
+    if engine.expert_copy is not None:
+        config["RIMURU_EXPERT_COPY"] = engine.expert_copy
     tunables = spec.policy.tunables
     config["RIMURU_POLICY_MODE"] = tunables.mode
     config["RIMURU_PAGES_PER_EXPERT"] = str(tunables.pages_per_expert)

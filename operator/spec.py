@@ -65,6 +65,7 @@ class EngineSpec:
     loading_buffer_slots: int | None = None  # None = the engine's default (start-up limit)
     evict_to_admit: bool | None = None  # None = the engine's default (on)
     enforce_eager: bool | None = None  # None = the engine's default (decode CUDA graphs on)
+    expert_copy: str | None = None  # "host" | "device"; None = the engine's default (host)
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,7 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
         loading_buffer_slots=engine.get("loadingBufferSlots"),
         evict_to_admit=_optional_bool(engine, "evictToAdmit", path),
         enforce_eager=_optional_bool(engine, "enforceEager", path),
+        expert_copy=_optional_choice(engine, "expertCopy", ("host", "device"), path),
     )
 
 
@@ -207,6 +209,15 @@ def _optional_bool(section: Mapping[str, Any], key: str, path: str) -> bool | No
     value = section.get(key)
     if value is not None and not isinstance(value, bool):
         raise SpecError(f"{path}.{key}", f"must be true or false; got {value!r}")
+    return value
+
+
+def _optional_choice(
+    section: Mapping[str, Any], key: str, choices: tuple[str, ...], path: str
+) -> str | None:
+    value = section.get(key)
+    if value is not None and value not in choices:
+        raise SpecError(f"{path}.{key}", f"must be one of {', '.join(choices)}; got {value!r}")
     return value
 
 

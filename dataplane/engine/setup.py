@@ -147,6 +147,16 @@ class EngineSetup:
             self.model, self.host_experts, self.geometry, batches, self._moe_kernel(),
             self._attention_kernels(),
         )  # fmt: skip
+        copy = self._copy_kernel()
+        if copy is not None:  # device copy-in: its one variant (nothing routed: no copy)
+            w = self.host_experts[0]
+            E, inter, hidden = w.w1.shape
+            copy(
+                torch.zeros(E, dtype=torch.int64, device=self.device),
+                torch.full((1,), -1, dtype=torch.int32, device=self.device),
+                w.w1, w.w3, w.w2,
+                torch.empty(3, inter * hidden, dtype=w.w1.dtype, device=self.device),
+            )  # fmt: skip
         torch.cuda.empty_cache()  # the scratch pool goes back before the engine's pool
         log.info("warm-up: %d batch shapes in %.1f s", len(batches), seconds)
 

@@ -304,6 +304,7 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
         ("engine.memoryBudget", "1.5", "spec.engine.memoryBudget"),
         ("engine.evictToAdmit", "no", "spec.engine.evictToAdmit"),
         ("engine.enforceEager", 1, "spec.engine.enforceEager"),
+        ("engine.expertCopy", "gpu", "spec.engine.expertCopy"),
     ],
 )
 def test_specs_that_can_never_work_name_the_field(tiny_rd, path, value, field):
@@ -405,6 +406,19 @@ def test_enforce_eager_reaches_rimuru_serve_only_when_set(tiny_rd, monkeypatch):
     for key, value in data.items():
         monkeypatch.setenv(key, value)
     assert serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).enforce_eager is True
+
+
+def test_expert_copy_reaches_rimuru_serve_only_when_set(tiny_rd, monkeypatch):
+    from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
+
+    assert "RIMURU_EXPERT_COPY" not in build_engine_config_map(_parse(tiny_rd))["data"]
+    data = build_engine_config_map(_parse(_changed(tiny_rd, "engine.expertCopy", "device")))["data"]
+    assert data["RIMURU_EXPERT_COPY"] == "device"
+    for key, value in data.items():
+        monkeypatch.setenv(key, value)
+    assert (
+        serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).expert_copy == "device"
+    )
 
 
 def test_evict_to_admit_reaches_rimuru_serve_only_when_set(tiny_rd, monkeypatch):
