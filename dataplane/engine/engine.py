@@ -332,6 +332,8 @@ class Engine(EngineSetup):
             return None
         self._graph_pad_pages = pad
         self.pool.view(PageType.KV)[pad] = 0  # padding rows attend over zeros
+        # what the graphs keep: their static inputs (made here) and their memory pool
+        before = torch.cuda.memory_reserved(self.device) if capture else 0
         graphs = DecodeGraphs(
             self.model, self.experts, pad, self._graph_sizes(), self._graph_max_context(),
             self.config.block_size,
@@ -340,7 +342,6 @@ class Engine(EngineSetup):
         if not capture:
             return graphs
         t0 = time.perf_counter()
-        before = torch.cuda.memory_reserved(self.device)
         try:
             graphs.capture()
         except Exception:  # serving eagerly beats not serving; the log says why
