@@ -28,6 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixed-expert-share", type=float, default=0.5)
     p.add_argument("--loading-buffer-slots", type=int, default=None)
     p.add_argument("--hotness", default=None, help="offline ranking file (default: uniform)")
+    p.add_argument(
+        "--expert-copy",
+        choices=("host", "device"),
+        default="host",
+        help="as rimuru bench: device copy-in needs one loading buffer, not two",
+    )
     p.add_argument("--grow-threshold", type=int, default=Tunables.grow_threshold)
     p.add_argument(
         "--router-skew", type=float, default=1.0, help="presets: adds the skew's router bias"
@@ -59,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         fixed_expert_share=args.fixed_expert_share,
         loading_buffer_slots=args.loading_buffer_slots,
         hotness_path=args.hotness,
+        expert_copy=args.expert_copy,
         activation_reserve=parse_bytes(reserve) if reserve is not None else None,
         tunables=Tunables(
             expert_offload_limit=args.expert_offload_limit, grow_threshold=args.grow_threshold

@@ -56,6 +56,18 @@ def test_plan_equals_a_real_engine_for_each_family(hf_checkpoints, family):
     assert elastic.kv_tokens_at_most > elastic.kv_tokens_at_start
 
 
+def test_plan_equals_a_real_engine_with_device_copy_in():
+    """One loading buffer instead of two: the pool gains one buffer's bytes, as in the engine."""
+    config = EngineConfig(
+        memory_budget=304 * MiB, max_num_batched_tokens=1024, expert_copy="device"
+    )
+    device = assert_plan_is_the_engines(config)
+    host = plan_capacity(replace(config, expert_copy="host"), MODES).policies
+    for d, h in zip(device, host, strict=True):
+        assert h.plan.loading_buffer_bytes == 2 * d.plan.loading_buffer_bytes
+        assert d.plan.pool_bytes >= h.plan.pool_bytes
+
+
 def test_plan_equals_a_real_engine_for_the_tiny_preset_with_router_skew():
     config = EngineConfig(memory_budget=304 * MiB, max_num_batched_tokens=1024)
     assert_plan_is_the_engines(config)  # the skew's fp32 router bias is counted too
