@@ -122,6 +122,19 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out $JOB_OUT", 300),
         )),
     ),
+    # After device-copy: the heavy rate sweep that can test the 3.0x goal, with the KV
+    # binding for most of the run (1,000 requests at 16 req/s), resident with graphs
+    # against elastic with device copy-in (docs/benchmarks.md, Experiment 2's bound).
+    "rate-sweep-heavy": (
+        Job("gpu0", 0, (
+            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
+                 "--num-prompts 1000 --out $JOB_OUT/resident", 540),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
+                 "--num-prompts 1000 --expert-copy device --out $JOB_OUT/elastic", 540),
+        )),
+    ),
 }  # fmt: skip
 
 
