@@ -5,12 +5,13 @@ Shape key: E = experts of the layer, S = loading-buffer slots, I = expert interm
 D = hidden.
 
     copy_routed_experts(counts [E] int64, offloaded [S] int32, w1 [E, I, D], w3 [E, I, D],
-                        w2 [E, D, I], buffer_pages [>= 3S, >= I*D]) -> None
+                        w2 [E, D, I], buffer_pages [>= 3S, >= I*D], copied [1] int32) -> None
 
 offloaded[s] is the expert that lives in slot s while it is off the device (-1: slot
 unused). For every s with offloaded[s] = e >= 0 and counts[e] > 0, the three matrices of e
-are copied into buffer rows 3s, 3s+1, 3s+2; every other row is left as it is. The weights
-are read where they lie on the host: w1, w3 and w2 are pinned host tensors, which a CUDA
+are copied into buffer rows 3s, 3s+1, 3s+2; every other row is left as it is. `copied`
+grows by the number of experts copied (the engine's statistics, counted here so that they
+need no launches of their own). The weights are read where they lie on the host: w1, w3 and w2 are pinned host tensors, which a CUDA
 kernel reads over PCIe through unified addressing (Triton accepts pinned pointers). On the
 CPU (tests, the interpreter) they are ordinary tensors.
 
@@ -37,6 +38,7 @@ def _copy_routed_kernel(
     w3_ptr,
     w2_ptr,
     buffer_ptr,
+    copied_ptr,  # [1] int32: one per expert copied
     page_elems,  # elements between two buffer rows
     matrix_elems,  # I * D
     chunks_per_program,  # each program copies this many consecutive BLOCK chunks
@@ -60,9 +62,13 @@ def _copy_routed_kernel(
                 offs = (first + j) * BLOCK + tl.arange(0, BLOCK)
                 mask = offs < matrix_elems
                 tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+            if matrix == 0 and tl.program_id(2) == 0:  # once per expert
+                tl.atomic_add(copied_ptr, 1)
 
 
-def _check(counts, offloaded, w1, w3, w2, buffer_pages) -> None:
+def _check(counts, offloaded, w1, w3, w2, buffer_pages, copied) -> None:
+    if copied.shape != (1,) or copied.dtype != torch.int32:
+        raise ValueError(f"copied must be int32 [1]; got {tuple(copied.shape)} {copied.dtype}")
     E, inter, hidden = w1.shape
     if w3.shape != (E, inter, hidden) or w2.shape != (E, hidden, inter):
         raise ValueError(
@@ -97,9 +103,10 @@ def copy_routed_experts(
     w3: torch.Tensor,
     w2: torch.Tensor,
     buffer_pages: torch.Tensor,
+    copied: torch.Tensor,
 ) -> None:
     """See the module doc. One launch; returns at once (stream-ordered)."""
-    _check(counts, offloaded, w1, w3, w2, buffer_pages)
+    _check(counts, offloaded, w1, w3, w2, buffer_pages, copied)
     matrix_elems = w1.shape[1] * w1.shape[2]
     if offloaded.shape[0] == 0:
         return
@@ -107,16 +114,17 @@ def copy_routed_experts(
     per_program = triton.cdiv(chunks, min(_PROGRAMS_PER_MATRIX, chunks))
     grid = (offloaded.shape[0], 3, triton.cdiv(chunks, per_program))
     _copy_routed_kernel[grid](
-        counts, offloaded, w1, w3, w2, buffer_pages, buffer_pages.stride(0), matrix_elems,
-        per_program, BLOCK=_BLOCK,
+        counts, offloaded, w1, w3, w2, buffer_pages, copied, buffer_pages.stride(0),
+        matrix_elems, per_program, BLOCK=_BLOCK,
     )  # fmt: skip
 
 
-def copy_routed_experts_reference(counts, offloaded, w1, w3, w2, buffer_pages) -> None:
+def copy_routed_experts_reference(counts, offloaded, w1, w3, w2, buffer_pages, copied) -> None:
     """The same copies in torch (the CPU path; reads the routing on the host)."""
-    _check(counts, offloaded, w1, w3, w2, buffer_pages)
+    _check(counts, offloaded, w1, w3, w2, buffer_pages, copied)
     matrix_elems = w1.shape[1] * w1.shape[2]
     for slot, expert in enumerate(offloaded.tolist()):
         if expert >= 0 and int(counts[expert]) > 0:
             for m, w in enumerate((w1, w3, w2)):
                 buffer_pages[3 * slot + m, :matrix_elems].copy_(w[expert].reshape(-1))
+            copied += 1

@@ -33,6 +33,8 @@ Neither effect has been measured on long contexts.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,7 +42,12 @@ import torch
 
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
 from rimuru.dataplane.engine.profile_run import ScratchRunner, ScratchSeq
+from rimuru.dataplane.memory.allocator import PageAllocator
+from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.model import MoETransformer
+
+log = logging.getLogger(__name__)
 
 GRAPH_PADDING = "cuda-graph padding"  # owner of the padding rows' KV pages (one per layer)
 
@@ -95,6 +102,7 @@ class DecodeGraphs:
         self.replay = replay
         layers, n, device = model.config.num_layers, self.sizes[-1], model.device
         self.width = -(-max_context // block_size)  # block-table columns
+        self.pad_pages = list(pad_pages)  # owned by GRAPH_PADDING while the graphs live
         self._pad = np.asarray(pad_pages, dtype=np.int32)  # [L]
         # host staging, rewritten per step; device buffers, rewritten in place per step
         self._tables = np.empty((layers, n, self.width), dtype=np.int32)
@@ -190,3 +198,49 @@ class DecodeGraphs:
         else:
             out = self._forward(size)
         return out[:n]
+
+
+def build_decode_graphs(
+    model: MoETransformer,
+    experts,  # ExpertManager
+    allocator: PageAllocator,
+    pool: UnifiedPool,
+    sizes: Sequence[int],
+    max_context: int,
+    block_size: int,
+    *,
+    capture: bool = True,
+    planned_bytes: int = 0,
+) -> DecodeGraphs | None:
+    """The decode graphs over the engine's pool: padding pages reserved and zeroed, static
+    inputs made, one graph per size captured. None (every step eager) when experts are
+    offloaded at start-up without device copy-in, when no KV page is left for the padding,
+    or when capture fails. capture=False keeps the static, padded inputs but runs them
+    eagerly (what a CPU can test)."""
+    if not experts.graph_safe():
+        log.info("CUDA graphs: not captured, experts are offloaded at start-up")
+        return None
+    pad = allocator.allocate(PageType.KV, model.config.num_layers, GRAPH_PADDING)
+    if pad is None:
+        log.info("CUDA graphs: not captured, no KV pages left for the padding rows")
+        return None
+    pool.view(PageType.KV)[pad] = 0  # padding rows attend over zeros
+    if not capture:
+        return DecodeGraphs(model, experts, pad, sizes, max_context, block_size, replay=False)
+    before = torch.cuda.memory_reserved(model.device)  # static inputs and graph pool
+    graphs = DecodeGraphs(model, experts, pad, sizes, max_context, block_size)
+    t0 = time.perf_counter()
+    try:
+        graphs.capture()
+    except Exception:  # serving eagerly beats not serving; the log says why
+        log.exception("CUDA graphs: capture failed, every step runs eagerly")
+        experts.count_rows = None
+        allocator.free(PageType.KV, pad, GRAPH_PADDING)
+        return None
+    log.info(
+        "CUDA graphs: %d decode sizes (1..%d seqs, contexts <= %d) captured in %.1f s, "
+        "%.1f MiB held (planned %.1f MiB)",
+        len(graphs.sizes), graphs.sizes[-1], graphs.max_context, time.perf_counter() - t0,
+        (torch.cuda.memory_reserved(model.device) - before) / 2**20, planned_bytes / 2**20,
+    )  # fmt: skip
+    return graphs

@@ -67,12 +67,13 @@ class DeviceCopyIn:
         return tuple(self.table.host[layer, expert].tolist())
 
 
-def copy_routed_experts_torch(counts, offloaded, w1, w3, w2, buffer_pages) -> None:
+def copy_routed_experts_torch(counts, offloaded, w1, w3, w2, buffer_pages, copied) -> None:
     """The CPU path of kernels.copy_routed_experts (the engine's CPU install has no Triton):
-    the routed experts among `offloaded` into their slots' rows."""
+    the routed experts among `offloaded` into their slots' rows, counted in `copied`."""
     matrix_elems = w1.shape[1] * w1.shape[2]
     routed = counts.cpu()
     for slot, expert in enumerate(offloaded.tolist()):
         if expert >= 0 and int(routed[expert]) > 0:
             for m, w in enumerate((w1, w3, w2)):
                 buffer_pages[3 * slot + m, :matrix_elems].copy_(w[expert].reshape(-1))
+            copied += 1

@@ -40,13 +40,10 @@ from rimuru.dataplane.engine.paged_attention import (
     SequenceSlice,
 )
 from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
-from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
 from rimuru.dataplane.engine.sampling import Sampler
 from rimuru.dataplane.engine.scheduler import Scheduler
 from rimuru.dataplane.engine.setup import (
     EngineSetup,
-    check_buffer_fits,
-    check_offload_fits,
     loading_buffer_bytes,
     num_loading_buffers,
     page_geometry,
@@ -143,8 +140,9 @@ class Engine(EngineSetup):
         self._check_buffer_fits(self.tunables)
         self._load_initial_experts()
         self.experts.counters = ExpertCounters()  # start-up loading is not serving traffic
-        self._graph_pad_pages: list[int] = []
-        self.graphs: DecodeGraphs | None = self.make_decode_graphs() if graph_bytes else None
+        self.graphs: DecodeGraphs | None = None
+        if graph_bytes:
+            self.make_decode_graphs()
         if log_plan:
             log.info("%s", self.plan.describe())
             log.info(
@@ -159,25 +157,6 @@ class Engine(EngineSetup):
     def from_config(cls, config: EngineConfig | None = None, **overrides) -> Engine:
         config = replace(config or EngineConfig(), **overrides)
         return cls(config)
-
-    def _initial_experts(self) -> list[tuple[int, int]]:
-        return initial_experts(
-            self.tunables,
-            self.ranking,
-            self.allocator.num_free(PageType.EXPERT),
-            self.config.fixed_expert_share,
-        )
-
-    def _check_buffer_fits(self, tunables: Tunables) -> None:
-        mc = self.model_config
-        check_buffer_fits(tunables, mc.num_experts, self.experts.num_buffer_slots)
-
-    def _load_initial_experts(self) -> None:
-        chosen = self._initial_experts()
-        mc = self.model_config
-        offloaded = max_offloaded(chosen, mc.num_layers, mc.num_experts)
-        check_offload_fits(self.tunables.mode, offloaded, self.experts.num_buffer_slots)
-        self.experts.load_initial(chosen, self.tunables.pages_per_expert)
 
     def set_ranking(self, ranking: HotnessRanking) -> None:
         """Adopt a new hotness ranking. When idle, start-up residency is re-chosen from it
@@ -222,7 +201,7 @@ class Engine(EngineSetup):
             min_resident = self.experts.num_resident()
         kv_pages = (
             total_expert_pages - min_resident * t.pages_per_expert
-        ) * self.geometry.kv_pages_per_expert_page - len(self._graph_pad_pages)
+        ) * self.geometry.kv_pages_per_expert_page - self._num_graph_pad_pages()
         return (kv_pages // mc.num_layers) * self.config.block_size
 
     def validate_request(
@@ -318,46 +297,6 @@ class Engine(EngineSetup):
             self._mark_complete(step)
             self._record(out, step)
             return outputs
-
-    def make_decode_graphs(self, *, capture: bool = True) -> DecodeGraphs | None:
-        """The decode graphs over the real pool (cuda_graphs.py); None if the policy's
-        start-up residency leaves experts off (then every step is eager). capture=False
-        keeps the static, padded inputs but runs them eagerly (what a CPU can test)."""
-        if not self.experts.graph_safe():
-            log.info("CUDA graphs: not captured, experts are offloaded at start-up")
-            return None
-        pad = self.allocator.allocate(PageType.KV, self.model_config.num_layers, GRAPH_PADDING)
-        if pad is None:
-            log.info("CUDA graphs: not captured, no KV pages left for the padding rows")
-            return None
-        self._graph_pad_pages = pad
-        self.pool.view(PageType.KV)[pad] = 0  # padding rows attend over zeros
-        # what the graphs keep: their static inputs (made here) and their memory pool
-        before = torch.cuda.memory_reserved(self.device) if capture else 0
-        graphs = DecodeGraphs(
-            self.model, self.experts, pad, self._graph_sizes(), self._graph_max_context(),
-            self.config.block_size,
-        )  # fmt: skip
-        graphs.replay = capture
-        if not capture:
-            return graphs
-        t0 = time.perf_counter()
-        try:
-            graphs.capture()
-        except Exception:  # serving eagerly beats not serving; the log says why
-            log.exception("CUDA graphs: capture failed, every step runs eagerly")
-            self.experts.count_rows = None
-            self.allocator.free(PageType.KV, pad, GRAPH_PADDING)
-            self._graph_pad_pages = []
-            return None
-        log.info(
-            "CUDA graphs: %d decode sizes (1..%d seqs, contexts <= %d) captured in %.1f s, "
-            "%.1f MiB held (planned %.1f MiB)",
-            len(graphs.sizes), graphs.sizes[-1], graphs.max_context, time.perf_counter() - t0,
-            (torch.cuda.memory_reserved(self.device) - before) / 2**20,
-            self.plan.cuda_graph_bytes / 2**20,
-        )  # fmt: skip
-        return graphs
 
     def _move_boundary(self, kv_pages_short: int, evict_only: bool = False):
         return move_boundary(
@@ -525,7 +464,7 @@ class Engine(EngineSetup):
 
     def num_leaked_pages(self) -> int:
         """After all requests finished: KV pages still owned (should be 0)."""
-        owned = self.allocator.num_owned(PageType.KV) - len(self._graph_pad_pages)
+        owned = self.allocator.num_owned(PageType.KV) - self._num_graph_pad_pages()
         return owned + self.reclaim.num_pending(PageType.KV)
 
 

@@ -122,7 +122,7 @@ class ExpertManager:
             else None
         )
         # device mode: experts copied in, counted on the device, read once per step
-        self._device_copies = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._device_copies = torch.zeros(1, dtype=torch.int32, device=self.device)
 
     # ------------------------------------------------------------------ residency
     @property
@@ -182,16 +182,24 @@ class ExpertManager:
 
     def load_initial(self, experts: Sequence[tuple[int, int]], pages_per_expert: int) -> None:
         """Start-up residency; raises if the pool cannot hold them."""
-        device_copy, self.device_copy = self.device_copy, None  # rows once, after all loads
-        try:
-            self._load_initial(experts, pages_per_expert)
-        finally:
-            self.device_copy = device_copy
-        if device_copy is not None:
+        with self._copy_rows_deferred() as device_copy:
+            self._place_all(experts, pages_per_expert)
+        if device_copy is not None:  # every layer's rows, once all are loaded
             for layer in range(self.num_layers):
                 device_copy.refresh(layer, self.table, self.resident[layer])
 
-    def _load_initial(self, experts: Sequence[tuple[int, int]], pages_per_expert: int) -> None:
+    @contextlib.contextmanager
+    def _copy_rows_deferred(self):
+        """Device mode: place/evict leave the copy-in rows alone inside. Start-up and a
+        residency re-choice pass through layers with more experts off than slots; the
+        caller re-derives the rows after. Yields the DeviceCopyIn (or None)."""
+        device_copy, self.device_copy = self.device_copy, None
+        try:
+            yield device_copy
+        finally:
+            self.device_copy = device_copy
+
+    def _place_all(self, experts: Sequence[tuple[int, int]], pages_per_expert: int) -> None:
         for layer, expert in experts:
             pages = self.allocator.allocate(
                 PageType.EXPERT, pages_per_expert, ("expert", layer, expert)
@@ -207,13 +215,10 @@ class ExpertManager:
     def release_all(self) -> None:
         """Every expert off the device (only to re-choose residency: load_initial follows,
         and re-derives the device-copy rows that a layer of all-offloaded experts breaks)."""
-        device_copy, self.device_copy = self.device_copy, None
-        try:
+        with self._copy_rows_deferred():
             for layer in range(self.num_layers):
                 for expert in sorted(self.resident[layer]):
                     self.evict(layer, expert, last_step=self.reclaim.last_completed_step)
-        finally:
-            self.device_copy = device_copy
 
     # ------------------------------------------------------------------ MoE (ExpertBackend)
     def begin_step(self) -> None:
@@ -335,9 +340,7 @@ class ExpertManager:
         """Device mode (device_copy.py): copy-in and MoE without a host decision."""
         offloaded = self.device_copy.offloaded()[layer]  # [S]
         w = self.host[layer]
-        self.copy_kernel(counts, offloaded, w.w1, w.w3, w.w2, buffer.pages)
-        copied = (offloaded >= 0) & (counts[offloaded.clamp(min=0).long()] > 0)
-        self._device_copies += copied.sum()
+        self.copy_kernel(counts, offloaded, w.w1, w.w3, w.w2, buffer.pages, self._device_copies)
         if self.moe_kernel is not None:
             table = self.device_copy.table.on_device()[layer]
             pool = self.pool.view(PageType.EXPERT)

@@ -1,5 +1,6 @@
 """Engine set-up decisions: the memory budget, the activation reserve, the loading-buffer
-size and which compute path (Triton kernels or torch references) serves this device.
+size, start-up residency, the decode graphs and which compute path (Triton kernels or torch
+references) serves this device.
 
 A mixin of `Engine`: these read the engine's config, device, model and geometry, and are
 called once from `Engine.__init__` (the kernel choice also by the profiling forward).
@@ -12,9 +13,21 @@ import logging
 import torch
 
 from rimuru.dataplane.adjust.tunables import Tunables
-from rimuru.dataplane.engine.budget import device_memory_bytes, estimate_activation_bytes
+from rimuru.dataplane.engine.budget import (
+    device_memory_bytes,
+    estimate_activation_bytes,
+    plan_memory,
+)
 from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry
+from rimuru.dataplane.engine.cuda_graphs import (
+    DecodeGraphs,
+    build_decode_graphs,
+    capture_sizes,
+    graph_memory_bytes,
+)
+from rimuru.dataplane.engine.profile_run import ScratchRunner
+from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
+from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
 from rimuru.dataplane.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -156,6 +169,7 @@ class EngineSetup:
                 torch.full((1,), -1, dtype=torch.int32, device=self.device),
                 w.w1, w.w3, w.w2,
                 torch.empty(3, inter * hidden, dtype=w.w1.dtype, device=self.device),
+                torch.zeros(1, dtype=torch.int32, device=self.device),
             )  # fmt: skip
         torch.cuda.empty_cache()  # the scratch pool goes back before the engine's pool
         log.info("warm-up: %d batch shapes in %.1f s", len(batches), seconds)
@@ -174,8 +188,6 @@ class EngineSetup:
         )
 
     def _graph_sizes(self) -> tuple[int, ...]:
-        from rimuru.dataplane.engine.cuda_graphs import capture_sizes
-
         return capture_sizes(self.config.max_num_seqs)
 
     def _graph_max_context(self) -> int:
@@ -184,9 +196,6 @@ class EngineSetup:
     def _all_experts_fit(self, budget: int, reserve: int, buffers: int) -> bool:
         """Whether the pool left by this plan starts with every expert resident: elastic
         keeps grow_threshold expert pages free (residency.py); resident needs them all."""
-        from rimuru.dataplane.engine.budget import plan_memory
-        from rimuru.dataplane.memory.geometry import PageType
-
         mc, t = self.model_config, self.config.tunables
         try:
             plan = plan_memory(
@@ -213,9 +222,6 @@ class EngineSetup:
         device_copy = c.expert_copy == "device" and c.tunables.mode != "resident"
         if not device_copy and not self._all_experts_fit(budget, reserve, buffers):
             return 0
-        from rimuru.dataplane.engine.cuda_graphs import graph_memory_bytes
-        from rimuru.dataplane.engine.profile_run import ScratchRunner
-
         mc, bs = self.model_config, self.config.block_size
         sizes = self._graph_sizes()
         scratch = ScratchRunner(
@@ -233,6 +239,37 @@ class EngineSetup:
             log.info("CUDA graphs: off, their %.1f MiB would push experts off", planned / 2**20)
             return 0
         return planned
+
+    def _initial_experts(self) -> list[tuple[int, int]]:
+        return initial_experts(
+            self.tunables,
+            self.ranking,
+            self.allocator.num_free(PageType.EXPERT),
+            self.config.fixed_expert_share,
+        )
+
+    def _check_buffer_fits(self, tunables: Tunables) -> None:
+        mc = self.model_config
+        check_buffer_fits(tunables, mc.num_experts, self.experts.num_buffer_slots)
+
+    def _load_initial_experts(self) -> None:
+        chosen = self._initial_experts()
+        mc = self.model_config
+        offloaded = max_offloaded(chosen, mc.num_layers, mc.num_experts)
+        check_offload_fits(self.tunables.mode, offloaded, self.experts.num_buffer_slots)
+        self.experts.load_initial(chosen, self.tunables.pages_per_expert)
+
+    def make_decode_graphs(self, *, capture: bool = True) -> DecodeGraphs | None:
+        """Build (cuda_graphs.build_decode_graphs) and adopt the decode graphs."""
+        self.graphs = build_decode_graphs(
+            self.model, self.experts, self.allocator, self.pool, self._graph_sizes(),
+            self._graph_max_context(), self.config.block_size, capture=capture,
+            planned_bytes=self.plan.cuda_graph_bytes,
+        )  # fmt: skip
+        return self.graphs
+
+    def _num_graph_pad_pages(self) -> int:
+        return len(self.graphs.pad_pages) if self.graphs is not None else 0
 
     def _buffer_slots(self) -> int:
         return buffer_slots(self.config, self.model_config)

@@ -27,10 +27,9 @@ def _graph_engine(make_engine, mode, sizes=None):
     assert graphs is not None
     if sizes is not None:
         graphs.sizes = sizes
-    engine.graphs = graphs
     # one padding page per layer, owned as such, and zeroed
     assert engine.allocator.num_free(PageType.KV) == free_before - engine.model_config.num_layers
-    owners = {engine.allocator.owner_of(PageType.KV, p) for p in engine._graph_pad_pages}
+    owners = {engine.allocator.owner_of(PageType.KV, p) for p in engine.graphs.pad_pages}
     assert owners == {GRAPH_PADDING}
     return engine
 
@@ -49,7 +48,7 @@ def test_padded_static_decode_gives_the_eager_tokens_and_routing_counts(prompts,
     # padding rows routed somewhere, but were not counted
     assert torch.equal(engine.experts.routing_counts, eager.experts.routing_counts)
     kv = engine.pool.view(PageType.KV)
-    assert not kv[engine._graph_pad_pages].any(), "a padding row wrote KV"
+    assert not kv[engine.graphs.pad_pages].any(), "a padding row wrote KV"
     engine.check_invariants()
     assert engine.num_leaked_pages() == 0
 
@@ -79,7 +78,7 @@ def test_the_padding_pages_shrink_the_longest_request_accepted(make_engine):
     to the old limit is refused up front instead of being preempted forever."""
     engine = make_engine("resident")
     before = engine.max_kv_tokens()
-    engine.graphs = engine.make_decode_graphs(capture=False)
+    engine.make_decode_graphs(capture=False)
     assert engine.max_kv_tokens() == before - engine.config.block_size
     with pytest.raises(ValueError, match="can never fit"):
         engine.add_request([5] * (before - 1), SamplingParams(max_tokens=1))

@@ -22,9 +22,11 @@ def test_copies_exactly_the_routed_offloaded_experts(dtype):
     offloaded = torch.tensor([4, -1, 1, 5], dtype=torch.int32)  # slot 1 unused
     counts = torch.tensor([3, 0, 0, 9, 1, 2], dtype=torch.int64)  # 1 not routed; 4 and 5 are
     want = buffer.clone()
-    copy_routed_experts_reference(counts, offloaded, w1, w3, w2, want)
-    copy_routed_experts(counts, offloaded, w1, w3, w2, buffer)
+    copied_ref, copied = torch.zeros(1, dtype=torch.int32), torch.full((1,), 5, dtype=torch.int32)
+    copy_routed_experts_reference(counts, offloaded, w1, w3, w2, want, copied_ref)
+    copy_routed_experts(counts, offloaded, w1, w3, w2, buffer, copied)
     assert torch.equal(buffer, want)
+    assert copied_ref.item() == 2 and copied.item() == 5 + 2  # experts 4 and 5, added to 5
     n = w1.shape[1] * w1.shape[2]
     assert torch.equal(buffer[0, :n], w1[4].reshape(-1))  # slot 0 = expert 4
     assert torch.equal(buffer[11, :n], w2[5].reshape(-1))  # slot 3, w2 = expert 5's
@@ -39,7 +41,9 @@ def test_a_matrix_of_many_chunks_is_copied_whole(inter, hidden):
     w1, w3, w2, buffer = _case(1, E=3, inter=inter, hidden=hidden, slots=1)
     offloaded = torch.tensor([2], dtype=torch.int32)
     counts = torch.tensor([0, 0, 1], dtype=torch.int64)
-    copy_routed_experts(counts, offloaded, w1, w3, w2, buffer)
+    copied = torch.zeros(1, dtype=torch.int32)
+    copy_routed_experts(counts, offloaded, w1, w3, w2, buffer, copied)
+    assert copied.item() == 1  # once per expert, whatever the number of programs
     n = inter * hidden
     for m, w in enumerate((w1, w3, w2)):
         assert torch.equal(buffer[m, :n], w[2].reshape(-1))
@@ -47,9 +51,10 @@ def test_a_matrix_of_many_chunks_is_copied_whole(inter, hidden):
 
 def test_bad_shapes_are_refused_with_what_was_expected():
     w1, w3, w2, buffer = _case(2)
-    with pytest.raises(ValueError, match="int32"):
-        copy_routed_experts(torch.zeros(6, dtype=torch.int64), torch.zeros(4), w1, w3, w2, buffer)
+    counts, copied = torch.zeros(6, dtype=torch.int64), torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="offloaded must be int32"):
+        copy_routed_experts(counts, torch.zeros(4), w1, w3, w2, buffer, copied)
     with pytest.raises(ValueError, match="buffer_pages"):
-        copy_routed_experts(
-            torch.zeros(6, dtype=torch.int64), torch.zeros(9, dtype=torch.int32), w1, w3, w2, buffer
-        )
+        copy_routed_experts(counts, torch.zeros(9, dtype=torch.int32), w1, w3, w2, buffer, copied)
+    with pytest.raises(ValueError, match="copied"):
+        copy_routed_experts(counts, torch.zeros(4, dtype=torch.int32), w1, w3, w2, buffer, counts)
