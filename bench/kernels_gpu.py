@@ -8,8 +8,9 @@ Sections (each guarded, so one failure still leaves the others' figures):
   2. fused MoE per model: bf16 relative error of paged and contiguous outputs vs an fp32
      torch reference (outputs NaN-poisoned first), paged == contiguous bit for bit, then the
      whole op (align + 2 GEMMs + top-k sum) captured in a CUDA graph and timed with
-     triton.testing.do_bench (median, L2 flushed) at every token count, paged and contiguous
-     interleaved twice; each against its floor max(FLOPs / 755e12, bytes / 4.17e12), where
+     interleaved rounds (bench/ab_timing.py: 12 rounds x 25 replays, L2 flushed; the
+     overhead is the median of the per-round paged/contiguous ratios, with its IQR); each
+     against its floor max(FLOPs / 755e12, bytes / 4.17e12), where
      bytes = touched experts' weights + x + output.
   3. attention: KV write (exact), prefill (chunked, GQA) error and a timing, decode error and
      bandwidth at batch 64 x 2k context for several context splits (CUDA-graph replays).
@@ -28,6 +29,7 @@ import triton
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).parent))
+from ab_timing import interleaved_samples, summarize_ab
 from tune_moe import (
     MODELS,
     PEAK_BYTES,
@@ -124,22 +126,21 @@ def time_moe(shape: MoeShape, experts, tokens: list[int]) -> list[dict]:
         contig = graph_of(functools.partial(
             fused_moe_contiguous, x, ids, weights, e.w13, e.w2, config=config, out=out_c
         ))  # fmt: skip
-        tp = [bench_ms(paged.replay), None]
-        tc = [bench_ms(contig.replay), None]
-        tp[1], tc[1] = bench_ms(paged.replay), bench_ms(contig.replay)
+        ab = summarize_ab(*interleaved_samples(paged.replay, contig.replay, rounds=12, reps=25))
         touched = int(torch.unique(ids).numel())
         flop_s, byte_s = moe_floor_s(shape, n, touched)
         floor_us = max(flop_s, byte_s) * 1e6
-        p_us, c_us = 1e3 * sum(tp) / 2, 1e3 * sum(tc) / 2
+        p_us, c_us = 1e6 * ab.a_s, 1e6 * ab.b_s
         rows.append({
             "tokens": n, "block_m": config.block_m, "paged_us": p_us, "contig_us": c_us,
-            "paged_runs_us": [1e3 * t for t in tp], "contig_runs_us": [1e3 * t for t in tc],
-            "overhead_pct": 100 * (p_us / c_us - 1), "overhead_us": p_us - c_us,
+            "overhead_pct": 100 * (ab.ratio - 1), "overhead_us": c_us * (ab.ratio - 1),
+            "overhead_iqr_pct": [100 * (ab.ratio_q1 - 1), 100 * (ab.ratio_q3 - 1)],
             "floor_us": floor_us, "floor_bound": "flops" if flop_s > byte_s else "bytes",
             "contig_over_floor": c_us / floor_us, "paged_over_floor": p_us / floor_us,
         })  # fmt: skip
         print(f"  {shape.name:18s} T={n:5d} paged {p_us:9.1f} us  contig {c_us:9.1f} us  "
-              f"{rows[-1]['overhead_pct']:+6.2f}%  floor {floor_us:8.1f} us "
+              f"{rows[-1]['overhead_pct']:+6.2f}% (IQR {rows[-1]['overhead_iqr_pct'][0]:+.2f}.."
+              f"{rows[-1]['overhead_iqr_pct'][1]:+.2f})  floor {floor_us:8.1f} us "
               f"({rows[-1]['floor_bound']})  contig/floor {c_us / floor_us:5.2f}", flush=True)  # fmt: skip
         del paged, contig
     return rows
