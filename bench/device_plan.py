@@ -135,6 +135,19 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--num-prompts 1000 --expert-copy device --out $JOB_OUT/elastic", 540),
         )),
     ),
+    # After device-copy (04:58 UTC): its check again with a pool that must copy, the kernels
+    # timed in interleaved rounds (bench/ab_timing.py), and Fig. 4's resident with graphs on
+    # the same commit as the device-copy runs, for a like-for-like table.
+    "check-kernels": (
+        Job("gpu0", 0, (
+            Step("python3 bench/gpu_checks.py --only device-copy,graphs --out $JOB_OUT", 150),
+            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
+                 "--out-dir $JOB_OUT", 200),
+        )),
+        Job("gpu1", 1, (
+            Step(f"{FIG4} --policies resident --out $JOB_OUT", 300),
+        )),
+    ),
 }  # fmt: skip
 
 

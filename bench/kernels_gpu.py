@@ -234,10 +234,11 @@ def summarize(report: dict) -> None:
         same = all(r["paged_equals_contig"] and r["all_finite"] for r in m["check"])
         print(f"{name}: bf16 rel err {errs}; paged==contig and finite: {same}")
         print(
-            f"{'T':>6} {'paged us':>10} {'contig us':>10} {'ovh %':>7} {'ovh us':>7} {'floor us':>9} {'c/floor':>7}"
+            f"{'T':>6} {'paged us':>10} {'contig us':>10} {'ovh %':>7} {'IQR %':>13} {'ovh us':>7} {'floor us':>9} {'c/floor':>7}"
         )
         for r in m["timing"]:
             print(f"{r['tokens']:6d} {r['paged_us']:10.1f} {r['contig_us']:10.1f} {r['overhead_pct']:+7.2f} "
+                  f"{r['overhead_iqr_pct'][0]:+6.2f}..{r['overhead_iqr_pct'][1]:+5.2f} "
                   f"{r['overhead_us']:+7.2f} {r['floor_us']:9.1f} {r['contig_over_floor']:7.2f}")  # fmt: skip
         big = [r for r in m["timing"] if r["tokens"] >= 1024]
         one = [r for r in m["timing"] if r["tokens"] == 1]
