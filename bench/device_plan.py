@@ -41,6 +41,7 @@ class Job:
 
 
 FIG4 = "python3 bench/engine_gpu.py --skip-a --expert-offload-limit 30 --num-prompts 500"
+STEP = "python3 bench/step_profile.py --model qwen3-30b-a3b --memory-budget 59GiB --batch 32"
 PLANS: dict[str, tuple[Job, ...]] = {
     # The next session's first call (docs/benchmarks.md, "In code but not yet measured"):
     # the checks, then Fig. 4 with all three policies on the same code and day.
@@ -135,17 +136,23 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--num-prompts 1000 --expert-copy device --out $JOB_OUT/elastic", 540),
         )),
     ),
-    # After device-copy (04:58 UTC): its check again with a pool that must copy, the kernels
-    # timed in interleaved rounds (bench/ab_timing.py), and Fig. 4's resident with graphs on
-    # the same commit as the device-copy runs, for a like-for-like table.
+    # After device-copy (04:58 UTC) and the fused norms/RoPE (model/ops.py): the checks (the
+    # device-copy one with a pool that must copy; triton == torch tokens), the kernels timed
+    # in interleaved rounds (bench/ab_timing.py), a qwen3 step fused vs unfused (eager) and
+    # with graphs, and Fig. 4's resident and elastic (device copy-in) on one commit.
     "check-kernels": (
         Job("gpu0", 0, (
-            Step("python3 bench/gpu_checks.py --only device-copy,graphs --out $JOB_OUT", 150),
+            Step("python3 bench/gpu_checks.py --only device-copy,graphs,paths --out $JOB_OUT",
+                 120),
             Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
-                 "--out-dir $JOB_OUT", 200),
+                 "--out-dir $JOB_OUT", 120),
+            Step(f"{STEP} --enforce-eager --unfused-ops --out $JOB_OUT", 150),
+            Step(f"{STEP} --enforce-eager --out $JOB_OUT", 150),
         )),
         Job("gpu1", 1, (
-            Step(f"{FIG4} --policies resident --out $JOB_OUT", 300),
+            Step(f"{FIG4} --policies resident --out $JOB_OUT/resident", 180),
+            Step(f"{FIG4} --policies elastic --expert-copy device --out $JOB_OUT/elastic", 180),
+            Step(f"{STEP} --out $JOB_OUT", 150),
         )),
     ),
 }  # fmt: skip

@@ -113,6 +113,8 @@ def main() -> int:
     ap.add_argument("--trace", default="sharegpt_qwen_1000")
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--enforce-eager", action="store_true", help="no decode CUDA graphs")
+    ap.add_argument("--unfused-ops", action="store_true",
+                    help="norms and RoPE in torch, not fused kernels (the before of model/ops.py)")  # fmt: skip
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("step_profile.py: no CUDA device here; use --device cpu", file=sys.stderr)
@@ -128,6 +130,7 @@ def main() -> int:
         tunables=Tunables(mode=args.policy, expert_offload_limit=0 if args.policy == "resident" else 8),
         max_num_seqs=max(args.batch, 1),
         enforce_eager=args.enforce_eager,
+        fused_layer_ops=not args.unfused_ops,
     )  # fmt: skip
     engine = Engine(config)
     fill(engine, args.trace, args.batch, args.prompt_len, args.steps)
@@ -139,11 +142,12 @@ def main() -> int:
         "policy": args.policy,
         "batch": args.batch,
         "cuda_graphs": engine.graphs is not None,
+        "fused_layer_ops": not args.unfused_ops,
         "layers": engine.model_config.num_layers,
         **profile_steps(engine, args.steps),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "step_profile_eager.json" if args.enforce_eager else "step_profile.json"
+    name = "step_profile" + "_eager" * args.enforce_eager + "_unfused" * args.unfused_ops + ".json"
     (args.out / name).write_text(json.dumps(report, indent=1) + "\n")
     print(f"{'op':60s} {'calls/step':>10s} {'self ms/step':>12s}")
     for op in report["top_host_ops"]:
@@ -151,7 +155,9 @@ def main() -> int:
             f"{op['name'][:60]:60s} {op['calls_per_step']:10.1f} {op['self_cpu_ms_per_step']:12.3f}"
         )
     busy = report["device_busy_ms"]
-    mode = "CUDA graphs" if report["cuda_graphs"] else "eager"
+    mode = ("CUDA graphs" if report["cuda_graphs"] else "eager") + (
+        ", unfused ops" if args.unfused_ops else ""
+    )
     print(f"\n{args.model} ({report['layers']} layers), {args.policy}, {mode}, batch {args.batch}: "
           f"wall {report['wall_ms']:.1f} ms/step"
           + ("" if busy is None else f", device busy {busy:.1f} ms, host-only "

@@ -9,6 +9,8 @@ Imports only torch and triton. Launchers (signatures in each module's docstring)
 - expert_copy.py: copy_routed_experts (routed, offloaded experts from pinned host memory into
   loading-buffer slots, decided on the device), torch reference.
 - kv_write.py: write_kv_pages (slot mapping into the paged KV view).
+- rms_norm.py: rms_norm, optionally fused with the residual add before it.
+- rope.py: qk_norm_rope (RoPE of q and k in one launch, after Qwen3's per-head norms).
 - paged_decode.py / paged_prefill.py: paged attention over block tables (GQA).
 """
 
@@ -29,6 +31,8 @@ from rimuru.kernels.paged_decode import (
     paged_decode_attention_reference,
 )
 from rimuru.kernels.paged_prefill import paged_prefill_attention, paged_prefill_attention_reference
+from rimuru.kernels.rms_norm import rms_norm, rms_norm_reference
+from rimuru.kernels.rope import qk_norm_rope, qk_norm_rope_reference
 
 # The engine's name for the paged launcher (dataplane/engine/engine.py imports it).
 paged_fused_moe = fused_moe_paged
@@ -52,6 +56,10 @@ __all__ = [
     "paged_fused_moe",
     "paged_prefill_attention",
     "paged_prefill_attention_reference",
+    "qk_norm_rope",
+    "qk_norm_rope_reference",
+    "rms_norm",
+    "rms_norm_reference",
     "write_kv_pages",
     "write_kv_pages_reference",
 ]

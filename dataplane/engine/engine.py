@@ -77,7 +77,7 @@ class Engine(EngineSetup):
         self.geometry = page_geometry(mc, self.dtype, config.block_size)
         placeholder = _Unset()
         self.model = MoETransformer.from_source(
-            self.source, placeholder, placeholder, self.device, self.dtype
+            self.source, placeholder, placeholder, self.device, self.dtype, self._layer_ops()
         )
         pin = self.device.type == "cuda"
         self.host_experts = [

@@ -29,6 +29,7 @@ from rimuru.dataplane.engine.profile_run import ScratchRunner
 from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
 from rimuru.dataplane.model.config import ModelConfig
+from rimuru.dataplane.model.ops import LayerOps, TorchOps, TritonOps
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +311,10 @@ class EngineSetup:
         from rimuru.dataplane.engine.paged_attention import triton_attend
 
         return {"attend": triton_attend}
+
+    def _layer_ops(self) -> LayerOps:
+        """Norms and RoPE: fused Triton kernels wherever the other kernels run."""
+        return TritonOps() if self._use_kernels() and self.config.fused_layer_ops else TorchOps()
 
     def _use_kernels(self) -> bool:
         if self.config.use_kernels is not None:

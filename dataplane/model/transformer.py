@@ -2,13 +2,17 @@
 
 One forward handles a flattened batch (vLLM style): the tokens of several sequences,
 concatenated, each with its own position. Attention and the routed experts go through the
-backends (see `backends.py`); everything else is plain torch on resident weights.
+backends (see `backends.py`); projections are torch on resident weights, and norms and RoPE
+go through `ops` (torch, or fused Triton kernels on CUDA; see `ops.py`).
 
 Per layer:
 
     h ── rms_norm ── q,k,v proj ── (q/k norm) ── RoPE ── attention backend ── o proj ──(+)── h
     h ── rms_norm ── router (+ skew bias) ── top-k ── expert backend ──────────────────(+)── h
                  └── shared expert · sigmoid(gate) (Qwen2-MoE only) ──────────────────(+)──┘
+
+Each (+) into h is fused with the rms_norm after it (`ops.add_rms_norm`, vLLM's
+fused_add_rms_norm); the last one with the final norm.
 
 Shape key: T = tokens, D = hidden, Hq/Hkv = heads, Dh = head dim, E = experts, K = top-k,
 V = vocab.
@@ -23,13 +27,8 @@ import torch.nn.functional as F
 
 from rimuru.dataplane.model.backends import AttentionBackend, ExpertBackend
 from rimuru.dataplane.model.config import ModelConfig
-from rimuru.dataplane.model.layers import (
-    apply_rope,
-    rms_norm,
-    rope_cos_sin,
-    rope_inv_freq,
-    swiglu_mlp,
-)
+from rimuru.dataplane.model.layers import rope_cos_sin, rope_inv_freq, swiglu_mlp
+from rimuru.dataplane.model.ops import LayerOps, TorchOps
 from rimuru.dataplane.model.weights import GlobalWeights, LayerWeights, WeightSource
 
 
@@ -43,6 +42,7 @@ class MoETransformer:
         layers: list[LayerWeights],
         attention: AttentionBackend,
         experts: ExpertBackend,
+        ops: LayerOps | None = None,
     ) -> None:
         if len(layers) != config.num_layers:
             raise ValueError(
@@ -53,6 +53,7 @@ class MoETransformer:
         self.layers = layers
         self.attention = attention
         self.experts = experts
+        self.ops: LayerOps = ops or TorchOps()
         self.device = global_weights.embed_tokens.device
         self.dtype = global_weights.embed_tokens.dtype
         self._inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, self.device)
@@ -65,16 +66,18 @@ class MoETransformer:
         experts: ExpertBackend,
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
+        ops: LayerOps | None = None,
     ) -> MoETransformer:
         """Load the non-expert weights onto `device`; routed experts are the backend's business."""
         device = torch.device(device)
         dtype = dtype or source.config.dtype
         layers = [source.layer_weights(i, device, dtype) for i in range(source.config.num_layers)]
-        return cls(source.config, source.global_weights(device, dtype), layers, attention, experts)
+        weights = source.global_weights(device, dtype)
+        return cls(source.config, weights, layers, attention, experts, ops)
 
     def with_backends(self, attention: AttentionBackend, experts: ExpertBackend) -> MoETransformer:
-        """The same resident weights (shared, not copied) behind other backends."""
-        return MoETransformer(self.config, self.weights, self.layers, attention, experts)
+        """The same resident weights (shared, not copied) and ops behind other backends."""
+        return MoETransformer(self.config, self.weights, self.layers, attention, experts, self.ops)
 
     def resident_nbytes(self) -> int:
         """Bytes of the non-expert weights held on the device (tied lm_head counted once)."""
@@ -104,12 +107,21 @@ class MoETransformer:
                 f"input_ids and positions must both be 1-D [T] (flattened batch), got "
                 f"{tuple(input_ids.shape)} and {tuple(positions.shape)}"
             )
+        cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
         cos, sin = rope_cos_sin(positions.to(self.device), self._inv_freq, self.dtype)
-        hidden = F.embedding(input_ids.to(self.device), self.weights.embed_tokens)  # [T, D]
-        for layer in range(self.config.num_layers):
-            hidden = hidden + self._attention_block(layer, hidden, cos, sin, attn_meta)
-            hidden = hidden + self._moe_block(layer, hidden)
-        return rms_norm(hidden, self.weights.norm, self.config.rms_norm_eps)
+        # The residual stream: each block's output is added to it, and the add is fused with
+        # the norm that follows it (the next block's input norm, or the final norm).
+        residual = F.embedding(input_ids.to(self.device), self.weights.embed_tokens)  # [T, D]
+        x = ops.rms_norm(residual, self.layers[0].input_norm, eps)
+        for layer in range(cfg.num_layers):
+            w = self.layers[layer]
+            out = self._attention_block(layer, x, cos, sin, attn_meta)
+            x, residual = ops.add_rms_norm(out, residual, w.post_attention_norm, eps)
+            out = self._moe_block(layer, x)
+            last = layer + 1 == cfg.num_layers
+            norm = self.weights.norm if last else self.layers[layer + 1].input_norm
+            x, residual = ops.add_rms_norm(out, residual, norm, eps)
+        return x
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -136,25 +148,21 @@ class MoETransformer:
         return topk_ids, topk_weights
 
     def _attention_block(
-        self, layer: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: Any
+        self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: Any
     ) -> torch.Tensor:
-        cfg, w = self.config, self.layers[layer]
-        a = w.attention
-        x = rms_norm(hidden, w.input_norm, cfg.rms_norm_eps)  # [T, D]
+        """x [T, D], already input-normed -> the attention block's output [T, D]."""
+        cfg, a = self.config, self.layers[layer].attention
         num_tokens = x.shape[0]
         q = F.linear(x, a.q_proj, a.q_bias).view(num_tokens, cfg.num_heads, cfg.head_dim)
         k = F.linear(x, a.k_proj, a.k_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         v = F.linear(x, a.v_proj, a.v_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        if a.q_norm is not None and a.k_norm is not None:
-            q = rms_norm(q, a.q_norm, cfg.rms_norm_eps)
-            k = rms_norm(k, a.k_norm, cfg.rms_norm_eps)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.ops.qk_norm_rope(q, k, cos, sin, a.q_norm, a.k_norm, cfg.rms_norm_eps)
         out = self.attention.attend(layer, q, k, v, meta)  # [T, Hq, Dh]
         return F.linear(out.reshape(num_tokens, cfg.q_size), a.o_proj, a.o_bias)
 
-    def _moe_block(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+    def _moe_block(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D], already post-attention-normed -> the MoE block's output [T, D]."""
         w = self.layers[layer]
-        x = rms_norm(hidden, w.post_attention_norm, self.config.rms_norm_eps)  # [T, D]
         topk_ids, topk_weights = self.select_experts(self.router_logits(layer, x))
         out = self.experts.moe(layer, x, topk_ids, topk_weights)  # [T, D]
         shared = w.shared_expert

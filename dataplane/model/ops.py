@@ -1,0 +1,68 @@
+"""The elementwise steps of a layer, two ways: torch (the CPU path, Hugging Face's numerics)
+and Triton kernels (`rimuru.kernels.rms_norm`, `.rope`; the engine's path on CUDA).
+
+Both round alike (see the kernels' docstrings), so the choice changes launch counts, not
+tokens beyond a reduction's last bits. The fused kernels take a Qwen3 decode layer from ~72
+launches to ~40.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from rimuru.dataplane.model.layers import apply_rope, rms_norm
+
+
+class LayerOps(Protocol):
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(x + residual), x + residual): the residual stream's add, then its norm."""
+        ...
+
+    def qk_norm_rope(
+        self,
+        q: torch.Tensor,  # [T, Hq, Dh]
+        k: torch.Tensor,  # [T, Hkv, Dh]
+        cos: torch.Tensor,  # [T, Dh]
+        sin: torch.Tensor,
+        q_weight: torch.Tensor | None,  # [Dh] per-head norms (Qwen3), or None for none
+        k_weight: torch.Tensor | None,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class TorchOps:
+    def rms_norm(self, x, weight, eps):
+        return rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        residual = residual + x
+        return rms_norm(residual, weight, eps), residual
+
+    def qk_norm_rope(self, q, k, cos, sin, q_weight, k_weight, eps):
+        if q_weight is not None and k_weight is not None:
+            q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+class TritonOps:
+    def __init__(self) -> None:
+        from rimuru.kernels.rms_norm import rms_norm as rms_norm_kernel  # needs Triton
+        from rimuru.kernels.rope import qk_norm_rope
+
+        self._rms_norm = rms_norm_kernel
+        self._qk_norm_rope = qk_norm_rope
+
+    def rms_norm(self, x, weight, eps):
+        return self._rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        return self._rms_norm(x, weight, eps, residual=residual)
+
+    def qk_norm_rope(self, q, k, cos, sin, q_weight, k_weight, eps):
+        return self._qk_norm_rope(q, k, cos, sin, q_weight, k_weight, eps)
