@@ -142,7 +142,8 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # with graphs, and Fig. 4's resident and elastic (device copy-in) on one commit.
     "check-kernels": (
         Job("gpu0", 0, (
-            Step("python3 bench/gpu_checks.py --only device-copy,graphs,paths --out $JOB_OUT",
+            Step("python3 bench/gpu_checks.py --only device-copy,graphs,paths,compile "
+                 "--out $JOB_OUT",
                  120),
             Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
                  "--out-dir $JOB_OUT", 120),
