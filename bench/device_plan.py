@@ -156,6 +156,22 @@ PLANS: dict[str, tuple[Job, ...]] = {
             Step(f"{STEP} --out $JOB_OUT", 150),
         )),
     ),
+    # The last call of 11-30's third session: Experiment 2 at overload again on the fused
+    # norms/RoPE commit, the graph check with its per-layer rule, and Fig. 4's fixed with
+    # device copy-in on the same commit as check-kernels' resident and elastic.
+    "heavy-fused": (
+        Job("gpu0", 0, (
+            Step("python3 bench/gpu_checks.py --only graphs --out $JOB_OUT", 90),
+            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
+                 "--num-prompts 1000 --out $JOB_OUT/resident", 380),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
+                 "--num-prompts 1000 --expert-copy device --out $JOB_OUT/elastic", 360),
+            Step(f"{FIG4} --policies fixed --fixed-expert-share 0.75 --expert-copy device "
+                 "--out $JOB_OUT/fixed", 160),
+        )),
+    ),
 }  # fmt: skip
 
 

