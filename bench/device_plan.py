@@ -172,6 +172,16 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out $JOB_OUT/fixed", 160),
         )),
     ),
+    # One GPU (nvidia-h200), the session's last minutes: Experiment 2's elastic at overload
+    # with max_num_seqs 512. Resident never reached 256 there (KV-bound at ~100), so this
+    # lifts only elastic's cap, the bound named in docs/benchmarks.md.
+    "heavy-512": (
+        Job("gpu0", 0, (
+            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
+                 "--num-prompts 1000 --expert-copy device --max-num-seqs 512 "
+                 "--out $JOB_OUT/elastic512", 290),
+        )),
+    ),
 }  # fmt: skip
 
 
