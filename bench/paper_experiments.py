@@ -194,13 +194,15 @@ def main() -> int:
         ]
         for i, (label, extra) in enumerate(variants):
             folder = out / f"ablation_{i}"
-            # eager in every arm: only the paged arm could replay decode graphs (a gather
-            # copies on the host's word), and the ablation compares kernels, not graphs
+            # eager and host copies in every arm: a gather copies on the host's word, so only
+            # the paged arm could replay graphs or copy on the device, and the ablation
+            # compares the adjuster and the kernel, not graphs or copy mechanisms
             code = _bench(
                 args,
                 folder,
-                [*extra, "--request-rate", "10", "--expert-offload-limit", "10", "--enforce-eager"],
-            )
+                [*extra, "--request-rate", "10", "--expert-offload-limit", "10", "--enforce-eager",
+                 "--expert-copy", "host"],
+            )  # fmt: skip
             if code != 0:
                 break
             rows += [_row(label, r) for r in read_results(folder / "results.json")]

@@ -60,13 +60,18 @@ def rms_norm(
     n = x.shape[-1]
     if weight.shape != (n,):
         raise ValueError(f"weight must be [{n}] (x's last dim), got {tuple(weight.shape)}")
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+    if residual is not None and (
+        residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device
+    ):
         raise ValueError(
-            f"residual must match x: {tuple(x.shape)} {x.dtype}, "
-            f"got {tuple(residual.shape)} {residual.dtype}"
+            f"residual must match x: {tuple(x.shape)} {x.dtype} on {x.device}, "
+            f"got {tuple(residual.shape)} {residual.dtype} on {residual.device}"
         )
-    if weight.dtype != x.dtype or weight.device != x.device:
-        raise ValueError(f"weight must be {x.dtype} on {x.device}, got {weight.dtype}")
+    if weight.dtype != x.dtype or weight.device != x.device or weight.stride(0) != 1:
+        raise ValueError(
+            f"weight must be a contiguous {x.dtype} vector on {x.device}, "
+            f"got {weight.dtype} on {weight.device} with stride {weight.stride()}"
+        )
     rows = _rows(x, n)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     out_rows = out.view(-1, n)

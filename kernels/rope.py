@@ -106,6 +106,12 @@ def _check(q, k, cos, sin, q_weight, k_weight) -> None:
             raise ValueError(f"{name}[t] must be a contiguous [H, Dh]; got strides {t.stride()}")
     if cos.stride(1) != 1 or sin.stride() != cos.stride():
         raise ValueError("cos and sin must be row-major with the same strides")
+    others = [k, cos, sin] + ([q_weight, k_weight] if q_weight is not None else [])
+    if any(t.dtype != q.dtype or t.device != q.device for t in others):
+        raise ValueError(
+            f"k, cos, sin and the norm weights must be {q.dtype} on {q.device} like q (the "
+            "kernel rounds every step to q's dtype)"
+        )
 
 
 def qk_norm_rope(q, k, cos, sin, q_weight=None, k_weight=None, eps: float = 1e-6):

@@ -65,7 +65,7 @@ class EngineSpec:
     loading_buffer_slots: int | None = None  # None = the engine's default (start-up limit)
     evict_to_admit: bool | None = None  # None = the engine's default (on)
     enforce_eager: bool | None = None  # None = the engine's default (decode CUDA graphs on)
-    expert_copy: str | None = None  # "host" | "device"; None = the engine's default (host)
+    expert_copy: str | None = None  # "host" | "device"; None = the engine's default (device)
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--expert-copy",
         choices=("host", "device"),
-        default="host",
+        default="device",
         help="how offloaded experts reach the GPU: host-driven copies with prefetch, or a "
         "device kernel into fixed slots (no host sync: steps stay CUDA graphs)",
     )
@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--moe-path",
         choices=("paged", "gather"),
         default="paged",
-        help="gather = copy experts to contiguous stacks first (ablation)",
+        help="gather = copy experts to contiguous stacks first (ablation; needs --expert-copy host)",
     )
     p.add_argument(
         "--router-skew", type=float, default=1.0, help="presets: Zipf exponent of expert popularity"

@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--expert-copy",
         choices=("host", "device"),
-        default="host",
+        default="device",
         help="as rimuru bench: device copy-in needs one loading buffer, not two",
     )
     p.add_argument("--grow-threshold", type=int, default=Tunables.grow_threshold)

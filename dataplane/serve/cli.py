@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     option(
         "--expert-copy",
-        default="host",
+        default="device",
         choices=("host", "device"),
         help="host: host-driven expert copies with prefetch; device: a kernel copies routed "
         "offloaded experts into fixed slots (graph-safe)",

@@ -1,8 +1,11 @@
+from dataclasses import replace
+
 import pytest
 
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.setup import loading_buffer_bytes
 
 MiB = 2**20
 
@@ -13,15 +16,16 @@ def tight_engine(mode: str, pool_mib: float = 26, **overrides) -> Engine:
     non_pool = probe.model.resident_nbytes()
     tunables = overrides.pop("tunables", Tunables(mode=mode, expert_offload_limit=16))
     slots = overrides.pop("loading_buffer_slots", 32)
-    buffers = 2 * 3 * slots * probe.geometry.expert_page_bytes
     config = EngineConfig(
-        memory_budget=int(non_pool + buffers + pool_mib * MiB),
         activation_reserve=0,
         max_num_batched_tokens=128,
         loading_buffer_slots=slots,
         tunables=tunables,
         **overrides,
     )
+    # the pool is pool_mib whatever the copy mode's number of loading buffers
+    buffers = loading_buffer_bytes(config, slots, probe.geometry)
+    config = replace(config, memory_budget=int(non_pool + buffers + pool_mib * MiB))
     return Engine(config, log_plan=False)
 
 

@@ -20,8 +20,8 @@ def test_capture_sizes_follow_vllm_and_end_at_max_num_seqs():
     assert capture_sizes(12) == (1, 2, 4, 8, 12)
 
 
-def _graph_engine(make_engine, mode, sizes=None):
-    engine = make_engine(mode)
+def _graph_engine(make_engine, mode, sizes=None, **overrides):
+    engine = make_engine(mode, **overrides)
     free_before = engine.allocator.num_free(PageType.KV)
     graphs = engine.make_decode_graphs(capture=False)
     assert graphs is not None
@@ -54,7 +54,10 @@ def test_padded_static_decode_gives_the_eager_tokens_and_routing_counts(prompts,
 
 
 def test_a_step_with_a_prompt_or_an_offloaded_expert_runs_eagerly(prompts, make_engine):
-    engine = _graph_engine(make_engine, "resident")  # its adjuster never brings one back
+    """Host copies: a layer with an offloaded expert syncs, so its step cannot be a graph
+    (device copy-in keeps it one: test_device_copy.py)."""
+    # resident: its adjuster never brings the evicted expert back
+    engine = _graph_engine(make_engine, "resident", expert_copy="host")
     graphs = engine.graphs
     engine.add_request(prompts[0], SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()  # the prompt: eager

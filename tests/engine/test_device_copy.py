@@ -14,11 +14,11 @@ PARAMS = SamplingParams(max_tokens=16, ignore_eos=True)
 
 @pytest.mark.parametrize("mode", ["fixed", "elastic"])
 def test_device_copy_gives_the_host_copy_tokens(prompts, make_engine, mode):
-    host = make_engine(mode)
+    host = make_engine(mode, expert_copy="host")
     want = host.generate(prompts, PARAMS)
-    # device mode has one loading buffer, not two: give the pool the same size
-    one_buffer_mib = host.plan.loading_buffer_bytes / 2 / 2**20
-    dev = make_engine(mode, pool_mib=26 - one_buffer_mib, expert_copy="device")
+    dev = make_engine(mode, expert_copy="device")
+    # one loading buffer, not host mode's two; make_engine gives both the same pool
+    assert dev.plan.loading_buffer_bytes * 2 == host.plan.loading_buffer_bytes
     assert dev.plan.pool_bytes == host.plan.pool_bytes
     got = dev.generate(prompts, PARAMS)
     assert got == want
@@ -68,10 +68,9 @@ def test_too_many_offloaded_for_the_slots_is_refused_and_nothing_leaks(make_engi
 
 def test_decode_steps_stay_graph_safe_with_experts_offloaded(prompts, make_engine):
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    host = make_engine("elastic")
+    host = make_engine("elastic", expert_copy="host")
     want = host.generate(prompts, params)
-    one_buffer_mib = host.plan.loading_buffer_bytes / 2 / 2**20
-    engine = make_engine("elastic", pool_mib=26 - one_buffer_mib, expert_copy="device")
+    engine = make_engine("elastic", expert_copy="device")
     graphs = engine.make_decode_graphs(capture=False)
     served_offloaded = []  # observe, per graph-served step, whether experts were offloaded
     run = graphs.run
@@ -90,5 +89,7 @@ def test_decode_steps_stay_graph_safe_with_experts_offloaded(prompts, make_engin
 def test_expert_copy_is_validated():
     with pytest.raises(ValueError, match="expert_copy"):
         EngineConfig(expert_copy="gpu")
-    with pytest.raises(ValueError, match="paged"):
+    with pytest.raises(ValueError, match="expert_copy='host'"):
         EngineConfig(expert_copy="device", moe_path="gather")
+    with pytest.raises(ValueError, match="expert_copy='host'"):
+        EngineConfig(moe_path="gather")  # device copy-in is the default

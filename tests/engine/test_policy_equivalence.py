@@ -62,15 +62,15 @@ def test_gather_ablation_path_gives_the_same_tokens(prompts, make_engine):
     function as reading the pages in place (tokens may only differ by float rounding,
     so compare greedy tokens, and require the buffers were really used)."""
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    paged = make_engine("fixed")
-    gather = make_engine("fixed", moe_path="gather")
+    paged = make_engine("fixed", expert_copy="host")
+    gather = make_engine("fixed", moe_path="gather", expert_copy="host")
     assert paged.generate(prompts[:6], params) == gather.generate(prompts[:6], params)
     assert gather.experts.counters.buffer_copies > 0
     gather.check_invariants()
 
 
 def test_predictor_counts_hits_on_non_resident_experts(prompts, make_engine):
-    engine = make_engine("fixed")
+    engine = make_engine("fixed", expert_copy="host")  # host copies prefetch by prediction
     engine.generate(prompts[:4], SamplingParams(max_tokens=4, ignore_eos=True))
     c = engine.experts.counters
     assert c.predictor_needed > 0

@@ -412,13 +412,12 @@ def test_expert_copy_reaches_rimuru_serve_only_when_set(tiny_rd, monkeypatch):
     from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
 
     assert "RIMURU_EXPERT_COPY" not in build_engine_config_map(_parse(tiny_rd))["data"]
-    data = build_engine_config_map(_parse(_changed(tiny_rd, "engine.expertCopy", "device")))["data"]
-    assert data["RIMURU_EXPERT_COPY"] == "device"
+    # "host", not the default "device": the value must really travel to the engine
+    data = build_engine_config_map(_parse(_changed(tiny_rd, "engine.expertCopy", "host")))["data"]
+    assert data["RIMURU_EXPERT_COPY"] == "host"
     for key, value in data.items():
         monkeypatch.setenv(key, value)
-    assert (
-        serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).expert_copy == "device"
-    )
+    assert serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).expert_copy == "host"
 
 
 def test_evict_to_admit_reaches_rimuru_serve_only_when_set(tiny_rd, monkeypatch):
