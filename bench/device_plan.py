@@ -136,7 +136,7 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--num-prompts 1000 --expert-copy device --out $JOB_OUT/elastic", 540),
         )),
     ),
-    # After device-copy (04:58 UTC) and the fused norms/RoPE (model/ops.py): the checks (the
+    # After device-copy (04:55 UTC) and the fused norms/RoPE (model/ops.py): the checks (the
     # device-copy one with a pool that must copy; triton == torch tokens), the kernels timed
     # in interleaved rounds (bench/ab_timing.py), a qwen3 step fused vs unfused (eager) and
     # with graphs, and Fig. 4's resident and elastic (device copy-in) on one commit.

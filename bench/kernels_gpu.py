@@ -12,7 +12,9 @@ Sections (each guarded, so one failure still leaves the others' figures):
      overhead is the median of the per-round paged/contiguous ratios, with its IQR); each
      against its floor max(FLOPs / 755e12, bytes / 4.17e12), where
      bytes = touched experts' weights + x + output.
-  3. attention: KV write (exact), prefill (chunked, GQA) error and a timing, decode error and
+  3. layer ops: the fused norms and RoPE against the torch path's ops in bf16 (values that
+     differ, max |diff|), at Qwen3 and Mixtral shapes.
+  4. attention: KV write (exact), prefill (chunked, GQA) error and a timing, decode error and
      bandwidth at batch 64 x 2k context for several context splits (CUDA-graph replays).
 The last lines printed are the summary table; full figures go to DIR/kernels_gpu.json.
 """
@@ -219,6 +221,41 @@ def bench_attention(hq: int, h_kv: int, dh=128, batch=64, context=2048, prompt=1
     return result
 
 
+def check_layer_ops(tokens: int = 256) -> list[dict]:
+    """The fused norms and RoPE against the torch path's ops, in bf16 on this GPU, at Qwen3
+    and Mixtral shapes: how many outputs differ, and by how much (bf16 ulps near 1: 2^-7).
+    The CPU tests cannot do this: the interpreter truncates bf16 casts."""
+    from rimuru.dataplane.model.layers import rope_cos_sin, rope_inv_freq
+    from rimuru.kernels import qk_norm_rope, qk_norm_rope_reference, rms_norm, rms_norm_reference
+
+    rows = []
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    for name, hidden, hq, hkv, dh, qk_norm in (
+        ("Qwen3-30B-A3B", 2048, 32, 4, 128, True), ("Mixtral-8x7B", 4096, 32, 8, 128, False),
+    ):  # fmt: skip
+        bf16 = dict(device=DEVICE, dtype=torch.bfloat16)
+        x = torch.randn(tokens, hidden, generator=g, **bf16)
+        r = torch.randn(tokens, hidden, generator=g, **bf16)
+        w = 1 + 0.1 * torch.randn(hidden, generator=g, **bf16)
+        y, res = rms_norm(x, w, 1e-6, residual=r)
+        want_y, want_res = rms_norm_reference(x, w, 1e-6, residual=r)
+        q = torch.randn(tokens, hq, dh, generator=g, **bf16)
+        k = torch.randn(tokens, hkv, dh, generator=g, **bf16)
+        pos = torch.randint(0, 8192, (tokens,), generator=g, device=DEVICE)
+        cos, sin = rope_cos_sin(pos, rope_inv_freq(dh, 1e6, DEVICE), torch.bfloat16)
+        wq, wk = (1 + 0.1 * torch.randn(2, dh, generator=g, **bf16)) if qk_norm else (None, None)
+        got_q, got_k = qk_norm_rope(q, k, cos, sin, wq, wk, 1e-6)
+        want_q, want_k = qk_norm_rope_reference(q, k, cos, sin, wq, wk, 1e-6)
+        for op, got, want in (("add_rms_norm", y, want_y), ("residual", res, want_res),
+                              ("qk_norm_rope q", got_q, want_q), ("qk_norm_rope k", got_k, want_k)):  # fmt: skip
+            diff = (got.float() - want.float()).abs()
+            rows.append({
+                "model": name, "op": op, "values": got.numel(),
+                "differ": int((diff > 0).sum()), "max_abs_diff": float(diff.max()),
+            })  # fmt: skip
+    return rows
+
+
 def summarize(report: dict) -> None:
     print("\n==== summary (H200, bf16) ====")
     c = report.get("ceilings")
@@ -247,6 +284,12 @@ def summarize(report: dict) -> None:
                   f"(target <= +0.5%), max contig/floor {max(r['contig_over_floor'] for r in big):.2f} (target <= 1.5)")  # fmt: skip
         if one:
             print(f"  1 token: overhead {one[0]['overhead_us']:+.2f} us (target <= +2 us)")
+    for r in report.get("layer_ops", []):
+        if "error" in r:
+            print(f"layer ops: FAILED {r['error']}")
+            continue
+        print(f"layer ops {r['model']} {r['op']}: {r['differ']} of {r['values']} bf16 values differ "
+              f"from torch, max |diff| {r['max_abs_diff']:.2e}")  # fmt: skip
     for a in report.get("attention", []):
         if "error" in a:
             print(f"attention: FAILED {a['error']}")
@@ -295,6 +338,11 @@ def main() -> int:
         except Exception as exc:
             traceback.print_exc()
             report["moe"][name] = {"error": repr(exc)[:300]}
+    try:
+        report["layer_ops"] = check_layer_ops()
+    except Exception as exc:
+        traceback.print_exc()
+        report["layer_ops"] = [{"error": repr(exc)[:300]}]
     for hq, h_kv in () if args.skip_attention else ((32, 4), (16, 16)):
         try:
             report["attention"].append(bench_attention(hq, h_kv))
