@@ -182,6 +182,34 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out $JOB_OUT/elastic512", 290),
         )),
     ),
+    # The next session's first call: the fused norms/RoPE against torch in bf16 (kernels_gpu's
+    # layer-ops section; never compared yet), every check on today's defaults, and the
+    # light-load TPOT goal with device copy-in and fused ops (last measured before both).
+    "next-session": (
+        Job("gpu0", 0, (
+            Step("python3 bench/kernels_gpu.py --tokens 1,1024,4096 --skip-attention "
+                 "--out-dir $JOB_OUT", 120),
+            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 120),
+            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 1 "
+                 "--num-prompts 100 --out $JOB_OUT/resident_light", 260),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 1 "
+                 "--num-prompts 100 --out $JOB_OUT/elastic_light", 260),
+        )),
+    ),
+    # Its second call: Experiment 2 at overload with max_num_seqs 512 for both policies on
+    # one host (11-30 compared elastic at 512 on one machine with resident at 256 on another).
+    "next-session-2": (
+        Job("gpu0", 0, (
+            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
+                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/resident512", 330),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
+                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/elastic512", 330),
+        )),
+    ),
 }  # fmt: skip
 
 
