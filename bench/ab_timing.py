@@ -1,7 +1,7 @@
 """Timing two variants of one op against each other in interleaved rounds.
 
 Why: kernels_gpu.py used to take two `do_bench` medians per variant, one after the other.
-Between two such medians of the *same* launcher the H200 moved by up to 15% (clock, L2 and
+Between two such medians of the *same* launcher the H200 moved by up to 18% (clock, L2 and
 power state drift over seconds), far above the +0.5% paged-overhead target. Here the two
 variants alternate in short rounds (A B, then B A, ...), so drift hits both alike, and the
 overhead is the median of the per-round ratios, with its interquartile range as the spread.
