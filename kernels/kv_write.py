@@ -71,6 +71,8 @@ def write_kv_pages(
             f"slots must be int64 [T={k.shape[0]}] and v must have k's T; got slots "
             f"{tuple(slots.shape)} {slots.dtype}, v {tuple(v.shape)}"
         )
+    if slots.shape[0] > 1 and slots.stride(0) != 1:  # the kernel reads slots_ptr + t
+        raise ValueError(f"slots must have unit stride; got stride {slots.stride(0)}")
     if slots.device != kv_pages.device:
         raise ValueError(f"slots is on {slots.device}; move it to {kv_pages.device}")
     if k.shape[0] == 0:

@@ -61,7 +61,7 @@ def _qk_norm_rope_kernel(
     k_weight_ptr,
     num_q_heads,
     num_kv_heads,
-    stride_qt,
+    stride_qt,  # input rows (may be wider than Hq * Dh, e.g. views of a fused qkv)
     stride_kt,
     stride_cos,
     eps,
@@ -80,9 +80,9 @@ def _qk_norm_rope_kernel(
     c2 = tl.load(cos_ptr + half + angles, mask=mask, other=0.0).to(tl.float32)
     s1 = tl.load(sin_ptr + angles, mask=mask, other=0.0).to(tl.float32)
     s2 = tl.load(sin_ptr + half + angles, mask=mask, other=0.0).to(tl.float32)
-    _rotate_heads(q_ptr + t * stride_qt, q_out_ptr + t * stride_qt, q_weight_ptr,
+    _rotate_heads(q_ptr + t * stride_qt, q_out_ptr + t * num_q_heads * HEAD_DIM, q_weight_ptr,
                   c1, c2, s1, s2, num_q_heads, eps, HEAD_DIM, HAS_NORM, BLOCK_HQ, BLOCK)  # fmt: skip
-    _rotate_heads(k_ptr + t * stride_kt, k_out_ptr + t * stride_kt, k_weight_ptr,
+    _rotate_heads(k_ptr + t * stride_kt, k_out_ptr + t * num_kv_heads * HEAD_DIM, k_weight_ptr,
                   c1, c2, s1, s2, num_kv_heads, eps, HEAD_DIM, HAS_NORM, BLOCK_HKV, BLOCK)  # fmt: skip
 
 
@@ -117,10 +117,8 @@ def _check(q, k, cos, sin, q_weight, k_weight) -> None:
 def qk_norm_rope(q, k, cos, sin, q_weight=None, k_weight=None, eps: float = 1e-6):
     _check(q, k, cos, sin, q_weight, k_weight)
     num_tokens, num_q_heads, head_dim = q.shape
-    q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
-    if q.stride() != q_out.stride() or k.stride() != k_out.stride():
-        q, k = q.contiguous(), k.contiguous()  # one stride serves input and output rows
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     has_norm = q_weight is not None
     if num_tokens:
         _qk_norm_rope_kernel[(num_tokens,)](

@@ -18,6 +18,7 @@ from rimuru.dataplane.bench.arrivals import arrival_times, parse_request_rate
 from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_sweep
 from rimuru.dataplane.bench.results import BenchResult, write_results
 from rimuru.dataplane.bench.trace import load_trace
+from rimuru.dataplane.engine.config import EXPERT_COPY_MODES
 from rimuru.dataplane.memory.units import parse_bytes
 
 CPU_DEFAULT_BUDGET = (
@@ -63,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--expert-copy",
-        choices=("host", "device"),
+        choices=EXPERT_COPY_MODES,
         default="device",
         help="how offloaded experts reach the GPU: host-driven copies with prefetch, or a "
         "device kernel into fixed slots (no host sync: steps stay CUDA graphs)",

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from rimuru.dataplane.adjust.tunables import MODES, Tunables, parse_modes
+from rimuru.dataplane.engine.config import EXPERT_COPY_MODES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hotness", default=None, help="offline ranking file (default: uniform)")
     p.add_argument(
         "--expert-copy",
-        choices=("host", "device"),
+        choices=EXPERT_COPY_MODES,
         default="device",
         help="as rimuru bench: device copy-in needs one loading buffer, not two",
     )

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.memory.geometry import BLOCK_SIZE
 
+EXPERT_COPY_MODES = ("device", "host")  # expert_copy's values, the default first
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -40,8 +42,9 @@ class EngineConfig:
     # CUDA with Triton kernels: run the forward at every batch shape before serving, so no
     # kernel compiles mid-serving (warmup.py). False only to shorten start-up in tests.
     warmup: bool = True
-    # CUDA with Triton kernels: decode-only steps with every expert resident replay CUDA
-    # graphs (cuda_graphs.py). True = always eager, as vLLM's --enforce-eager.
+    # CUDA with Triton kernels: decode-only steps replay CUDA graphs (cuda_graphs.py); with
+    # expert_copy="host" only while every expert is resident. True = always eager, as vLLM's
+    # --enforce-eager.
     enforce_eager: bool = False
     max_seq_len_to_capture: int = 8192  # longer contexts decode eagerly (vLLM's name)
     # How offloaded experts reach the device for a step. "device" (default): a kernel copies
@@ -70,7 +73,7 @@ class EngineConfig:
             )
         if self.moe_path not in ("paged", "gather"):
             raise ValueError(f"moe_path must be 'paged' or 'gather', got {self.moe_path!r}")
-        if self.expert_copy not in ("host", "device"):
+        if self.expert_copy not in EXPERT_COPY_MODES:
             raise ValueError(f"expert_copy must be 'host' or 'device', got {self.expert_copy!r}")
         if self.expert_copy == "device" and self.moe_path != "paged":
             raise ValueError(

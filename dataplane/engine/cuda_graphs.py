@@ -40,7 +40,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
+from rimuru.dataplane.engine.paged_attention import (
+    PagedAttentionMeta,
+    SequenceSlice,
+    slot_mapping,
+)
 from rimuru.dataplane.engine.profile_run import ScratchRunner, ScratchSeq
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
@@ -176,8 +180,7 @@ class DecodeGraphs:
         ids = np.zeros(size, dtype=np.int64)
         ids[:n] = input_ids
         slots = np.full((tables.shape[0], size), -1, dtype=np.int64)
-        pages = tables[:, np.arange(n), pos[:n] // self.block_size].astype(np.int64)
-        slots[:, :n] = pages * self.block_size + pos[:n] % self.block_size
+        slots[:, :n] = slot_mapping(tables, np.arange(n), pos[:n], self.block_size)
         seq_lens = np.ones(size, dtype=np.int32)
         seq_lens[:n] = pos[:n] + 1
         rows = np.zeros(size, dtype=np.int64)

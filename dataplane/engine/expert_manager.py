@@ -117,7 +117,7 @@ class ExpertManager:
         self.count_rows: torch.Tensor | None = None
         self.copy_kernel = copy_kernel
         self.device_copy = (
-            DeviceCopyIn(self.num_layers, self.num_experts, self.num_buffer_slots, self.device)
+            DeviceCopyIn(self.table, self.resident, self.num_buffer_slots, self.device)
             if copy_kernel is not None
             else None
         )
@@ -151,24 +151,23 @@ class ExpertManager:
         self.table.set_pages(layer, expert, tuple(pages))
         self.resident[layer].add(expert)
         if self.device_copy is not None:
-            self.device_copy.refresh(layer, self.table, self.resident[layer])
+            self.device_copy.mark_stale(layer)
 
     def evict(self, layer: int, expert: int, last_step: int) -> None:
+        if self.device_copy is not None and expert in self.resident[layer]:
+            # refused before anything changes: the expert stays resident, nothing leaks
+            offloaded_after = self.num_experts - len(self.resident[layer]) + 1
+            self.device_copy.check_fits(layer, offloaded_after)
+        self._drop(layer, expert, last_step)
+
+    def _drop(self, layer: int, expert: int, last_step: int) -> None:
         pages = self.table.pages(layer, expert)
         if pages is None or expert not in self.resident[layer]:
             raise ValueError(f"expert {expert} of layer {layer} is not resident")
-        offloaded_after = self.num_experts - len(self.resident[layer]) + 1
-        if self.device_copy is not None and offloaded_after > self.num_buffer_slots:
-            # refused before anything changes: the expert stays resident, nothing leaks
-            raise RuntimeError(
-                f"layer {layer} would have {offloaded_after} experts offloaded but the loading "
-                f"buffer has {self.num_buffer_slots} slots: expert_offload_limit must not "
-                f"exceed the slots"
-            )
         self.table.clear(layer, expert)
         self.resident[layer].discard(expert)
         if self.device_copy is not None:
-            self.device_copy.refresh(layer, self.table, self.resident[layer])
+            self.device_copy.mark_stale(layer)
         self.reclaim.release(PageType.EXPERT, pages, ("expert", layer, expert), last_step)
         self.counters.evictions += 1
 
@@ -182,24 +181,6 @@ class ExpertManager:
 
     def load_initial(self, experts: Sequence[tuple[int, int]], pages_per_expert: int) -> None:
         """Start-up residency; raises if the pool cannot hold them."""
-        with self._copy_rows_deferred() as device_copy:
-            self._place_all(experts, pages_per_expert)
-        if device_copy is not None:  # every layer's rows, once all are loaded
-            for layer in range(self.num_layers):
-                device_copy.refresh(layer, self.table, self.resident[layer])
-
-    @contextlib.contextmanager
-    def _copy_rows_deferred(self):
-        """Device mode: place/evict leave the copy-in rows alone inside. Start-up and a
-        residency re-choice pass through layers with more experts off than slots; the
-        caller re-derives the rows after. Yields the DeviceCopyIn (or None)."""
-        device_copy, self.device_copy = self.device_copy, None
-        try:
-            yield device_copy
-        finally:
-            self.device_copy = device_copy
-
-    def _place_all(self, experts: Sequence[tuple[int, int]], pages_per_expert: int) -> None:
         for layer, expert in experts:
             pages = self.allocator.allocate(
                 PageType.EXPERT, pages_per_expert, ("expert", layer, expert)
@@ -213,12 +194,12 @@ class ExpertManager:
             self.place(layer, expert, tuple(pages))
 
     def release_all(self) -> None:
-        """Every expert off the device (only to re-choose residency: load_initial follows,
-        and re-derives the device-copy rows that a layer of all-offloaded experts breaks)."""
-        with self._copy_rows_deferred():
-            for layer in range(self.num_layers):
-                for expert in sorted(self.resident[layer]):
-                    self.evict(layer, expert, last_step=self.reclaim.last_completed_step)
+        """Every expert off the device, only to re-choose residency: load_initial follows.
+        Past the loading buffer's slots on purpose (evict() would refuse): device copy-in
+        derives its rows only when next read, after load_initial."""
+        for layer in range(self.num_layers):
+            for expert in sorted(self.resident[layer]):
+                self._drop(layer, expert, last_step=self.reclaim.last_completed_step)
 
     # ------------------------------------------------------------------ MoE (ExpertBackend)
     def begin_step(self) -> None:
@@ -342,7 +323,7 @@ class ExpertManager:
         w = self.host[layer]
         self.copy_kernel(counts, offloaded, w.w1, w.w3, w.w2, buffer.pages, self._device_copies)
         if self.moe_kernel is not None:
-            table = self.device_copy.table.on_device()[layer]
+            table = self.device_copy.table_on_device()[layer]
             pool = self.pool.view(PageType.EXPERT)
             return self.moe_kernel(x, topk_ids, topk_weights, pool, buffer.pages, table)
         needed = torch.nonzero(counts.cpu()).flatten().tolist()  # the CPU path
@@ -364,7 +345,7 @@ class ExpertManager:
         copy-in rows. Stream-ordered after the adjuster's copies (place() waits for them)."""
         self.table.on_device()
         if self.device_copy is not None:
-            self.device_copy.table.on_device()
+            self.device_copy.table_on_device()
             self.device_copy.offloaded()
 
     def graph_safe(self) -> bool:
@@ -376,11 +357,9 @@ class ExpertManager:
         pages = self.table.pages(layer, expert)
         if pages is not None:
             source, ids = self.pool.view(PageType.EXPERT), pages
-        elif self.device_copy is not None:  # its fixed slot, filled by this step's copy-in
-            rows = self.device_copy.slot_rows(layer, expert)
-            source, ids = buffer.pages, tuple(-r - 1 for r in rows)
-        else:
-            slot = buffer.slot_of[expert]
+        else:  # device copy-in: its fixed slot, filled by this step's copy
+            dc = self.device_copy
+            slot = dc.slot_of(layer, expert) if dc is not None else buffer.slot_of[expert]
             source, ids = buffer.pages, (3 * slot, 3 * slot + 1, 3 * slot + 2)
         w1 = source[ids[0]].view(self.inter, self.hidden)  # [I, D]
         w3 = source[ids[1]].view(self.inter, self.hidden)  # [I, D]

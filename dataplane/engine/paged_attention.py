@@ -56,14 +56,12 @@ class PagedAttentionMeta:
         # built in [L, S, B] order: a permuted view would keep odd strides on size-1 dims,
         # which the kernels' stride checks refuse
         tables = np.zeros((num_layers, len(sequences), max_blocks), dtype=np.int64)
-        token_seq, token_pos = [], []
         for i, s in enumerate(sequences):
             tables[:, i, : len(s.blocks)] = np.asarray(s.blocks).T
-            token_seq.append(torch.full((s.num_new_tokens,), i, dtype=torch.int64))
-            token_pos.append(torch.arange(s.num_computed_tokens, s.context_len))
-        seq_of, pos = torch.cat(token_seq), torch.cat(token_pos)  # [T]
+        seq_of = np.repeat(np.arange(len(sequences)), [s.num_new_tokens for s in sequences])
+        pos = np.concatenate([np.arange(s.num_computed_tokens, s.context_len) for s in sequences])
+        slots = torch.from_numpy(slot_mapping(tables, seq_of, pos, block_size))  # [L, T]
         tables = torch.from_numpy(tables)  # [L, S, B]
-        slots = tables[:, seq_of, pos // block_size] * block_size + pos % block_size  # [L, T]
         cu = [0]
         for s in sequences:
             cu.append(cu[-1] + s.num_new_tokens)
@@ -76,6 +74,16 @@ class PagedAttentionMeta:
             max(s.num_new_tokens for s in sequences),
             max(s.context_len for s in sequences),
         )
+
+
+def slot_mapping(
+    tables: np.ndarray, seq_of: np.ndarray, pos: np.ndarray, block_size: int
+) -> np.ndarray:
+    """[L, T] int64: each new token's slot (page * B + offset) in every layer, from the block
+    tables [L, S, B], the token's sequence [T] and its position [T]. Row-major: numpy lays an
+    advanced index out [T, L], and the KV-write kernel reads a layer's row with unit stride."""
+    pages = tables[:, seq_of, pos // block_size].astype(np.int64)
+    return np.ascontiguousarray(pages * block_size + pos % block_size)
 
 
 def triton_attend(layer, q, k, v, meta: PagedAttentionMeta, kv: torch.Tensor, scale: float):

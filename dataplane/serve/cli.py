@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 
+from rimuru.dataplane.engine.config import EXPERT_COPY_MODES
 from rimuru.dataplane.memory.units import parse_bytes
 
 log = logging.getLogger("rimuru.serve")
@@ -83,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option(
         "--expert-copy",
         default="device",
-        choices=("host", "device"),
+        choices=EXPERT_COPY_MODES,
         help="host: host-driven expert copies with prefetch; device: a kernel copies routed "
         "offloaded experts into fixed slots (graph-safe)",
     )

@@ -70,8 +70,9 @@ def test_a_step_with_a_prompt_or_an_offloaded_expert_runs_eagerly(prompts, make_
 
 
 def test_contexts_beyond_max_seq_len_to_capture_run_eagerly(prompts, make_engine):
-    engine = _graph_engine(make_engine, "resident")
-    engine.graphs.max_context = len(prompts[0]) + 1  # the first decode fits, the second not
+    # the config's limit reaches the graphs: the first decode fits, the second not
+    engine = _graph_engine(make_engine, "resident", max_seq_len_to_capture=len(prompts[0]) + 1)
+    assert engine.graphs.max_context == len(prompts[0]) + 1
     engine.generate([prompts[0]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert engine.graphs.steps == 1
 

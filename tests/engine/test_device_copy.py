@@ -40,13 +40,16 @@ def test_slots_follow_every_eviction_and_load(make_engine):
         experts.evict(1, e, last_step=engine.step_id)
     # offloaded experts in id order, one slot each; the kernel table names their buffer rows
     assert dc.offloaded()[1].tolist()[:3] == [2, 5, -1]
-    assert dc.slot_rows(1, 5) == tuple(buffer_slot_id(3 * 1 + m) for m in range(3))
-    assert dc.slot_rows(1, 0) == experts.table.pages(1, 0)  # resident: its pool pages
+    table = dc.table_on_device()  # the CPU: the host tensor itself
+    assert dc.slot_of(1, 5) == 1
+    assert table[1, 5].tolist() == [buffer_slot_id(3 * 1 + m) for m in range(3)]
+    assert tuple(table[1, 0].tolist()) == experts.table.pages(1, 0)  # resident: its pool pages
     pages = engine.allocator.allocate(PageType.EXPERT, 3, ("expert", 1, 2))
     experts.place(1, 2, tuple(pages))
     assert dc.offloaded()[1].tolist()[:2] == [5, -1]
-    assert dc.slot_rows(1, 5) == tuple(buffer_slot_id(m) for m in range(3))  # moved to slot 0
-    assert dc.slot_rows(1, 2) == tuple(pages)
+    assert dc.slot_of(1, 5) == 0  # moved to slot 0
+    assert table[1, 5].tolist() == [buffer_slot_id(m) for m in range(3)]
+    assert tuple(table[1, 2].tolist()) == tuple(pages)
 
 
 def test_too_many_offloaded_for_the_slots_is_refused_and_nothing_leaks(make_engine):

@@ -136,6 +136,8 @@ def test_bad_attention_input_is_refused():
         paged_prefill_attention(q, kv, tables, torch.zeros(3, dtype=torch.int32), lens, 1)
     with pytest.raises(ValueError, match="slots must be int64"):
         write_kv_pages(q[:, :2], q[:, :2], kv, torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="unit stride"):  # a layer's row of a [T, L] layout
+        write_kv_pages(q[:, :2], q[:, :2], kv, torch.zeros(3, 2, dtype=torch.int64)[:, 0])
 
 
 def test_one_block_table_row_is_accepted_whatever_its_column_stride():

@@ -38,9 +38,8 @@ def test_fused_add_rms_norm_returns_the_rounded_sum_as_the_new_residual(dtype):
     x, r = torch.randn(2, 5, 64, generator=g).to(dtype)
     w = torch.randn(64, generator=g).to(dtype)
     y, residual = rms_norm(x, w, 1e-5, residual=r)
-    want_y, want_residual = rms_norm_reference(x, w, 1e-5, residual=r)
+    want_y, _ = rms_norm_reference(x, w, 1e-5, residual=r)
     assert torch.equal(residual, x + r)  # the sum, rounded to the dtype, exactly
-    assert torch.equal(want_residual, x + r)
     _close(y, want_y, dtype)
     assert torch.equal(want_y, model_rms_norm(x + r, w, 1e-5))
 
@@ -79,8 +78,9 @@ def test_rope_alone_matches_the_model_rotation(dtype):
     )
     if dtype == torch.float16:  # no reduction: bit for bit
         assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
-    _close(got_q, want_q, dtype)
-    _close(got_k, want_k, dtype)
+    else:  # fp32: the compiler may fuse a product into the sum
+        _close(got_q, want_q, dtype)
+        _close(got_k, want_k, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -98,6 +98,17 @@ def test_qk_norm_then_rope_matches_the_model(dtype, hq, hkv, dh):
     _close(got_q, want_q, dtype)
     _close(got_k, want_k, dtype)
     assert torch.equal(q, _qk(dtype, hq=hq, hkv=hkv, dh=dh, seed=hq)[0])  # inputs untouched
+
+
+def test_q_and_k_may_be_views_of_a_fused_qkv_projection():
+    q, k, cos, sin = _qk(torch.float16)  # [5, 4, 32], [5, 2, 32]
+    qkv = torch.cat([q.flatten(1), k.flatten(1), k.flatten(1)], dim=1)  # rows 256 wide
+    q_view = qkv[:, :128].view(5, 4, 32)
+    k_view = qkv[:, 128:192].view(5, 2, 32)
+    assert q_view.stride(0) == 256
+    got_q, got_k = qk_norm_rope(q_view, k_view, cos, sin)
+    want_q, want_k = qk_norm_rope_reference(q, k, cos, sin)
+    assert got_q.is_contiguous() and torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
 
 
 def test_qk_norm_rope_refuses_mismatched_inputs():
