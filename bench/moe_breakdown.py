@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.testing
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tune_moe import (

@@ -70,6 +70,10 @@ _OWN_BENCH_FLAGS = {
 }  # fmt: skip
 
 
+# The ablation sets these in every arm (a gather arm copies on the host's word).
+_ABLATION_FLAGS = {"--enforce-eager", "--expert-copy"}
+
+
 def own_flags_passed_through(passthrough: list[str]) -> list[str]:
     return [a for a in passthrough if a.split("=", 1)[0] in _OWN_BENCH_FLAGS]
 
@@ -146,6 +150,9 @@ def main() -> int:
             f"{own_flags_passed_through(passthrough)} are set by this script; use its own "
             "options (--rates, --limits, --policy, ...) instead"
         )
+    pinned = [a for a in passthrough if a.split("=", 1)[0] in _ABLATION_FLAGS]
+    if args.experiment == "ablation" and pinned:
+        ap.error(f"{pinned}: the ablation runs every arm eager and with host copies")
     args.passthrough = passthrough
     out = Path(args.out)
     rows: list[dict] = []

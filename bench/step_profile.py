@@ -142,7 +142,7 @@ def main() -> int:
         "policy": args.policy,
         "batch": args.batch,
         "cuda_graphs": engine.graphs is not None,
-        "fused_layer_ops": not args.unfused_ops,
+        "layer_ops": type(engine.model.ops).__name__,  # TorchOps on the CPU path whatever the flag
         "layers": engine.model_config.num_layers,
         **profile_steps(engine, args.steps),
     }

@@ -327,15 +327,8 @@ def main() -> int:
         key = shape_key(shape.num_experts, shape.inter_size, shape.hidden_size, dtype)
         # Buckets not tuned in this run keep their entries.
         doc["shapes"].setdefault(key, {}).update(tune_shape(shape, tokens, dtype, args.rep_ms))
-    run = dict(
-        device=device_name,
-        tuned=datetime.date.today().isoformat(),
-        command=" ".join(["python", *sys.argv]),
-        torch=torch.__version__,
-        triton=__import__("triton").__version__,
-        models=names,
-        tokens=tokens,
-    )
+    run = {**run_info(), "tuned": datetime.date.today().isoformat(), "models": names,
+           "tokens": tokens}  # fmt: skip
     # A partial run re-tunes some buckets and keeps the rest: every run is listed, so each
     # bucket's origin stays known (the top-level fields name the latest run).
     doc.setdefault("runs", []).append(run)

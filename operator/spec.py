@@ -201,7 +201,7 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
         loading_buffer_slots=engine.get("loadingBufferSlots"),
         evict_to_admit=_optional_bool(engine, "evictToAdmit", path),
         enforce_eager=_optional_bool(engine, "enforceEager", path),
-        expert_copy=_optional_choice(engine, "expertCopy", ("host", "device"), path),
+        expert_copy=_optional_choice(engine, "expertCopy", ("device", "host"), path),
     )
 
 

@@ -83,6 +83,13 @@ def test_flags_the_script_sets_itself_are_refused(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing ran
 
 
+def test_the_ablation_refuses_to_change_its_copy_mode_or_graphs(tmp_path):
+    for flag in (["--expert-copy", "device"], ["--enforce-eager"]):
+        done = run("ablation", *TINY, *flag, "--out", str(tmp_path))
+        assert done.returncode == 2 and "every arm eager and with host copies" in done.stderr
+    assert not any(tmp_path.iterdir())  # refused before any arm ran
+
+
 def test_a_failed_run_keeps_the_rows_that_finished(tmp_path):
     done = run(
         "offload-sweep", *TINY, "--num-prompts", "6", "--memory-budget", "300MiB",

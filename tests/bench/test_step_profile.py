@@ -28,6 +28,7 @@ def test_cpu_profile_reports_every_step_of_a_steady_batch(tmp_path):
     report = json.loads((tmp_path / "step_profile.json").read_text())
     assert (report["steps"], report["batch"], report["layers"]) == (2, 3, 4)
     assert len(report["wall_ms_each"]) == 2 and report["device_busy_ms"] is None
+    assert report["layer_ops"] == "TorchOps"  # the CPU path, fused kernels or not
     # four layers of Q/K/V/O, router, expert and head matmuls: aten::mm must show up, per step
     ops = {op["name"]: op for op in report["top_host_ops"]}
     assert "aten::mm" in ops and ops["aten::mm"]["calls_per_step"] >= 4 * 4
