@@ -40,6 +40,7 @@ class Job:
     steps: tuple[Step, ...]
 
 
+FIG4 = "python3 bench/engine_gpu.py --skip-a --expert-offload-limit 30 --num-prompts 500"
 STEP = "python3 bench/step_profile.py --model qwen3-30b-a3b --memory-budget 59GiB --batch 32"
 PLANS: dict[str, tuple[Job, ...]] = {
     # Plans that were run are pruned once recorded: docs/benchmarks.md gives each run's
@@ -54,6 +55,34 @@ PLANS: dict[str, tuple[Job, ...]] = {
             Step("python3 bench/moe_breakdown.py --out $JOB_OUT", 240),
             Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
                  "--out-dir $JOB_OUT", 240),
+        )),
+    ),
+    # Piecewise CUDA graphs (new): the checks that cover them, a mixed qwen3 step (32
+    # decodes + one 512-token prompt) with and without them, Exp. 2 and Fig. 4 resident.
+    "piecewise": (
+        Job("gpu0", 0, (
+            Step("python3 bench/gpu_checks.py --only sync,compile,graphs,device-copy "
+                 "--out $JOB_OUT", 150),
+            Step(f"{STEP} --prefill-tokens 512 --steps 8 --out $JOB_OUT", 170),
+            Step(f"{STEP} --prefill-tokens 512 --steps 8 --cudagraph-mode full_decode_only "
+                 "--out $JOB_OUT", 170),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
+                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/resident512", 330),
+            Step(f"{FIG4} --policies resident --out $JOB_OUT/fig4_resident", 180),
+        )),
+    ),
+    # Its second: Exp. 2 elastic at max_num_seqs 512, Fig. 4 elastic and fixed.
+    "piecewise-2": (
+        Job("gpu0", 0, (
+            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
+                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/elastic512", 330),
+        )),
+        Job("gpu1", 1, (
+            Step(f"{FIG4} --policies elastic --out $JOB_OUT/fig4_elastic", 180),
+            Step(f"{FIG4} --policies fixed --fixed-expert-share 0.75 --out $JOB_OUT/fig4_fixed",
+                 240),
         )),
     ),
     # The next session's first call: the fused norms/RoPE against torch in bf16 (kernels_gpu's

@@ -18,9 +18,12 @@ session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
    and rows routed per layer with decode graphs replayed and with --enforce-eager; expert
    choices that differ by rounding are counted, not failed (CUDA only; passed on 2026-11-30
    after a fix; 05:12 its elastic case found such choices, which failed the older rule).
+   Resident must also have replayed piecewise graphs for its prompt steps (host-copy
+   elastic has none: piecewise_graphs.py).
 8. device copy-in == host copies: fixed and a tight elastic with expert_copy="device" (a
    kernel reads pinned host memory; graphs replay with experts offloaded) give the eager
-   host-copy tokens (CUDA only; passed on 2026-11-30 05:12 with the pool sized to copy).
+   host-copy tokens (CUDA only; passed on 2026-11-30 05:12 with the pool sized to copy),
+   prompt steps replayed as piecewise graphs.
 Prints a table last: check, result, detail. Exit status 1 if any check failed.
 """
 
@@ -202,6 +205,9 @@ def graphs_match_eager(device: str) -> str:
                 raise AssertionError(f"{mode}: {x.num_leaked_pages()} KV pages leaked")
         if g.graphs is None or g.graphs.replays == 0:
             raise AssertionError(f"{mode}: no graph was replayed")
+        pieces = g.piecewise.replays if g.piecewise is not None else 0
+        if mode == "resident" and not pieces:
+            raise AssertionError(f"{mode}: no prompt step replayed piecewise graphs")
         if got != want:
             raise AssertionError(f"{mode}: graph tokens differ from eager")
         # Unless a preemption recomputed tokens in one of them (the graph engine's L padding
@@ -216,7 +222,7 @@ def graphs_match_eager(device: str) -> str:
         if not recomputed and flips > max(2, int(want_counts.sum()) // 1000):
             raise AssertionError(f"{mode}: {flips} expert choices differ, more than rounding")
         details.append(
-            f"{mode} {g.graphs.replays}/{g.stats[-1].step} steps replayed, "
+            f"{mode} {g.graphs.replays} + {pieces} piecewise of {g.stats[-1].step} steps replayed, "
             f"{g.experts.counters.evictions} evictions, {g.experts.counters.loads} loads, "
             f"{recomputed} preemptions, {flips} of {int(want_counts.sum())} expert choices "
             f"differ, graphs {g.plan.cuda_graph_bytes / MiB:.1f} MiB planned"
@@ -255,8 +261,11 @@ def device_copy_matches_host(device: str) -> str:
             raise AssertionError(f"{mode}: nothing was copied in")
         if d.graphs is None or not any(offloaded_replays):
             raise AssertionError(f"{mode}: no graph replayed with experts offloaded")
+        if d.piecewise is None or not d.piecewise.replays:
+            raise AssertionError(f"{mode}: no prompt step replayed piecewise graphs")
         details.append(
             f"{mode} {sum(offloaded_replays)} offloaded steps replayed, "
+            f"{d.piecewise.replays} piecewise, "
             f"{d.experts.counters.buffer_copies} copies, {d.experts.counters.evictions} evictions"
         )
     return "; ".join(details) + "; tokens identical"

@@ -15,6 +15,12 @@ profiles `--steps` decode steps with torch.profiler and reports per step:
   launches         kernels + copies launched
   top host ops     self CPU time of the heaviest operators / Python functions
 
+With `--prefill-tokens N` every measured step also takes one new request's N-token prompt
+whole, beside the decodes: a mixed step, which the decode graphs do not serve (piecewise
+graphs do; `--cudagraph-mode full_decode_only` runs them eagerly, for the comparison).
+Each step count is measured twice: first plain (`wall_ms_plain`: no profiler, whose
+per-operator hooks slow an eager step's host side), then under the profiler.
+
 Prints a short table last; the full report goes to OUT/step_profile.json.
 """
 
@@ -31,7 +37,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.bench.trace import load_trace
-from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.memory.units import parse_bytes
@@ -67,15 +73,24 @@ def fill(engine: Engine, trace_name: str, batch: int, prompt_len: int, decode_st
     raise RuntimeError("the batch never reached steady decode; raise the memory budget")
 
 
-def profile_steps(engine: Engine, steps: int) -> dict:
+def timed_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> list[float]:
+    """Wall ms of `steps` steps; before each, one prompt from `prompts` (if any) joins."""
+    walls = []
+    for _ in range(steps):
+        if prompts:
+            engine.add_request(prompts.pop(), SamplingParams(max_tokens=4 * steps, ignore_eos=True))
+        t0 = time.perf_counter()
+        engine.step()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    return walls
+
+
+def profile_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> dict:
     cuda = engine.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    walls = []
+    plain = timed_steps(engine, steps, prompts)
     with profile(activities=activities) as prof:
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            engine.step()
-            walls.append((time.perf_counter() - t0) * 1e3)
+        walls = timed_steps(engine, steps, prompts)
     events = prof.events()
     device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     intervals = [(e.time_range.start, e.time_range.end) for e in device]
@@ -84,6 +99,8 @@ def profile_steps(engine: Engine, steps: int) -> dict:
     top = sorted(prof.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)[:12]
     return {
         "steps": steps,
+        "wall_ms_plain": sum(plain) / steps,
+        "wall_ms_plain_each": plain,
         "wall_ms": wall,
         "wall_ms_each": walls,
         "device_busy_ms": busy,
@@ -91,6 +108,18 @@ def profile_steps(engine: Engine, steps: int) -> dict:
         "device_launches_per_step": len(device) / steps if cuda else None,
         "top_host_ops": [_op_row(a, steps) for a in top],
     }
+
+
+def joining_prompts(trace_name: str, tokens: int, count: int, engine: Engine) -> list[list[int]]:
+    """`count` prompts of exactly `tokens` tokens (trace prompts, repeated to length), or none."""
+    if tokens == 0:
+        return []
+    requests = load_trace(trace_name).requests[-count:]
+    out = []
+    for r in requests:
+        ids = list(r.prompt_token_ids)
+        out.append((ids * (tokens // len(ids) + 1))[:tokens])
+    return out
 
 
 def _op_row(average, steps: int) -> dict:
@@ -113,14 +142,26 @@ def main() -> int:
     ap.add_argument("--trace", default="sharegpt_qwen_1000")
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--enforce-eager", action="store_true", help="no decode CUDA graphs")
+    ap.add_argument(
+        "--prefill-tokens",
+        type=int,
+        default=0,
+        help="each measured step also prefills one new N-token prompt (mixed step)",
+    )
+    ap.add_argument("--cudagraph-mode", default=CUDAGRAPH_MODES[0], choices=CUDAGRAPH_MODES)
     ap.add_argument("--unfused-ops", action="store_true",
                     help="norms and RoPE in torch, not fused kernels (the before of model/ops.py)")  # fmt: skip
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("step_profile.py: no CUDA device here; use --device cpu", file=sys.stderr)
         return 2
-    if args.batch < 1 or args.steps < 1 or args.prompt_len < 1:
-        print("step_profile.py: --batch, --steps and --prompt-len must be >= 1", file=sys.stderr)
+    if args.batch < 1 or args.steps < 1 or args.prompt_len < 1 or args.prefill_tokens < 0:
+        print("step_profile.py: --batch, --steps and --prompt-len must be >= 1, "
+              "--prefill-tokens >= 0", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.batch + args.prefill_tokens > 2048:
+        print("step_profile.py: --batch + --prefill-tokens must fit one step's 2048 tokens "
+              "(max_num_batched_tokens)", file=sys.stderr)  # fmt: skip
         return 2
     config = EngineConfig(
         model=args.model,
@@ -128,12 +169,15 @@ def main() -> int:
         memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
         gpu_memory_utilization=None if args.memory_budget or args.device == "cpu" else 0.9,
         tunables=Tunables(mode=args.policy, expert_offload_limit=0 if args.policy == "resident" else 8),
-        max_num_seqs=max(args.batch, 1),
+        # room for the prompts that join (two per measured step) beside the batch
+        max_num_seqs=args.batch + (2 * args.steps if args.prefill_tokens else 0),
         enforce_eager=args.enforce_eager,
+        cudagraph_mode=args.cudagraph_mode,
         fused_layer_ops=not args.unfused_ops,
     )  # fmt: skip
     engine = Engine(config)
     fill(engine, args.trace, args.batch, args.prompt_len, args.steps)
+    prompts = joining_prompts(args.trace, args.prefill_tokens, 2 * args.steps, engine)
     report = {
         "command": " ".join(["python", *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -141,13 +185,20 @@ def main() -> int:
         "model": args.model,
         "policy": args.policy,
         "batch": args.batch,
+        "prefill_tokens": args.prefill_tokens,
         "cuda_graphs": engine.graphs is not None,
+        "cudagraph_mode": args.cudagraph_mode,
+        "piecewise_graphs": engine.piecewise is not None,
         "layer_ops": type(engine.model.ops).__name__,  # TorchOps on the CPU path whatever the flag
         "layers": engine.model_config.num_layers,
-        **profile_steps(engine, args.steps),
+        **profile_steps(engine, args.steps, prompts),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "step_profile" + "_eager" * args.enforce_eager + "_unfused" * args.unfused_ops + ".json"
+    name = (
+        "step_profile" + "_eager" * args.enforce_eager + "_unfused" * args.unfused_ops
+        + f"_prefill{args.prefill_tokens}" * bool(args.prefill_tokens)
+        + "_decode_only" * (args.cudagraph_mode == "full_decode_only") + ".json"
+    )  # fmt: skip
     (args.out / name).write_text(json.dumps(report, indent=1) + "\n")
     print(f"{'op':60s} {'calls/step':>10s} {'self ms/step':>12s}")
     for op in report["top_host_ops"]:
@@ -155,11 +206,14 @@ def main() -> int:
             f"{op['name'][:60]:60s} {op['calls_per_step']:10.1f} {op['self_cpu_ms_per_step']:12.3f}"
         )
     busy = report["device_busy_ms"]
-    mode = ("CUDA graphs" if report["cuda_graphs"] else "eager") + (
-        ", unfused ops" if args.unfused_ops else ""
+    mode = (
+        ("CUDA graphs" if report["cuda_graphs"] else "eager")
+        + (" + piecewise" if report["piecewise_graphs"] else "")
+        + (", unfused ops" if args.unfused_ops else "")
+        + (f", +1 prompt of {args.prefill_tokens} per step" if args.prefill_tokens else "")
     )
     print(f"\n{args.model} ({report['layers']} layers), {args.policy}, {mode}, batch {args.batch}: "
-          f"wall {report['wall_ms']:.1f} ms/step"
+          f"wall {report['wall_ms_plain']:.1f} ms/step ({report['wall_ms']:.1f} profiled)"
           + ("" if busy is None else f", device busy {busy:.1f} ms, host-only "
              f"{report['host_only_ms']:.1f} ms, {report['device_launches_per_step']:.0f} "
              "launches/step"))  # fmt: skip

@@ -18,7 +18,7 @@ from rimuru.dataplane.bench.arrivals import arrival_times, parse_request_rate
 from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_sweep
 from rimuru.dataplane.bench.results import BenchResult, write_results
 from rimuru.dataplane.bench.trace import load_trace
-from rimuru.dataplane.engine.config import EXPERT_COPY_MODES
+from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES
 from rimuru.dataplane.memory.units import parse_bytes
 
 CPU_DEFAULT_BUDGET = (
@@ -73,6 +73,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--enforce-eager",
         action="store_true",
         help="CUDA: never replay decode CUDA graphs (as vLLM's --enforce-eager)",
+    )
+    p.add_argument(
+        "--cudagraph-mode",
+        choices=CUDAGRAPH_MODES,
+        default=CUDAGRAPH_MODES[0],
+        help="CUDA: full_and_piecewise = decode steps as whole graphs, the others as "
+        "piecewise graphs with eager attention; full_decode_only = the others eager",
     )
     p.add_argument(
         "--loading-buffer-slots",
@@ -146,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         hotness_path=args.hotness,
         evict_to_admit=args.evict_to_admit,
         enforce_eager=args.enforce_eager,
+        cudagraph_mode=args.cudagraph_mode,
         expert_copy=args.expert_copy,
     )
     out_dir = Path(args.output_dir)

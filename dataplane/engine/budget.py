@@ -28,7 +28,7 @@ class MemoryPlan:
     loading_buffer_bytes: int
     num_huge_pages: int
     huge_page_bytes: int
-    cuda_graph_bytes: int = 0  # decode graphs' private memory (0 when eager)
+    cuda_graph_bytes: int = 0  # decode and piecewise graphs' private memory (0 when eager)
 
     @property
     def pool_bytes(self) -> int:
@@ -77,7 +77,7 @@ def plan_memory(
             f"({format_bytes(geometry.huge_page_bytes)}): give at least {format_bytes(need)}, "
             f"or lower max_num_batched_tokens"
             + (
-                f" (the reserve includes {format_bytes(cuda_graph_bytes)} of decode CUDA "
+                f" (the reserve includes {format_bytes(cuda_graph_bytes)} of CUDA "
                 f"graphs; --enforce-eager drops them)"
                 if cuda_graph_bytes
                 else ""

@@ -9,6 +9,8 @@ from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.memory.geometry import BLOCK_SIZE
 
 EXPERT_COPY_MODES = ("device", "host")  # expert_copy's values, the default first
+# cudagraph_mode's values (vLLM's CUDAGraphMode names), the default first
+CUDAGRAPH_MODES = ("full_and_piecewise", "full_decode_only")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,11 @@ class EngineConfig:
     # --enforce-eager.
     enforce_eager: bool = False
     max_seq_len_to_capture: int = 8192  # longer contexts decode eagerly (vLLM's name)
+    # Which steps are graphs, when graphs are on. "full_and_piecewise": decode-only steps
+    # as whole graphs, every other step (prompt chunks, long contexts) as piecewise graphs
+    # with attention eager between the pieces (piecewise_graphs.py). "full_decode_only":
+    # the other steps run eagerly (the before of that change, for comparisons).
+    cudagraph_mode: str = "full_and_piecewise"
     # How offloaded experts reach the device for a step. "device" (default): a kernel copies
     # the routed ones into fixed slots, no host sync, so the step stays a CUDA graph
     # (device_copy.py; on the H200, 11-30, Fig. 4's elastic ran 1.94x the tokens/s of host
@@ -79,6 +86,11 @@ class EngineConfig:
             raise ValueError(
                 "moe_path='gather' copies experts from the host itself: give it "
                 "expert_copy='host' (--expert-copy host)"
+            )
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(
+                f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, got "
+                f"{self.cudagraph_mode!r}"
             )
         if self.max_seq_len_to_capture < 1:
             raise ValueError(

@@ -119,6 +119,7 @@ class DecodeGraphs:
         self.rows = torch.zeros(n, dtype=torch.int64, device=device)  # 1 = a real row
         self.cu = torch.arange(n + 1, dtype=torch.int32, device=device)  # one query each
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
+        self.pool = None  # the graph pool, once captured (the piecewise graphs share it)
         self.steps = 0  # steps served from the static inputs
         self.replays = 0  # of which replayed as graphs
 
@@ -154,7 +155,7 @@ class DecodeGraphs:
         """One graph per size, largest first, all in one memory pool (smaller graphs reuse
         the largest one's blocks). Inputs are all padding while capturing."""
         device = self.model.device
-        pool = torch.cuda.graph_pool_handle()
+        pool = self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device)  # this device's (see graph_memory_bytes)
         for size in reversed(self.sizes):
             self._forward(size)  # eager: kernels loaded, allocator warm

@@ -39,6 +39,7 @@ from rimuru.dataplane.engine.paged_attention import (
     PagedAttentionMeta,
     SequenceSlice,
 )
+from rimuru.dataplane.engine.piecewise_graphs import PiecewiseGraphs
 from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
 from rimuru.dataplane.engine.sampling import Sampler
 from rimuru.dataplane.engine.scheduler import Scheduler
@@ -141,6 +142,7 @@ class Engine(EngineSetup):
         self._load_initial_experts()
         self.experts.counters = ExpertCounters()  # start-up loading is not serving traffic
         self.graphs: DecodeGraphs | None = None
+        self.piecewise: PiecewiseGraphs | None = None  # made with the decode graphs
         if graph_bytes:
             self.make_decode_graphs()
         if log_plan:
@@ -343,11 +345,14 @@ class Engine(EngineSetup):
             meta = PagedAttentionMeta.build(
                 slices, self.model_config.num_layers, self.config.block_size, self.device
             )
-            hidden = self.model.forward(
-                torch.tensor(input_ids, device=self.device),
-                torch.tensor(positions, device=self.device),
-                meta,
-            )
+            if self.piecewise is not None and self.piecewise.serves(len(input_ids)):
+                hidden = self.piecewise.run(input_ids, positions, meta)
+            else:
+                hidden = self.model.forward(
+                    torch.tensor(input_ids, device=self.device),
+                    torch.tensor(positions, device=self.device),
+                    meta,
+                )
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         if not sample_requests:

@@ -40,6 +40,10 @@ class OneSlotExperts:
         rows = torch.tensor([buffer_slot_id(i) for i in range(3)], dtype=torch.int32)
         self.table = rows.repeat(experts.num_experts, 1).to(device)  # [E, 3]
         self.moe_kernel = moe_kernel
+        self.count_rows = None  # what graphs set on an ExpertManager; nothing is counted here
+
+    def reset_routing_counts(self) -> None:
+        """Nothing to reset: this backend counts no routing (the graphs call it after capture)."""
 
     def moe(self, layer, x, topk_ids, topk_weights):
         return self.moe_kernel(x, topk_ids, topk_weights, self.buffer, self.buffer, self.table)

@@ -25,6 +25,11 @@ from rimuru.dataplane.engine.cuda_graphs import (
     capture_sizes,
     graph_memory_bytes,
 )
+from rimuru.dataplane.engine.piecewise_graphs import (
+    build_piecewise_graphs,
+    piecewise_memory_bytes,
+    piecewise_sizes,
+)
 from rimuru.dataplane.engine.profile_run import ScratchRunner
 from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
@@ -230,6 +235,12 @@ class EngineSetup:
             self._attention_kernels(),
         )  # fmt: skip
         largest = graph_memory_bytes(scratch, sizes[-1], bs, self._graph_max_context())
+        if self._uses_piecewise():
+            # measured alike, in a pool of its own: the largest size's pieces and the static
+            # buffers. The engine's share the decode graphs' pool, so this may overstate.
+            largest += piecewise_memory_bytes(
+                scratch.runner, scratch.runner.experts, self._piecewise_sizes()[-1]
+            )
         del scratch
         torch.cuda.empty_cache()
         width = -(-self._graph_max_context() // bs)
@@ -240,6 +251,20 @@ class EngineSetup:
             log.info("CUDA graphs: off, their %.1f MiB would push experts off", planned / 2**20)
             return 0
         return planned
+
+    def _uses_piecewise(self) -> bool:
+        """Wherever there are decode graphs: piecewise graphs for the steps they leave
+        (cudagraph_mode), if every step can be a graph: device copy-in or the resident
+        policy. With host copies an offloaded expert makes a step eager, which then needs
+        the activation reserve beside the graphs' memory; those policies keep such steps
+        eager instead."""
+        c = self.config
+        return c.cudagraph_mode == "full_and_piecewise" and (
+            c.expert_copy == "device" or c.tunables.mode == "resident"
+        )
+
+    def _piecewise_sizes(self) -> tuple[int, ...]:
+        return piecewise_sizes(self.config.max_num_batched_tokens)
 
     def _initial_experts(self) -> list[tuple[int, int]]:
         return initial_experts(
@@ -261,12 +286,19 @@ class EngineSetup:
         self.experts.load_initial(chosen, self.tunables.pages_per_expert)
 
     def make_decode_graphs(self, *, capture: bool = True) -> DecodeGraphs | None:
-        """Build (cuda_graphs.build_decode_graphs) and adopt the decode graphs."""
+        """Build (cuda_graphs.build_decode_graphs) and adopt the decode graphs, then the
+        piecewise graphs (piecewise_graphs.py) where the config and policy allow them."""
         self.graphs = build_decode_graphs(
             self.model, self.experts, self.allocator, self.pool, self._graph_sizes(),
             self._graph_max_context(), self.config.block_size, capture=capture,
             planned_bytes=self.plan.cuda_graph_bytes,
         )  # fmt: skip
+        if self.graphs is not None and self._uses_piecewise():
+            # the decode graphs' pool: the two never run at once
+            self.piecewise = build_piecewise_graphs(
+                self.model, self.experts, self._piecewise_sizes(), capture=capture,
+                pool=self.graphs.pool, planned_bytes=self.plan.cuda_graph_bytes,
+            )  # fmt: skip
         return self.graphs
 
     def _num_graph_pad_pages(self) -> int:

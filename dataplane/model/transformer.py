@@ -101,27 +101,58 @@ class MoETransformer:
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn_meta: Any
     ) -> torch.Tensor:
-        """input_ids [T], positions [T] -> final-normed hidden states [T, D]."""
+        """input_ids [T], positions [T] -> final-normed hidden states [T, D].
+
+        The pieces between two attentions (`embed`, `pre_attention`, `post_attention`) are
+        also what piecewise CUDA graphs capture (engine/piecewise_graphs.py)."""
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
             raise ValueError(
                 f"input_ids and positions must both be 1-D [T] (flattened batch), got "
                 f"{tuple(input_ids.shape)} and {tuple(positions.shape)}"
             )
-        cfg, ops, eps = self.config, self.ops, self.config.rms_norm_eps
-        cos, sin = rope_cos_sin(positions.to(self.device), self._inv_freq, self.dtype)
+        x, residual, rope = self.embed(input_ids, positions)
+        for layer in range(self.config.num_layers):
+            q, k, v = self.pre_attention(layer, x, rope)
+            out = self.attention.attend(layer, q, k, v, attn_meta)  # [T, Hq, Dh]
+            x, residual = self.post_attention(layer, out, residual)
+        return x
+
+    def embed(
+        self, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """-> (layer 0's normed input x [T, D], the residual stream [T, D], RoPE (cos, sin))."""
+        rope = rope_cos_sin(positions.to(self.device), self._inv_freq, self.dtype)
         # The residual stream: each block's output is added to it, and the add is fused with
         # the norm that follows it (the next block's input norm, or the final norm).
         residual = F.embedding(input_ids.to(self.device), self.weights.embed_tokens)  # [T, D]
-        x = ops.rms_norm(residual, self.layers[0].input_norm, eps)
-        for layer in range(cfg.num_layers):
-            w = self.layers[layer]
-            out = self._attention_block(layer, x, cos, sin, attn_meta)
-            x, residual = ops.add_rms_norm(out, residual, w.post_attention_norm, eps)
-            out = self._moe_block(layer, x)
-            last = layer + 1 == cfg.num_layers
-            norm = self.weights.norm if last else self.layers[layer + 1].input_norm
-            x, residual = ops.add_rms_norm(out, residual, norm, eps)
-        return x
+        x = self.ops.rms_norm(residual, self.layers[0].input_norm, self.config.rms_norm_eps)
+        return x, residual, rope
+
+    def pre_attention(
+        self, layer: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, D], input-normed -> q [T, Hq, Dh], k and v [T, Hkv, Dh], q/k normed and rotated."""
+        cfg, a = self.config, self.layers[layer].attention
+        num_tokens = x.shape[0]
+        q = F.linear(x, a.q_proj, a.q_bias).view(num_tokens, cfg.num_heads, cfg.head_dim)
+        k = F.linear(x, a.k_proj, a.k_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = F.linear(x, a.v_proj, a.v_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        q, k = self.ops.qk_norm_rope(q, k, *rope, a.q_norm, a.k_norm, cfg.rms_norm_eps)
+        return q, k, v
+
+    def post_attention(
+        self, layer: int, attn_out: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention's output [T, Hq, Dh] -> o proj, the MoE block and both residual adds:
+        (the next layer's normed input, or the final-normed hidden states; the residual)."""
+        cfg, w, eps = self.config, self.layers[layer], self.config.rms_norm_eps
+        a = w.attention
+        out = F.linear(attn_out.reshape(attn_out.shape[0], cfg.q_size), a.o_proj, a.o_bias)
+        x, residual = self.ops.add_rms_norm(out, residual, w.post_attention_norm, eps)
+        out = self._moe_block(layer, x)
+        last = layer + 1 == cfg.num_layers
+        norm = self.weights.norm if last else self.layers[layer + 1].input_norm
+        return self.ops.add_rms_norm(out, residual, norm, eps)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -146,19 +177,6 @@ class MoETransformer:
         if self.config.norm_topk_prob:
             topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
         return topk_ids, topk_weights
-
-    def _attention_block(
-        self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: Any
-    ) -> torch.Tensor:
-        """x [T, D], already input-normed -> the attention block's output [T, D]."""
-        cfg, a = self.config, self.layers[layer].attention
-        num_tokens = x.shape[0]
-        q = F.linear(x, a.q_proj, a.q_bias).view(num_tokens, cfg.num_heads, cfg.head_dim)
-        k = F.linear(x, a.k_proj, a.k_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        v = F.linear(x, a.v_proj, a.v_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        q, k = self.ops.qk_norm_rope(q, k, cos, sin, a.q_norm, a.k_norm, cfg.rms_norm_eps)
-        out = self.attention.attend(layer, q, k, v, meta)  # [T, Hq, Dh]
-        return F.linear(out.reshape(num_tokens, cfg.q_size), a.o_proj, a.o_bias)
 
     def _moe_block(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """x [T, D], already post-attention-normed -> the MoE block's output [T, D]."""

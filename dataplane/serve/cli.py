@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 
-from rimuru.dataplane.engine.config import EXPERT_COPY_MODES
+from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES
 from rimuru.dataplane.memory.units import parse_bytes
 
 log = logging.getLogger("rimuru.serve")
@@ -94,6 +94,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="on or off: on = never replay decode CUDA graphs (vLLM's --enforce-eager)",
     )
     option(
+        "--cudagraph-mode",
+        default=CUDAGRAPH_MODES[0],
+        choices=CUDAGRAPH_MODES,
+        help="full_and_piecewise: decode steps as whole graphs, the others as piecewise "
+        "graphs with eager attention; full_decode_only: the others eager",
+    )
+    option(
         "--loading-buffer-slots",
         type=int,
         help="experts per loading buffer; caps the live expert_offload_limit (default: "
@@ -165,6 +172,7 @@ def engine_config(args: argparse.Namespace):
         hotness_path=args.hotness,
         evict_to_admit=_on_off("--evict-to-admit", args.evict_to_admit),
         enforce_eager=_on_off("--enforce-eager", args.enforce_eager),
+        cudagraph_mode=args.cudagraph_mode,
         expert_copy=args.expert_copy,
         tunables=Tunables(
             mode=args.mode,

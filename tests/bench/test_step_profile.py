@@ -35,6 +35,19 @@ def test_cpu_profile_reports_every_step_of_a_steady_batch(tmp_path):
     assert "batch 3: wall" in done.stdout
 
 
+def test_mixed_steps_take_one_prompt_each(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "tiny", "--device", "cpu", "--batch", "2",
+         "--steps", "2", "--prompt-len", "24", "--prefill-tokens", "20",
+         "--trace", "sharegpt_qwen_cpu", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "step_profile_prefill20.json").read_text())
+    assert report["prefill_tokens"] == 20 and len(report["wall_ms_plain_each"]) == 2
+    assert "+1 prompt of 20 per step" in done.stdout
+
+
 def test_bad_batch_is_refused_with_a_message():
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--device", "cpu", "--batch", "0"],

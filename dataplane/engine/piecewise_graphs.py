@@ -1,0 +1,224 @@
+"""Piecewise CUDA graphs: the steps the decode graphs do not serve (prompt chunks, mixed
+prefill and decode batches, contexts past max_seq_len_to_capture) replay one graph per
+piece between two attentions, and run only the attentions eagerly in between. This is
+vLLM's CUDAGraphMode.PIECEWISE; with the decode graphs it makes FULL_AND_PIECEWISE, the
+engine's default (`cudagraph_mode`).
+
+Why: an eager step is host-bound. A qwen3-30b-a3b step (48 layers) took 83.8 ms eager on
+the H200 against 14.6 ms as a graph, with the GPU idle for 73.6 of the 83.8 (11-30 05:12,
+docs/benchmarks.md), and every step with a prompt chunk in it ran eagerly. Attention stays
+outside the graphs because its launch depends on the batch's sequences (their number,
+query lengths and block tables); everything else depends only on the token count.
+
+Pieces of a step padded up to a capture size T (L = layers):
+
+    piece 0      embed, input norm, layer 0's q/k/v (projections, q/k norms, RoPE)
+    piece l      layer l-1's o proj, residual add + norm, MoE block, add + norm, layer l's q/k/v
+    piece L      layer L-1's o proj ... the final norm -> hidden states [T, D]
+
+and between pieces l and l+1, eagerly: layer l's KV write and attention over the step's
+real tokens, reading q/k/v from static buffers and writing its output into another.
+
+Invariants the replay relies on:
+  - Static per-step inputs (token ids, positions, the rows to count), the buffers that
+    cross the eager gaps (q, k, v, attention output) and the hidden states out are
+    allocated once, for the largest size, and rewritten in place. Everything else a piece
+    allocates lives in the graph pool, shared by all sizes (and with the decode graphs): a
+    size's pieces replay in capture order with nothing of another size in between, and no
+    tensor in the pool outlives its step.
+  - Padding rows (real tokens .. T) have id 0 and position 0, write no KV (attention sees
+    only the real tokens), read a zero attention output, and are not counted in the
+    routing statistics (ExpertManager.count_rows, as for the decode graphs).
+  - Experts: the decode graphs' rule (ExpertManager.graph_safe): device copy-in, or every
+    expert resident; the device tables are refreshed in place before each replay.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta
+from rimuru.dataplane.model import MoETransformer
+
+log = logging.getLogger(__name__)
+
+
+def piecewise_sizes(max_tokens: int) -> tuple[int, ...]:
+    """Token counts captured: every 16 up to 256, then steps of 1/8 of the power of two
+    below (32 up to 512, 64 up to 1024, ...), and max_tokens itself (max_num_batched_tokens:
+    no step is larger). A step pads up to the next size: by at most 15 tokens up to 256,
+    by under 1/8 of its tokens beyond 128."""
+    sizes, step = set(range(16, min(max_tokens, 256) + 1, 16)), 32
+    while step * 8 < max_tokens:
+        sizes.update(range(step * 8 + step, min(max_tokens, step * 16) + 1, step))
+        step *= 2
+    sizes.add(max_tokens)
+    return tuple(sorted(sizes))
+
+
+class PiecewiseGraphs:
+    """Static inputs, the pieces' graphs per size, and the eager attention between them
+    (module doc). `replay=False` runs the same pieces over the same static, padded inputs
+    eagerly: what a CPU can test."""
+
+    def __init__(self, model: MoETransformer, experts, sizes: Sequence[int], *, replay=True):
+        self.model, self.experts = model, experts  # experts: ExpertManager (or a scratch one)
+        self.sizes = tuple(sorted(sizes))
+        self.replay = replay
+        cfg, n, device, dtype = model.config, self.sizes[-1], model.device, model.dtype
+        self.ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.pos = torch.zeros(n, dtype=torch.int64, device=device)
+        self.rows = torch.zeros(n, dtype=torch.int64, device=device)  # 1 = a real token
+        self.q = torch.zeros(n, cfg.num_heads, cfg.head_dim, dtype=dtype, device=device)
+        self.k = torch.zeros(n, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.attn = torch.zeros_like(self.q)  # padding rows stay 0
+        self.hidden = torch.zeros(n, cfg.hidden_size, dtype=dtype, device=device)
+        self._graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self.steps = 0  # steps served from the static inputs
+        self.replays = 0  # of which replayed as graphs
+
+    def size_for(self, num_tokens: int) -> int | None:
+        return next((s for s in self.sizes if s >= num_tokens), None)
+
+    def serves(self, num_tokens: int) -> bool:
+        return self.size_for(num_tokens) is not None and self.experts.graph_safe()
+
+    def _pieces(self, size: int) -> list[Callable[[], None]]:
+        """The L + 1 pieces of a step of `size` tokens, in order. The residual stream and
+        RoPE pass from piece to piece through `state`, as they would through the eager
+        forward: at capture, what a piece frees the next may reuse, exactly as at replay."""
+        model, num_layers = self.model, self.model.config.num_layers
+        state: dict[str, object] = {}
+
+        def qkv(layer: int, x: torch.Tensor) -> None:
+            for dst, src in zip((self.q, self.k, self.v), model.pre_attention(layer, x, state["rope"]), strict=True):  # fmt: skip
+                dst[:size].copy_(src)
+
+        def first() -> None:
+            x, state["residual"], state["rope"] = model.embed(self.ids[:size], self.pos[:size])
+            qkv(0, x)
+
+        def middle(layer: int) -> None:
+            x, state["residual"] = model.post_attention(layer - 1, self.attn[:size], state["residual"])  # fmt: skip
+            qkv(layer, x)
+
+        def last() -> None:
+            x, _ = model.post_attention(num_layers - 1, self.attn[:size], state["residual"])
+            self.hidden[:size].copy_(x)
+            state.clear()
+
+        return [first, *(lambda layer=i: middle(layer) for i in range(1, num_layers)), last]
+
+    def capture(self, pool=None) -> None:
+        """All pieces of every size, largest size first, into one graph pool (`pool`, e.g.
+        the decode graphs', or a new one). Inputs are all padding while capturing."""
+        device = self.model.device
+        pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device)  # this device's (see cuda_graphs.graph_memory_bytes)
+        with torch.inference_mode():
+            for size in reversed(self.sizes):
+                self.experts.count_rows = self.rows[:size]
+                try:
+                    for piece in self._pieces(size):  # eager first: kernels loaded, allocator warm
+                        piece()
+                    torch.cuda.synchronize(device)
+                    graphs = []
+                    for piece in self._pieces(size):
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph, pool=pool, stream=stream):
+                            piece()
+                        graphs.append(graph)
+                finally:
+                    self.experts.count_rows = None
+                self._graphs[size] = graphs
+        torch.cuda.synchronize(device)
+        self.experts.reset_routing_counts()  # capture routed padding only; keep no trace
+
+    def run(self, input_ids: list[int], positions: list[int], meta: PagedAttentionMeta):
+        """The step's hidden states [len(input_ids), D] (the caller checked `serves`)."""
+        n, size = len(input_ids), self.size_for(len(input_ids))
+        assert size is not None
+        device = self.model.device
+        ids = torch.zeros(size, dtype=torch.int64)
+        ids[:n] = torch.tensor(input_ids, dtype=torch.int64)
+        pos = torch.zeros(size, dtype=torch.int64)
+        pos[:n] = torch.tensor(positions, dtype=torch.int64)
+        rows = torch.zeros(size, dtype=torch.int64)
+        rows[:n] = 1
+        for dst, src in ((self.ids, ids), (self.pos, pos), (self.rows, rows)):
+            dst[:size].copy_(src.to(device, non_blocking=True))
+        # as for the decode graphs: only an eager MoE call refreshes the expert tables
+        self.experts.refresh_device_tables()
+        self.steps += 1
+        graphs = self._graphs.get(size) if self.replay else None
+        if graphs is not None:
+            self.replays += 1
+            pieces: list[Callable] = [g.replay for g in graphs]
+        else:
+            pieces = self._pieces(size)
+        attention = self.model.attention
+        self.experts.count_rows = self.rows[:size]
+        try:
+            with torch.inference_mode():
+                for layer, piece in enumerate(pieces[:-1]):
+                    piece()
+                    out = attention.attend(layer, self.q[:n], self.k[:n], self.v[:n], meta)
+                    self.attn[:n].copy_(out)
+                pieces[-1]()
+        finally:
+            self.experts.count_rows = None
+        return self.hidden[:n]
+
+
+def piecewise_memory_bytes(model: MoETransformer, experts, size: int) -> int:
+    """Device memory piecewise graphs up to `size` tokens keep: static buffers and the pool
+    of the largest size's pieces, measured by capturing them over `model` (the profiling
+    scratch: same kernels, same shapes), then released. Smaller sizes reuse that pool."""
+    device = model.device
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(device)
+    graphs = PiecewiseGraphs(model, experts, (size,))
+    graphs.capture()
+    used = torch.cuda.memory_reserved(device) - before
+    del graphs
+    torch.cuda.empty_cache()
+    return int(used)
+
+
+def build_piecewise_graphs(
+    model: MoETransformer,
+    experts,  # ExpertManager
+    sizes: Sequence[int],
+    *,
+    capture: bool = True,
+    pool=None,
+    planned_bytes: int = 0,
+) -> PiecewiseGraphs | None:
+    """Piecewise graphs over the engine's model, captured (into `pool` when given); None
+    (those steps stay eager) when capture fails. capture=False keeps the static inputs and
+    runs the pieces eagerly (what a CPU can test)."""
+    if not capture:
+        return PiecewiseGraphs(model, experts, sizes, replay=False)
+    before = torch.cuda.memory_reserved(model.device)
+    t0 = time.perf_counter()
+    try:
+        graphs = PiecewiseGraphs(model, experts, sizes)
+        graphs.capture(pool)
+    except Exception:  # serving eagerly beats not serving; the log says why
+        log.exception("piecewise CUDA graphs: capture failed, those steps run eagerly")
+        experts.count_rows = None
+        return None
+    log.info(
+        "piecewise CUDA graphs: %d sizes (16..%d tokens) x %d pieces captured in %.1f s, "
+        "%.1f MiB held (planned %.1f MiB)",
+        len(graphs.sizes), graphs.sizes[-1], model.config.num_layers + 1,
+        time.perf_counter() - t0,
+        (torch.cuda.memory_reserved(model.device) - before) / 2**20, planned_bytes / 2**20,
+    )  # fmt: skip
+    return graphs

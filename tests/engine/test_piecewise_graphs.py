@@ -1,0 +1,92 @@
+"""Steps with prompt chunks through the piecewise-graph inputs (static buffers, tokens padded
+to a capture size, attention eager between the pieces) give the eager engine's tokens and
+routing statistics.
+
+A CPU cannot capture, so the pieces run over their static inputs eagerly here
+(capture=False); bench/gpu_checks.py compares captured replays with eager steps on the GPU."""
+
+import pytest
+import torch
+
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.piecewise_graphs import piecewise_sizes
+from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.memory.geometry import PageType
+
+
+def test_piecewise_sizes_cover_every_step_up_to_max_num_batched_tokens():
+    sizes = piecewise_sizes(2048)
+    assert sizes[:3] == (16, 32, 48) and sizes[-1] == 2048
+    assert {256, 288, 512, 576, 1024, 1152} <= set(sizes) and 272 not in sizes
+    assert len(sizes) == 16 + 8 + 8 + 8
+    assert piecewise_sizes(100) == (16, 32, 48, 64, 80, 96, 100)
+    assert piecewise_sizes(5) == (5,)
+    assert piecewise_sizes(300)[-3:] == (256, 288, 300)
+    for n in range(1, 2049):  # padding: under 16 tokens, or under 1/8 of the step
+        pad = next(s for s in sizes if s >= n) - n
+        assert pad < 16 or pad < n / 8, n
+
+
+def _piecewise_engine(make_engine, mode, **overrides):
+    engine = make_engine(mode, **overrides)
+    engine.make_decode_graphs(capture=False)
+    assert engine.piecewise is not None
+    return engine
+
+
+@pytest.mark.parametrize("mode", ["resident", "elastic"])
+def test_prompt_steps_through_the_pieces_give_the_eager_tokens_and_counts(
+    prompts, make_engine, mode
+):
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    eager = make_engine(mode)
+    want = eager.generate(prompts, params)
+    engine = _piecewise_engine(make_engine, mode)
+    got = engine.generate(prompts, params)
+    assert got == want
+    pw, decode = engine.piecewise, engine.graphs
+    # every step went through static inputs: prompt steps the pieces, decode-only the graphs
+    assert pw.steps > 0 and pw.replays == 0
+    assert pw.steps + decode.steps == len(engine.stats)
+    # padding tokens were routed but not counted, and wrote no KV
+    assert torch.equal(engine.experts.routing_counts, eager.experts.routing_counts)
+    assert not engine.pool.view(PageType.KV)[decode.pad_pages].any()
+    if mode == "elastic":  # the tight pool made it move the boundary while prompts ran
+        assert engine.experts.counters.evictions > 0
+    engine.check_invariants()
+    assert engine.num_leaked_pages() == 0
+
+
+def test_padding_rows_do_not_change_the_real_rows(prompts, make_engine):
+    """A step of 37 tokens pads to 48: the padding rows' values must not reach a real row."""
+    engine = _piecewise_engine(make_engine, "resident")
+    pw = engine.piecewise
+    assert pw.size_for(37) == 48
+    eager = make_engine("resident")
+    params = SamplingParams(max_tokens=1)
+    prompt = prompts[0][:37]
+    pw.attn.fill_(1e4)  # stale rows from an earlier step: padding reads them as they are
+    assert engine.generate([prompt], params) == eager.generate([prompt], params)
+    assert pw.steps == 1
+
+
+def test_host_copies_with_offloading_policies_keep_prompt_steps_eager(make_engine):
+    # an offloaded expert would make such a step eager: then the pieces' memory would sit
+    # beside the activation reserve, so those engines do not make them
+    engine = make_engine("elastic", expert_copy="host")
+    engine.make_decode_graphs(capture=False)
+    assert engine.graphs is not None and engine.piecewise is None
+    resident = make_engine("resident", expert_copy="host")
+    resident.make_decode_graphs(capture=False)
+    assert resident.piecewise is not None
+
+
+def test_full_decode_only_keeps_prompt_steps_eager(make_engine):
+    engine = make_engine("resident", cudagraph_mode="full_decode_only")
+    engine.make_decode_graphs(capture=False)
+    assert engine.graphs is not None and engine.piecewise is None
+
+
+def test_cudagraph_mode_is_validated():
+    with pytest.raises(ValueError, match="cudagraph_mode must be one of full_and_piecewise"):
+        EngineConfig(cudagraph_mode="piecewise")
