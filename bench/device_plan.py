@@ -73,11 +73,14 @@ PLANS: dict[str, tuple[Job, ...]] = {
             Step(f"{FIG4} --policies resident --out $JOB_OUT/fig4_resident", 180),
         )),
     ),
-    # Its second: Exp. 2 elastic at max_num_seqs 512, Fig. 4 elastic and fixed.
+    # Its second: Exp. 2 elastic at max_num_seqs 512, Fig. 4 elastic and fixed, layer ops.
     "piecewise-2": (
         Job("gpu0", 0, (
             Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
                  "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/elastic512", 330),
+            # the layer ops' bf16 error against fp32 (new), beside torch's
+            Step("python3 bench/kernels_gpu.py --tokens 1 --skip-attention --out-dir $JOB_OUT",
+                 90),
         )),
         Job("gpu1", 1, (
             Step(f"{FIG4} --policies elastic --out $JOB_OUT/fig4_elastic", 180),

@@ -246,14 +246,33 @@ def check_layer_ops(tokens: int = 256) -> list[dict]:
         wq, wk = (1 + 0.1 * torch.randn(2, dh, generator=g, **bf16)) if qk_norm else (None, None)
         got_q, got_k = qk_norm_rope(q, k, cos, sin, wq, wk, 1e-6)
         want_q, want_k = qk_norm_rope_reference(q, k, cos, sin, wq, wk, 1e-6)
-        for op, got, want in (("add_rms_norm", y, want_y), ("residual", res, want_res),
-                              ("qk_norm_rope q", got_q, want_q), ("qk_norm_rope k", got_k, want_k)):  # fmt: skip
+        # fp32 truth: the torch ops on fp32 copies (cos/sin are bf16 in both paths)
+        f32 = [t.float() if t is not None else None for t in (x, w, r, q, k, wq, wk)]
+        true_y, true_res = rms_norm_reference(f32[0], f32[1], 1e-6, residual=f32[2])
+        true_q, true_k = qk_norm_rope_reference(
+            f32[3], f32[4], cos.float(), sin.float(), f32[5], f32[6], 1e-6
+        )
+        for op, got, want, true in (
+            ("add_rms_norm", y, want_y, true_y), ("residual", res, want_res, true_res),
+            ("qk_norm_rope q", got_q, want_q, true_q), ("qk_norm_rope k", got_k, want_k, true_k),
+        ):  # fmt: skip
             diff = (got.float() - want.float()).abs()
             rows.append({
                 "model": name, "op": op, "values": got.numel(),
                 "differ": int((diff > 0).sum()), "max_abs_diff": float(diff.max()),
+                "max_ulps_vs_torch": _max_ulps(got, want.float()),
+                "kernel_max_ulps_vs_fp32": _max_ulps(got, true),
+                "torch_max_ulps_vs_fp32": _max_ulps(want, true),
             })  # fmt: skip
     return rows
+
+
+def _max_ulps(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest |got - ref| in bf16 ulps of ref (ulp of |v| in [2^e, 2^(e+1)) = 2^(e-7)),
+    counted at |ref| >= 1/8 for smaller refs: RoPE's q*cos - rot*sin cancels to near 0,
+    where an absolute error of the inputs' size would read as millions of ulps."""
+    ulp = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(0.125))) - 7)
+    return float(((got.float() - ref).abs() / ulp).max())
 
 
 def summarize(report: dict) -> None:
@@ -289,6 +308,8 @@ def summarize(report: dict) -> None:
             print(f"layer ops: FAILED {r['error']}")
             continue
         print(f"layer ops {r['model']} {r['op']}: {r['differ']} of {r['values']} bf16 values differ "
+              f"(max {r['max_ulps_vs_torch']:.1f} ulp; vs fp32: kernel {r['kernel_max_ulps_vs_fp32']:.2f}, "
+              f"torch {r['torch_max_ulps_vs_fp32']:.2f} ulp) "
               f"from torch, max |diff| {r['max_abs_diff']:.2e}")  # fmt: skip
     for a in report.get("attention", []):
         if "error" in a:
