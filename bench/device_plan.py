@@ -88,6 +88,19 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  240),
         )),
     ),
+    # The copy-in kernel's PCIe bandwidth against the copy engines (never measured), Fig. 4
+    # with skew 0 on today's defaults, and Exp. 4's burst sweep (capacity at t = 0).
+    "copy-sweep": (
+        Job("gpu0", 0, (
+            Step("python3 bench/expert_copy_gpu.py --out $JOB_OUT", 150),
+            Step(f"{FIG4} --router-skew 0 --policies resident,elastic --out $JOB_OUT/fig4_skew0",
+                 330),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/paper_experiments.py offload-sweep --limits 0,10,30,5,15 "
+                 "--num-prompts 200 --out $JOB_OUT/offload", 500),
+        )),
+    ),
     # The next session's first call: the fused norms/RoPE against torch in bf16 (kernels_gpu's
     # layer-ops section; never compared yet), every check on today's defaults, and the
     # light-load TPOT goal with device copy-in and fused ops (last measured before both).

@@ -104,18 +104,23 @@ def copy_routed_experts(
     w2: torch.Tensor,
     buffer_pages: torch.Tensor,
     copied: torch.Tensor,
+    *,
+    programs_per_matrix: int = _PROGRAMS_PER_MATRIX,
+    block: int = _BLOCK,
+    num_warps: int = 4,
 ) -> None:
-    """See the module doc. One launch; returns at once (stream-ordered)."""
+    """See the module doc. One launch; returns at once (stream-ordered). The keywords set
+    the launch (bench/expert_copy_gpu.py times them); the defaults are what the engine uses."""
     _check(counts, offloaded, w1, w3, w2, buffer_pages, copied)
     matrix_elems = w1.shape[1] * w1.shape[2]
     if offloaded.shape[0] == 0:
         return
-    chunks = triton.cdiv(matrix_elems, _BLOCK)
-    per_program = triton.cdiv(chunks, min(_PROGRAMS_PER_MATRIX, chunks))
+    chunks = triton.cdiv(matrix_elems, block)
+    per_program = triton.cdiv(chunks, min(programs_per_matrix, chunks))
     grid = (offloaded.shape[0], 3, triton.cdiv(chunks, per_program))
     _copy_routed_kernel[grid](
         counts, offloaded, w1, w3, w2, buffer_pages, copied, buffer_pages.stride(0),
-        matrix_elems, per_program, BLOCK=_BLOCK,
+        matrix_elems, per_program, BLOCK=block, num_warps=num_warps,
     )  # fmt: skip
 
 

@@ -49,6 +49,21 @@ def test_a_matrix_of_many_chunks_is_copied_whole(inter, hidden):
         assert torch.equal(buffer[m, :n], w[2].reshape(-1))
 
 
+@pytest.mark.parametrize("programs, block, warps", [(32, 1024, 8), (128, 256, 4), (3, 512, 2)])
+def test_every_launch_of_the_sweep_copies_the_same(programs, block, warps):
+    """bench/expert_copy_gpu.py times other launches: each must copy what the default does,
+    including a last program whose run of chunks passes the matrix's end."""
+    w1, w3, w2, buffer = _case(2, E=5, inter=40, hidden=130, slots=3)
+    offloaded = torch.tensor([3, 0, 4], dtype=torch.int32)
+    counts = torch.tensor([1, 0, 0, 2, 1], dtype=torch.int64)
+    want, copied_want = buffer.clone(), torch.zeros(1, dtype=torch.int32)
+    copy_routed_experts(counts, offloaded, w1, w3, w2, want, copied_want)
+    copied = torch.zeros(1, dtype=torch.int32)
+    copy_routed_experts(counts, offloaded, w1, w3, w2, buffer, copied,
+                        programs_per_matrix=programs, block=block, num_warps=warps)  # fmt: skip
+    assert torch.equal(buffer, want) and copied.item() == copied_want.item() == 3
+
+
 def test_bad_shapes_are_refused_with_what_was_expected():
     w1, w3, w2, buffer = _case(2)
     counts, copied = torch.zeros(6, dtype=torch.int64), torch.zeros(1, dtype=torch.int32)
