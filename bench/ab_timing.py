@@ -55,10 +55,9 @@ def summarize_ab(a: Rounds, b: Rounds) -> ABResult:
     )
 
 
-def interleaved_samples(
-    run_a: Callable[[], None], run_b: Callable[[], None], *, rounds: int, reps: int
-) -> tuple[Rounds, Rounds]:
-    """Seconds per call of run_a and run_b, L2 flushed before each, in alternating rounds."""
+def flushed_calls(reps: int) -> Callable[[Callable[[], None]], list[float]]:
+    """A timer: it runs fn `reps` times, each after an L2 flush, and returns the seconds of
+    each call (CUDA events around the call alone)."""
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > the H200's 50 MB L2
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(reps)]  # fmt: skip
@@ -71,6 +70,15 @@ def interleaved_samples(
             end.record()
         torch.cuda.synchronize()
         return [1e-3 * start.elapsed_time(end) for start, end in events]
+
+    return one_round
+
+
+def interleaved_samples(
+    run_a: Callable[[], None], run_b: Callable[[], None], *, rounds: int, reps: int
+) -> tuple[Rounds, Rounds]:
+    """Seconds per call of run_a and run_b, L2 flushed before each, in alternating rounds."""
+    one_round = flushed_calls(reps)
 
     for _ in range(3):  # warm-up: clocks up, code paths loaded
         run_a(), run_b()

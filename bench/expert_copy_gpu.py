@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from ab_timing import flushed_calls
 
 from rimuru.kernels.expert_copy import copy_routed_experts
 
@@ -46,22 +47,13 @@ def time_calls(fns: dict[str, callable], rounds: int, calls: int) -> dict[str, f
     """Median over rounds of seconds per call, each round running every fn `calls` times,
     each call timed alone after an L2 flush: the H200's 50 MB L2 could otherwise serve a
     re-read of the same host bytes, which serving never re-reads within a step."""
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    one_round = flushed_calls(calls)
     for fn in fns.values():  # warm-up: compiled, clocks up
         fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(calls)]  # fmt: skip
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            for start, end in events:
-                flush.zero_()
-                start.record()
-                fn()
-                end.record()
-            torch.cuda.synchronize()
-            samples[name].append(statistics.median(s.elapsed_time(e) / 1e3 for s, e in events))
+            samples[name].append(statistics.median(one_round(fn)))
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
