@@ -101,6 +101,18 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--num-prompts 200 --out $JOB_OUT/offload", 500),
         )),
     ),
+    # Fig. 4's elastic at offload limit 10 (Exp. 4's knee) with skew 0 and 1: at skew 0 the
+    # limit-30 elastic copied 5.4 TB and ran at half resident's rate (07:08).
+    "limit10": (
+        Job("gpu0", 0, (
+            Step("python3 bench/engine_gpu.py --skip-a --expert-offload-limit 10 --num-prompts 500 "
+                 "--router-skew 0 --policies elastic --out $JOB_OUT/skew0", 240),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/engine_gpu.py --skip-a --expert-offload-limit 10 --num-prompts 500 "
+                 "--policies elastic --out $JOB_OUT/skew1", 240),
+        )),
+    ),
     # The next session's first call: the fused norms/RoPE against torch in bf16 (kernels_gpu's
     # layer-ops section; never compared yet), every check on today's defaults, and the
     # light-load TPOT goal with device copy-in and fused ops (last measured before both).
