@@ -15,8 +15,10 @@ elastic step. It had not been measured. Here, per model shape and k routed exper
             small sweep (programs per matrix, elements per loop step, warps)
 
 Every variant runs 5 calls per round, in turn (drift hits all alike), each after an L2
-flush; the figure is the median over rounds of the round's median call. The kernel's output is checked against the host matrices.
-Prints a short table last; OUT/expert_copy_gpu.json holds every figure.
+flush; the figure is the median over rounds of the round's median call. The engine's launch
+is checked against the host matrices here; the sweep's other launches copy the same bytes
+in the CPU tests (tests/kernels/test_expert_copy.py). Prints a short table last;
+OUT/expert_copy_gpu.json holds every figure.
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ def fill(engine: Engine, trace_name: str, batch: int, prompt_len: int, decode_st
     trace = load_trace(trace_name)
     if len(trace) < batch:
         raise ValueError(f"trace {trace_name} holds {len(trace)} requests; --batch is {batch}")
-    # Enough tokens to stay in decode for the whole profile: the batch must not shrink.
+    # Enough tokens to stay in decode for every measured step (plain and profiled): the
+    # batch must not shrink.
     params = SamplingParams(max_tokens=decode_steps + 8, ignore_eos=True)
     for i, request in enumerate(trace.requests[:batch]):
         engine.add_request(list(request.prompt_token_ids[:prompt_len]), params, f"profile-{i}")
@@ -73,12 +74,16 @@ def fill(engine: Engine, trace_name: str, batch: int, prompt_len: int, decode_st
     raise RuntimeError("the batch never reached steady decode; raise the memory budget")
 
 
-def timed_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> list[float]:
-    """Wall ms of `steps` steps; before each, one prompt from `prompts` (if any) joins."""
+def timed_steps(
+    engine: Engine, steps: int, prompts: list[list[int]], running: list[int]
+) -> list[float]:
+    """Wall ms of `steps` steps; before each, one prompt from `prompts` (if any) joins.
+    Appends to `running` the requests decoding in each step (the batch must not shrink)."""
     walls = []
     for _ in range(steps):
         if prompts:
             engine.add_request(prompts.pop(), SamplingParams(max_tokens=4 * steps, ignore_eos=True))
+        running.append(sum(r.num_tokens_to_compute == 1 for r in engine.scheduler.running))
         t0 = time.perf_counter()
         engine.step()
         walls.append((time.perf_counter() - t0) * 1e3)
@@ -88,9 +93,10 @@ def timed_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> list[fl
 def profile_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> dict:
     cuda = engine.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    plain = timed_steps(engine, steps, prompts)
+    running: list[int] = []
+    plain = timed_steps(engine, steps, prompts, running)
     with profile(activities=activities) as prof:
-        walls = timed_steps(engine, steps, prompts)
+        walls = timed_steps(engine, steps, prompts, running)
     events = prof.events()
     device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     intervals = [(e.time_range.start, e.time_range.end) for e in device]
@@ -103,6 +109,7 @@ def profile_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> dict:
         "wall_ms_plain_each": plain,
         "wall_ms": wall,
         "wall_ms_each": walls,
+        "decoding_each": running,  # plain steps, then profiled ones
         "device_busy_ms": busy,
         "host_only_ms": None if busy is None else wall - busy,
         "device_launches_per_step": len(device) / steps if cuda else None,
@@ -159,9 +166,12 @@ def main() -> int:
         print("step_profile.py: --batch, --steps and --prompt-len must be >= 1, "
               "--prefill-tokens >= 0", file=sys.stderr)  # fmt: skip
         return 2
-    if args.batch + args.prefill_tokens > 2048:
-        print("step_profile.py: --batch + --prefill-tokens must fit one step's 2048 tokens "
-              "(max_num_batched_tokens)", file=sys.stderr)  # fmt: skip
+    # the last measured step: the batch, the prompts joined so far (decoding), a new one
+    widest = args.batch + (2 * args.steps - 1) + args.prefill_tokens if args.prefill_tokens else 0
+    if widest > EngineConfig.max_num_batched_tokens:
+        print(f"step_profile.py: the last mixed step would hold {widest} tokens, over the "
+              f"{EngineConfig.max_num_batched_tokens} of max_num_batched_tokens: the prompt "
+              "would be chunked; lower --batch, --steps or --prefill-tokens", file=sys.stderr)  # fmt: skip
         return 2
     config = EngineConfig(
         model=args.model,
@@ -176,7 +186,7 @@ def main() -> int:
         fused_layer_ops=not args.unfused_ops,
     )  # fmt: skip
     engine = Engine(config)
-    fill(engine, args.trace, args.batch, args.prompt_len, args.steps)
+    fill(engine, args.trace, args.batch, args.prompt_len, 2 * args.steps)  # plain + profiled
     prompts = joining_prompts(args.trace, args.prefill_tokens, 2 * args.steps, engine)
     report = {
         "command": " ".join(["python", *sys.argv]),

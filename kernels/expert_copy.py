@@ -112,6 +112,11 @@ def copy_routed_experts(
     """See the module doc. One launch; returns at once (stream-ordered). The keywords set
     the launch (bench/expert_copy_gpu.py times them); the defaults are what the engine uses."""
     _check(counts, offloaded, w1, w3, w2, buffer_pages, copied)
+    if programs_per_matrix < 1 or block < 16 or block & (block - 1) or num_warps not in (1, 2, 4, 8, 16, 32):  # fmt: skip
+        raise ValueError(
+            f"programs_per_matrix must be >= 1, block a power of two >= 16 and num_warps a "
+            f"power of two <= 32; got {programs_per_matrix}, {block}, {num_warps}"
+        )
     matrix_elems = w1.shape[1] * w1.shape[2]
     if offloaded.shape[0] == 0:
         return

@@ -50,9 +50,10 @@ class EngineConfig:
     enforce_eager: bool = False
     max_seq_len_to_capture: int = 8192  # longer contexts decode eagerly (vLLM's name)
     # Which steps are graphs, when graphs are on. "full_and_piecewise": decode-only steps
-    # as whole graphs, every other step (prompt chunks, long contexts) as piecewise graphs
-    # with attention eager between the pieces (piecewise_graphs.py). "full_decode_only":
-    # the other steps run eagerly (the before of that change, for comparisons).
+    # as whole graphs, the other steps (prompt chunks, long contexts) as piecewise graphs
+    # with attention eager between the pieces (piecewise_graphs.py) — where every step can
+    # be a graph (device copy-in, or the resident policy) and the memory plan has room.
+    # "full_decode_only": the other steps run eagerly (the before, for comparisons).
     cudagraph_mode: str = "full_and_piecewise"
     # How offloaded experts reach the device for a step. "device" (default): a kernel copies
     # the routed ones into fixed slots, no host sync, so the step stays a CUDA graph

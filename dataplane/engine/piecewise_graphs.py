@@ -23,14 +23,23 @@ Invariants the replay relies on:
   - Static per-step inputs (token ids, positions, the rows to count), the buffers that
     cross the eager gaps (q, k, v, attention output) and the hidden states out are
     allocated once, for the largest size, and rewritten in place. Everything else a piece
-    allocates lives in the graph pool, shared by all sizes (and with the decode graphs): a
-    size's pieces replay in capture order with nothing of another size in between, and no
-    tensor in the pool outlives its step.
+    allocates lives in the graph pool, shared by all sizes: a size's pieces replay in
+    capture order with nothing of another size in between, and no tensor a piece leaves in
+    the pool outlives its step. (The pool handle is the decode graphs', but the capture
+    stream is not, so no block is reused between the two: the memory plan counts both.)
   - Padding rows (real tokens .. T) have id 0 and position 0, write no KV (attention sees
-    only the real tokens), read a zero attention output, and are not counted in the
-    routing statistics (ExpertManager.count_rows, as for the decode graphs).
+    only the real tokens), read whatever an earlier step left in their rows of the
+    attention output (finite values: every op is row-wise, so no padding row reaches a real
+    one), and are not counted in the routing statistics (ExpertManager.count_rows, as for
+    the decode graphs).
   - Experts: the decode graphs' rule (ExpertManager.graph_safe): device copy-in, or every
     expert resident; the device tables are refreshed in place before each replay.
+
+Known difference from an eager step: the MoE kernel picks its tiles by the padded token
+count, so a replayed step may round otherwise than the eager step of the same batch (same
+math). The GPU checks compare fp32 tokens, pieces against eager: identical (2026-11-30).
+Not counted anywhere: the driver's own memory per instantiated graph (here up to 40 sizes x
+(L + 1) pieces), which `memory_reserved` does not see; it has not been measured.
 """
 
 from __future__ import annotations
@@ -76,7 +85,7 @@ class PiecewiseGraphs:
         self.q = torch.zeros(n, cfg.num_heads, cfg.head_dim, dtype=dtype, device=device)
         self.k = torch.zeros(n, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
-        self.attn = torch.zeros_like(self.q)  # padding rows stay 0
+        self.attn = torch.zeros_like(self.q)  # padding rows: 0, or an earlier step's rows
         self.hidden = torch.zeros(n, cfg.hidden_size, dtype=dtype, device=device)
         self._graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.steps = 0  # steps served from the static inputs
@@ -216,7 +225,7 @@ def build_piecewise_graphs(
         return None
     log.info(
         "piecewise CUDA graphs: %d sizes (16..%d tokens) x %d pieces captured in %.1f s, "
-        "%.1f MiB held (planned %.1f MiB)",
+        "%.1f MiB held (planned %.1f MiB with the decode graphs)",
         len(graphs.sizes), graphs.sizes[-1], model.config.num_layers + 1,
         time.perf_counter() - t0,
         (torch.cuda.memory_reserved(model.device) - before) / 2**20, planned_bytes / 2**20,

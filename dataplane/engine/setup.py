@@ -9,6 +9,7 @@ called once from `Engine.__init__` (the kernel choice also by the profiling forw
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -94,6 +95,24 @@ def check_offload_fits(mode: str, offloaded: int, slots: int) -> None:
             f"loading buffer holds {slots}: raise loading_buffer_slots to >= {offloaded} or "
             f"the memory budget"
         )
+
+
+def graph_memory_plan(
+    decode: int, pieces: int, fits: Callable[[int], bool] | None
+) -> tuple[int, bool]:
+    """(bytes to reserve, whether the piecewise graphs are in) for decode graphs and
+    piecewise graphs of these sizes. `fits(bytes)`: whether the pool still starts with every
+    expert resident beside that much (None: no such condition, device copy-in). The decode
+    graphs come first: without room for both, the pieces are dropped, then everything."""
+    if fits is None or fits(decode + pieces):
+        return decode + pieces, pieces > 0
+    if pieces and fits(decode):
+        log.info(
+            "piecewise CUDA graphs: off, their %.1f MiB would push experts off", pieces / 2**20
+        )
+        return decode, False
+    log.info("CUDA graphs: off, their %.1f MiB would push experts off", decode / 2**20)
+    return 0, False
 
 
 class EngineSetup:
@@ -214,12 +233,15 @@ class EngineSetup:
         return expert_pages - margin >= mc.num_layers * mc.num_experts * t.pages_per_expert
 
     def _cuda_graph_reserve(self, budget: int, reserve: int, buffers: int) -> int:
-        """Bytes the decode graphs will keep (0 when eager), planned before the pool: the
-        largest graph captured once on the profiling scratch, plus the static inputs and
-        every smaller graph's output, with 10% headroom as for the activation reserve.
+        """Bytes the CUDA graphs will keep (0 when eager), planned before the pool: the
+        largest decode graph and the largest size's pieces, each captured once on the
+        profiling scratch, plus the static inputs and every smaller decode graph's output,
+        with 10% headroom as for the activation reserve.
 
         0 as well when the policy would start with experts offloaded, with or without the
-        graphs' memory: no graph could be captured, and the KV keeps that memory."""
+        graphs' memory: no graph could be captured, and the KV keeps that memory. Sets
+        `_piecewise_planned`: whether the piecewise graphs' memory made it into the plan."""
+        self._piecewise_planned = self._uses_piecewise()
         if not self._uses_graphs():
             return 0
         # device copy-in: graphs whatever the residency, except resident, which never
@@ -235,10 +257,12 @@ class EngineSetup:
             self._attention_kernels(),
         )  # fmt: skip
         largest = graph_memory_bytes(scratch, sizes[-1], bs, self._graph_max_context())
-        if self._uses_piecewise():
-            # measured alike, in a pool of its own: the largest size's pieces and the static
-            # buffers. The engine's share the decode graphs' pool, so this may overstate.
-            largest += piecewise_memory_bytes(
+        pieces = 0
+        if self._piecewise_planned:
+            # The pieces capture into the decode graphs' pool but on a stream of their own,
+            # and torch's allocator reuses a block only on the stream that freed it: in
+            # effect the two do not share memory, so the plan counts both.
+            pieces = piecewise_memory_bytes(
                 scratch.runner, scratch.runner.experts, self._piecewise_sizes()[-1]
             )
         del scratch
@@ -246,10 +270,14 @@ class EngineSetup:
         width = -(-self._graph_max_context() // bs)
         static = sizes[-1] * (mc.num_layers * (4 * width + 8) + 8 * 4 + 4)
         outputs = sum(sizes[:-1]) * mc.hidden_size * self.geometry.shape.dtype_bytes
-        planned = int(1.1 * (largest + static + outputs))
-        if not device_copy and not self._all_experts_fit(budget, reserve + planned, buffers):
-            log.info("CUDA graphs: off, their %.1f MiB would push experts off", planned / 2**20)
-            return 0
+        decode = int(1.1 * (largest + static + outputs))
+        fits = None
+        if not device_copy:
+
+            def fits(extra: int) -> bool:
+                return self._all_experts_fit(budget, reserve + extra, buffers)
+
+        planned, self._piecewise_planned = graph_memory_plan(decode, int(1.1 * pieces), fits)
         return planned
 
     def _uses_piecewise(self) -> bool:
@@ -287,14 +315,15 @@ class EngineSetup:
 
     def make_decode_graphs(self, *, capture: bool = True) -> DecodeGraphs | None:
         """Build (cuda_graphs.build_decode_graphs) and adopt the decode graphs, then the
-        piecewise graphs (piecewise_graphs.py) where the config and policy allow them."""
+        piecewise graphs (piecewise_graphs.py) where the config, the policy and the memory
+        plan allow them."""
         self.graphs = build_decode_graphs(
             self.model, self.experts, self.allocator, self.pool, self._graph_sizes(),
             self._graph_max_context(), self.config.block_size, capture=capture,
             planned_bytes=self.plan.cuda_graph_bytes,
         )  # fmt: skip
-        if self.graphs is not None and self._uses_piecewise():
-            # the decode graphs' pool: the two never run at once
+        if self.graphs is not None and self._piecewise_planned:
+            # the decode graphs' pool handle (see _cuda_graph_reserve: no memory shared)
             self.piecewise = build_piecewise_graphs(
                 self.model, self.experts, self._piecewise_sizes(), capture=capture,
                 pool=self.graphs.pool, planned_bytes=self.plan.cuda_graph_bytes,

@@ -11,7 +11,7 @@ import torch
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.piecewise_graphs import piecewise_sizes
 from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.engine.setup import graph_memory_plan
 
 
 def test_piecewise_sizes_cover_every_step_up_to_max_num_batched_tokens():
@@ -46,28 +46,67 @@ def test_prompt_steps_through_the_pieces_give_the_eager_tokens_and_counts(
     assert got == want
     pw, decode = engine.piecewise, engine.graphs
     # every step went through static inputs: prompt steps the pieces, decode-only the graphs
-    assert pw.steps > 0 and pw.replays == 0
+    assert pw.steps > 0
     assert pw.steps + decode.steps == len(engine.stats)
-    # padding tokens were routed but not counted, and wrote no KV
+    # padding tokens were routed but not counted
     assert torch.equal(engine.experts.routing_counts, eager.experts.routing_counts)
-    assert not engine.pool.view(PageType.KV)[decode.pad_pages].any()
     if mode == "elastic":  # the tight pool made it move the boundary while prompts ran
         assert engine.experts.counters.evictions > 0
     engine.check_invariants()
     assert engine.num_leaked_pages() == 0
 
 
-def test_padding_rows_do_not_change_the_real_rows(prompts, make_engine):
-    """A step of 37 tokens pads to 48: the padding rows' values must not reach a real row."""
+def test_attention_sees_only_the_real_tokens(prompts, make_engine):
+    """A step of 37 tokens pads to 48 for the pieces; the KV write and attention between
+    them take the 37 real ones, whose output lands in the first 37 rows."""
     engine = _piecewise_engine(make_engine, "resident")
     pw = engine.piecewise
     assert pw.size_for(37) == 48
-    eager = make_engine("resident")
-    params = SamplingParams(max_tokens=1)
-    prompt = prompts[0][:37]
+    seen, attend = [], engine.attention.attend
+
+    def recording(layer, q, k, v, meta):
+        seen.append((layer, q.shape[0], k.shape[0], v.shape[0]))
+        return attend(layer, q, k, v, meta)
+
+    engine.attention.attend = recording
+    want = make_engine("resident").generate([prompts[0][:37]], SamplingParams(max_tokens=1))
     pw.attn.fill_(1e4)  # stale rows from an earlier step: padding reads them as they are
-    assert engine.generate([prompt], params) == eager.generate([prompt], params)
+    assert engine.generate([prompts[0][:37]], SamplingParams(max_tokens=1)) == want
+    layers = engine.model_config.num_layers
+    assert pw.steps == 1 and seen == [(layer, 37, 37, 37) for layer in range(layers)]
+    assert bool((pw.attn[37:48] == 1e4).all())  # padding rows were never written
+
+
+def test_a_prompt_step_with_an_offloaded_expert_runs_eagerly_under_host_copies(
+    prompts, make_engine
+):
+    """serves() asks the experts: with host copies, an offloaded expert needs the host's
+    decision, which no graph can hold."""
+    engine = _piecewise_engine(make_engine, "resident", expert_copy="host")
+    pw = engine.piecewise
+    engine.add_request(prompts[0], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()  # the prompt, every expert resident: the pieces
     assert pw.steps == 1
+    engine.experts.evict(0, 0, last_step=engine.step_id)
+    engine.add_request(prompts[1], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()  # a prompt step, an expert of layer 0 off the device: eager
+    assert pw.steps == 1 and not pw.serves(40)
+
+
+def test_graph_memory_plan_drops_the_pieces_before_the_decode_graphs():
+    room = {"bytes": 0}
+
+    def fits(extra: int) -> bool:
+        return extra <= room["bytes"]
+
+    assert graph_memory_plan(100, 50, None) == (150, True)  # device copy-in: no condition
+    assert graph_memory_plan(100, 0, None) == (100, False)
+    room["bytes"] = 150
+    assert graph_memory_plan(100, 50, fits) == (150, True)
+    room["bytes"] = 149  # both do not fit: the decode graphs alone
+    assert graph_memory_plan(100, 50, fits) == (100, False)
+    room["bytes"] = 99  # not even those
+    assert graph_memory_plan(100, 50, fits) == (0, False)
 
 
 def test_host_copies_with_offloading_policies_keep_prompt_steps_eager(make_engine):

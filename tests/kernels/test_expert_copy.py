@@ -64,6 +64,19 @@ def test_every_launch_of_the_sweep_copies_the_same(programs, block, warps):
     assert torch.equal(buffer, want) and copied.item() == copied_want.item() == 3
 
 
+@pytest.mark.parametrize(
+    "launch", [dict(programs_per_matrix=0), dict(block=1000), dict(num_warps=3)]
+)
+def test_bad_launches_are_refused_before_anything_is_copied(launch):
+    w1, w3, w2, buffer = _case(3, slots=1)
+    before = buffer.clone()
+    counts, copied = torch.ones(6, dtype=torch.int64), torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="power of two"):
+        copy_routed_experts(counts, torch.tensor([2], dtype=torch.int32), w1, w3, w2, buffer,
+                            copied, **launch)  # fmt: skip
+    assert torch.equal(buffer, before) and copied.item() == 0
+
+
 def test_bad_shapes_are_refused_with_what_was_expected():
     w1, w3, w2, buffer = _case(2)
     counts, copied = torch.zeros(6, dtype=torch.int64), torch.zeros(1, dtype=torch.int32)
