@@ -42,6 +42,8 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
         config["RIMURU_ENFORCE_EAGER"] = "on" if engine.enforce_eager else "off"
     if engine.expert_copy is not None:
         config["RIMURU_EXPERT_COPY"] = engine.expert_copy
+    if engine.cudagraph_mode is not None:
+        config["RIMURU_CUDAGRAPH_MODE"] = engine.cudagraph_mode
     tunables = spec.policy.tunables
     config["RIMURU_POLICY_MODE"] = tunables.mode
     config["RIMURU_PAGES_PER_EXPERT"] = str(tunables.pages_per_expert)

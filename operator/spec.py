@@ -66,6 +66,8 @@ class EngineSpec:
     evict_to_admit: bool | None = None  # None = the engine's default (on)
     enforce_eager: bool | None = None  # None = the engine's default (decode CUDA graphs on)
     expert_copy: str | None = None  # "host" | "device"; None = the engine's default (device)
+    # "full_and_piecewise" | "full_decode_only"; None = the engine's default (full_and_piecewise)
+    cudagraph_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,9 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
         evict_to_admit=_optional_bool(engine, "evictToAdmit", path),
         enforce_eager=_optional_bool(engine, "enforceEager", path),
         expert_copy=_optional_choice(engine, "expertCopy", ("device", "host"), path),
+        cudagraph_mode=_optional_choice(
+            engine, "cudagraphMode", ("full_and_piecewise", "full_decode_only"), path
+        ),
     )
 
 

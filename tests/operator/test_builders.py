@@ -305,6 +305,7 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
         ("engine.evictToAdmit", "no", "spec.engine.evictToAdmit"),
         ("engine.enforceEager", 1, "spec.engine.enforceEager"),
         ("engine.expertCopy", "gpu", "spec.engine.expertCopy"),
+        ("engine.cudagraphMode", "piecewise", "spec.engine.cudagraphMode"),
     ],
 )
 def test_specs_that_can_never_work_name_the_field(tiny_rd, path, value, field):
@@ -396,38 +397,28 @@ def test_loading_buffer_slots_reach_the_engine_config(tiny_rd):
     assert "RIMURU_LOADING_BUFFER_SLOTS" not in build_engine_config_map(_parse(without))["data"]
 
 
-def test_enforce_eager_reaches_rimuru_serve_only_when_set(tiny_rd, monkeypatch):
+@pytest.mark.parametrize(
+    "field, value, env, env_value, attribute, engine_value",
+    [
+        # each value differs from the engine's default: it must really travel to the engine
+        ("engine.enforceEager", True, "RIMURU_ENFORCE_EAGER", "on", "enforce_eager", True),
+        ("engine.expertCopy", "host", "RIMURU_EXPERT_COPY", "host", "expert_copy", "host"),
+        ("engine.evictToAdmit", False, "RIMURU_EVICT_TO_ADMIT", "off", "evict_to_admit", False),
+        ("engine.cudagraphMode", "full_decode_only", "RIMURU_CUDAGRAPH_MODE", "full_decode_only",
+         "cudagraph_mode", "full_decode_only"),
+    ],
+)  # fmt: skip
+def test_optional_engine_fields_reach_rimuru_serve_only_when_set(
+    tiny_rd, monkeypatch, field, value, env, env_value, attribute, engine_value
+):
     from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
 
-    assert "RIMURU_ENFORCE_EAGER" not in build_engine_config_map(_parse(tiny_rd))["data"]
-    assert serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).enforce_eager is False
-    data = build_engine_config_map(_parse(_changed(tiny_rd, "engine.enforceEager", True)))["data"]
-    assert data["RIMURU_ENFORCE_EAGER"] == "on"
+    assert env not in build_engine_config_map(_parse(tiny_rd))["data"]
+    default = getattr(serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])), attribute)
+    assert default != engine_value
+    data = build_engine_config_map(_parse(_changed(tiny_rd, field, value)))["data"]
+    assert data[env] == env_value
     for key, value in data.items():
         monkeypatch.setenv(key, value)
-    assert serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).enforce_eager is True
-
-
-def test_expert_copy_reaches_rimuru_serve_only_when_set(tiny_rd, monkeypatch):
-    from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
-
-    assert "RIMURU_EXPERT_COPY" not in build_engine_config_map(_parse(tiny_rd))["data"]
-    # "host", not the default "device": the value must really travel to the engine
-    data = build_engine_config_map(_parse(_changed(tiny_rd, "engine.expertCopy", "host")))["data"]
-    assert data["RIMURU_EXPERT_COPY"] == "host"
-    for key, value in data.items():
-        monkeypatch.setenv(key, value)
-    assert serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).expert_copy == "host"
-
-
-def test_evict_to_admit_reaches_rimuru_serve_only_when_set(tiny_rd, monkeypatch):
-    from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
-
-    assert "RIMURU_EVICT_TO_ADMIT" not in build_engine_config_map(_parse(tiny_rd))["data"]
-    data = build_engine_config_map(_parse(_changed(tiny_rd, "engine.evictToAdmit", False)))["data"]
-    assert data["RIMURU_EVICT_TO_ADMIT"] == "off"
-    for key, value in data.items():
-        monkeypatch.setenv(key, value)
-    assert (
-        serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).evict_to_admit is False
-    )
+    engine = serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", []))
+    assert getattr(engine, attribute) == engine_value
