@@ -225,9 +225,18 @@ def graphs_match_eager(device: str) -> str:
             f"{mode} {g.graphs.replays} + {pieces} piecewise of {g.stats[-1].step} steps replayed, "
             f"{g.experts.counters.evictions} evictions, {g.experts.counters.loads} loads, "
             f"{recomputed} preemptions, {flips} of {int(want_counts.sum())} expert choices "
-            f"differ, graphs {g.plan.cuda_graph_bytes / MiB:.1f} MiB planned"
+            f"differ, graphs {g.plan.cuda_graph_bytes / MiB:.1f} MiB planned, "
+            f"{_held(g.graphs, g.piecewise)}"
         )
     return "; ".join(details) + "; tokens identical"
+
+
+def _held(*graphs) -> str:
+    """What the captured graphs hold per torch's allocator, and how far the device's free
+    memory fell (which also counts the driver's memory per graph)."""
+    held = sum(g.held_bytes for g in graphs if g is not None) / MiB
+    fell = sum(g.free_drop_bytes for g in graphs if g is not None) / MiB
+    return f"{held:.1f} MiB held, device free memory fell {fell:.1f} MiB"
 
 
 def device_copy_matches_host(device: str) -> str:

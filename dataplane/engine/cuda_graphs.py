@@ -120,6 +120,9 @@ class DecodeGraphs:
         self.cu = torch.arange(n + 1, dtype=torch.int32, device=device)  # one query each
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
         self.pool = None  # the graph pool, once captured (the piecewise graphs share it)
+        # after capture: what torch's allocator holds for them, and how much the device's
+        # free memory fell, which also counts what the driver keeps per graph
+        self.held_bytes = self.free_drop_bytes = 0
         self.steps = 0  # steps served from the static inputs
         self.replays = 0  # of which replayed as graphs
 
@@ -232,6 +235,7 @@ def build_decode_graphs(
     if not capture:
         return DecodeGraphs(model, experts, pad, sizes, max_context, block_size, replay=False)
     before = torch.cuda.memory_reserved(model.device)  # static inputs and graph pool
+    free_before = torch.cuda.mem_get_info(model.device)[0]  # also sees the driver's own
     graphs = DecodeGraphs(model, experts, pad, sizes, max_context, block_size)
     t0 = time.perf_counter()
     try:
@@ -241,10 +245,12 @@ def build_decode_graphs(
         experts.count_rows = None
         allocator.free(PageType.KV, pad, GRAPH_PADDING)
         return None
+    graphs.held_bytes = torch.cuda.memory_reserved(model.device) - before
+    graphs.free_drop_bytes = free_before - torch.cuda.mem_get_info(model.device)[0]
     log.info(
         "CUDA graphs: %d decode sizes (1..%d seqs, contexts <= %d) captured in %.1f s, "
-        "%.1f MiB held (planned %.1f MiB)",
+        "%.1f MiB held (planned %.1f MiB); device free memory fell by %.1f MiB",
         len(graphs.sizes), graphs.sizes[-1], graphs.max_context, time.perf_counter() - t0,
-        (torch.cuda.memory_reserved(model.device) - before) / 2**20, planned_bytes / 2**20,
+        graphs.held_bytes / 2**20, planned_bytes / 2**20, graphs.free_drop_bytes / 2**20,
     )  # fmt: skip
     return graphs

@@ -38,8 +38,10 @@ Invariants the replay relies on:
 Known difference from an eager step: the MoE kernel picks its tiles by the padded token
 count, so a replayed step may round otherwise than the eager step of the same batch (same
 math). The GPU checks compare fp32 tokens, pieces against eager: identical (2026-11-30).
-Not counted anywhere: the driver's own memory per instantiated graph (here up to 40 sizes x
-(L + 1) pieces), which `memory_reserved` does not see; it has not been measured.
+Not in the memory plan: the driver's own memory per instantiated graph (here up to 40 sizes
+x (L + 1) pieces), which `memory_reserved` does not see. The capture log and
+`free_drop_bytes` give the fall in the device's free memory beside `held_bytes`, so the
+difference shows it; not yet measured on a GPU.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class PiecewiseGraphs:
         self.attn = torch.zeros_like(self.q)  # padding rows: 0, or an earlier step's rows
         self.hidden = torch.zeros(n, cfg.hidden_size, dtype=dtype, device=device)
         self._graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self.held_bytes = self.free_drop_bytes = 0  # after capture: as DecodeGraphs'
         self.steps = 0  # steps served from the static inputs
         self.replays = 0  # of which replayed as graphs
 
@@ -215,6 +218,7 @@ def build_piecewise_graphs(
     if not capture:
         return PiecewiseGraphs(model, experts, sizes, replay=False)
     before = torch.cuda.memory_reserved(model.device)
+    free_before = torch.cuda.mem_get_info(model.device)[0]  # also sees the driver's own
     t0 = time.perf_counter()
     try:
         graphs = PiecewiseGraphs(model, experts, sizes)
@@ -223,11 +227,14 @@ def build_piecewise_graphs(
         log.exception("piecewise CUDA graphs: capture failed, those steps run eagerly")
         experts.count_rows = None
         return None
+    graphs.held_bytes = torch.cuda.memory_reserved(model.device) - before
+    graphs.free_drop_bytes = free_before - torch.cuda.mem_get_info(model.device)[0]
     log.info(
         "piecewise CUDA graphs: %d sizes (16..%d tokens) x %d pieces captured in %.1f s, "
-        "%.1f MiB held (planned %.1f MiB with the decode graphs)",
+        "%.1f MiB held (planned %.1f MiB with the decode graphs); device free memory fell "
+        "by %.1f MiB",
         len(graphs.sizes), graphs.sizes[-1], model.config.num_layers + 1,
-        time.perf_counter() - t0,
-        (torch.cuda.memory_reserved(model.device) - before) / 2**20, planned_bytes / 2**20,
+        time.perf_counter() - t0, graphs.held_bytes / 2**20, planned_bytes / 2**20,
+        graphs.free_drop_bytes / 2**20,
     )  # fmt: skip
     return graphs
