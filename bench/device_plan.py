@@ -40,12 +40,12 @@ class Job:
     steps: tuple[Step, ...]
 
 
-FIG4 = "python3 bench/engine_gpu.py --skip-a --expert-offload-limit 30 --num-prompts 500"
 STEP = "python3 bench/step_profile.py --model qwen3-30b-a3b --memory-budget 59GiB --batch 32"
 PLANS: dict[str, tuple[Job, ...]] = {
     # Plans that were run are pruned once recorded: docs/benchmarks.md gives each run's
     # command and commit, and `git show <commit>:bench/device_plan.py` its plan (11-30's
-    # device-copy, rate-sweep-heavy, check-kernels, heavy-fused, heavy-512: commit a6ba2a8).
+    # device-copy, rate-sweep-heavy, check-kernels, heavy-fused, heavy-512: commit a6ba2a8;
+    # next-session, piecewise, piecewise-2, copy-sweep, limit10: commit a46513a).
     # Where a qwen3 step's time goes, and the kernels after any change to them.
     "profile": (
         Job("gpu0", 0, (
@@ -57,88 +57,19 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # Piecewise CUDA graphs (new): the checks that cover them, a mixed qwen3 step (32
-    # decodes + one 512-token prompt) with and without them, Exp. 2 and Fig. 4 resident.
-    "piecewise": (
+    # The next session's first call: every check (the graph plan's fallback and the graphs'
+    # held / free-memory figures are new), the mixed-step profile again with the batch
+    # sized for both phases, and the ablation, last run before the fused norms/RoPE.
+    "next-session": (
         Job("gpu0", 0, (
-            Step("python3 bench/gpu_checks.py --only sync,compile,graphs,device-copy "
-                 "--out $JOB_OUT", 150),
+            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 120),
             Step(f"{STEP} --prefill-tokens 512 --steps 8 --out $JOB_OUT", 170),
             Step(f"{STEP} --prefill-tokens 512 --steps 8 --cudagraph-mode full_decode_only "
                  "--out $JOB_OUT", 170),
         )),
         Job("gpu1", 1, (
-            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
-                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/resident512", 330),
-            Step(f"{FIG4} --policies resident --out $JOB_OUT/fig4_resident", 180),
-        )),
-    ),
-    # Its second: Exp. 2 elastic at max_num_seqs 512, Fig. 4 elastic and fixed, layer ops.
-    "piecewise-2": (
-        Job("gpu0", 0, (
-            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
-                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/elastic512", 330),
-            # the layer ops' bf16 error against fp32 (new), beside torch's
-            Step("python3 bench/kernels_gpu.py --tokens 1 --skip-attention --out-dir $JOB_OUT",
-                 90),
-        )),
-        Job("gpu1", 1, (
-            Step(f"{FIG4} --policies elastic --out $JOB_OUT/fig4_elastic", 180),
-            Step(f"{FIG4} --policies fixed --fixed-expert-share 0.75 --out $JOB_OUT/fig4_fixed",
-                 240),
-        )),
-    ),
-    # The copy-in kernel's PCIe bandwidth against the copy engines (never measured), Fig. 4
-    # with skew 0 on today's defaults, and Exp. 4's burst sweep (capacity at t = 0).
-    "copy-sweep": (
-        Job("gpu0", 0, (
-            Step("python3 bench/expert_copy_gpu.py --out $JOB_OUT", 150),
-            Step(f"{FIG4} --router-skew 0 --policies resident,elastic --out $JOB_OUT/fig4_skew0",
-                 330),
-        )),
-        Job("gpu1", 1, (
-            Step("python3 bench/paper_experiments.py offload-sweep --limits 0,10,30,5,15 "
-                 "--num-prompts 200 --out $JOB_OUT/offload", 500),
-        )),
-    ),
-    # Fig. 4's elastic at offload limit 10 (Exp. 4's knee) with skew 0 and 1: at skew 0 the
-    # limit-30 elastic copied 5.4 TB and ran at half resident's rate (07:08).
-    "limit10": (
-        Job("gpu0", 0, (
-            Step("python3 bench/engine_gpu.py --skip-a --expert-offload-limit 10 --num-prompts 500 "
-                 "--router-skew 0 --policies elastic --out $JOB_OUT/skew0", 240),
-        )),
-        Job("gpu1", 1, (
-            Step("python3 bench/engine_gpu.py --skip-a --expert-offload-limit 10 --num-prompts 500 "
-                 "--policies elastic --out $JOB_OUT/skew1", 240),
-        )),
-    ),
-    # The next session's first call: the fused norms/RoPE against torch in bf16 (kernels_gpu's
-    # layer-ops section; never compared yet), every check on today's defaults, and the
-    # light-load TPOT goal with device copy-in and fused ops (last measured before both).
-    "next-session": (
-        Job("gpu0", 0, (
-            Step("python3 bench/kernels_gpu.py --tokens 1,1024,4096 --skip-attention "
-                 "--out-dir $JOB_OUT", 120),
-            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 120),
-            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 1 "
-                 "--num-prompts 100 --out $JOB_OUT/resident_light", 260),
-        )),
-        Job("gpu1", 1, (
-            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 1 "
-                 "--num-prompts 100 --out $JOB_OUT/elastic_light", 260),
-        )),
-    ),
-    # Its second call: Experiment 2 at overload with max_num_seqs 512 for both policies on
-    # one host (11-30 compared elastic at 512 on one machine with resident at 256 on another).
-    "next-session-2": (
-        Job("gpu0", 0, (
-            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
-                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/resident512", 330),
-        )),
-        Job("gpu1", 1, (
-            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
-                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/elastic512", 330),
+            Step("python3 bench/paper_experiments.py ablation --num-prompts 150 "
+                 "--out $JOB_OUT", 520),
         )),
     ),
 }  # fmt: skip
