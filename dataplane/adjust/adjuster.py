@@ -16,6 +16,18 @@ probability goes first, then that layer nominates its next one. Layers that alre
 `expert_offload_limit` experts offloaded are left out. Growing mirrors it: every layer
 nominates its hottest offloaded expert; the highest probability goes first.
 
+Copy budget (`tunables.copy_budget` > 0, given the step's shape): every offloaded expert a
+decode step routes to is copied in for that step, so offloading costs
+
+    expected copies per step = sum over offloaded (l, e) of 1 - (1 - min(1, K p_le))^B
+
+(p_le = the ranking's share of layer l's routed pairs, K = top-k, B = tokens per step). A
+shrink stops before an eviction would take that sum past the budget: with skewed routing the
+cold experts cost little and may go; with uniform routing each one is needed in nearly every
+step (on the H200, 2026-11-30, elastic at router skew 0 ran at 0.52x resident's output rate,
+copying 5.4 TB). Evictions are taken coldest first, so the first refused is the last tried.
+Nothing is brought back for the budget: only free expert pages do that.
+
 `reserve` then turns a decision into a ChangeList with page ids from the allocator.
 """
 
@@ -32,6 +44,31 @@ from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 
 ExpertKey = tuple[int, int]  # (layer, expert)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a decode step looks like now, for the copy budget."""
+
+    tokens: int  # B: tokens per step (the running requests' decodes)
+    top_k: int  # K
+
+
+def route_probability(p: float, step: StepShape) -> float:
+    """Probability that an expert with routing share p gets at least one of B tokens."""
+    return 1.0 - (1.0 - min(1.0, step.top_k * p)) ** max(1, step.tokens)
+
+
+def expected_copies(
+    ranking: HotnessRanking, resident: Sequence[frozenset[int] | set[int]], step: StepShape
+) -> float:
+    """Expected expert copies per decode step for the experts offloaded now."""
+    return sum(
+        route_probability(ranking.probability(layer, e), step)
+        for layer in range(ranking.num_layers)
+        for e in range(ranking.num_experts)
+        if e not in resident[layer]
+    )
 
 
 @dataclass(frozen=True)
@@ -77,8 +114,10 @@ def decide(
     ranking: HotnessRanking,
     resident: Sequence[frozenset[int] | set[int]],
     tunables: Tunables,
+    step: StepShape | None = None,
 ) -> AdjusterDecision:
-    """Pure: what to evict or load this round (see the module docstring)."""
+    """Pure: what to evict or load this round (see the module docstring). `step` is needed
+    for a copy budget; without it the budget is not applied."""
     if shortfall < 0 or num_free_expert_pages < 0:
         raise ValueError("shortfall and free page counts must be >= 0")
     if len(resident) != ranking.num_layers:
@@ -87,7 +126,10 @@ def decide(
         return AdjusterDecision()
     n_evict = num_to_evict(shortfall, num_free_expert_pages, tunables)
     if n_evict:
-        return AdjusterDecision(evict=_coldest(n_evict, ranking, resident, tunables))
+        budget = None
+        if tunables.copy_budget > 0 and step is not None:
+            budget = (tunables.copy_budget - expected_copies(ranking, resident, step), step)
+        return AdjusterDecision(evict=_coldest(n_evict, ranking, resident, tunables, budget))
     n_load = num_to_load(shortfall, num_free_expert_pages, tunables)
     if n_load:
         return AdjusterDecision(load=hottest(n_load, ranking, resident))
@@ -95,7 +137,11 @@ def decide(
 
 
 def _coldest(
-    n: int, ranking: HotnessRanking, resident: Sequence[frozenset[int] | set[int]], t: Tunables
+    n: int,
+    ranking: HotnessRanking,
+    resident: Sequence[frozenset[int] | set[int]],
+    t: Tunables,
+    budget: tuple[float, StepShape] | None = None,  # (copies per step left, the step)
 ) -> tuple[ExpertKey, ...]:
     num_experts = ranking.num_experts
     # per layer: resident experts coldest first
@@ -110,8 +156,13 @@ def _coldest(
             heap.append((ranking.probability(layer, queue[0]), layer, 0))
     heapq.heapify(heap)
     chosen: list[ExpertKey] = []
+    left = budget[0] if budget is not None else math.inf
     while heap and len(chosen) < n:
-        _, layer, pos = heapq.heappop(heap)
+        p, layer, pos = heapq.heappop(heap)
+        if budget is not None:
+            left -= route_probability(p, budget[1])
+            if left < 0:  # the rest are at least as hot: none fits either
+                break
         chosen.append((layer, queues[layer][pos]))
         offloaded[layer] += 1
         if pos + 1 < len(queues[layer]) and offloaded[layer] < t.expert_offload_limit:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 MODES = ("resident", "fixed", "elastic")
@@ -24,6 +25,10 @@ class Tunables:
     grow_threshold: int = 9  # more free expert pages than this -> bring experts back
     max_grow_per_round: int = 5
     pages_per_expert: int = 3  # w1, w3, w2
+    # Elastic: the expert copies per decode step that the offloaded experts may cost, as
+    # expected from the ranking's routing probabilities at the current batch (adjuster.py).
+    # 0 = no budget: offload up to expert_offload_limit whatever the copies cost.
+    copy_budget: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -38,6 +43,13 @@ class Tunables:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+        if (
+            not isinstance(self.copy_budget, int | float)
+            or isinstance(self.copy_budget, bool)
+            or not math.isfinite(self.copy_budget)
+            or self.copy_budget < 0
+        ):
+            raise ValueError(f"copy_budget must be a finite number >= 0; got {self.copy_budget!r}")
         if self.grow_threshold < self.shrink_threshold:
             raise ValueError(
                 f"grow_threshold ({self.grow_threshold}) must be >= shrink_threshold "

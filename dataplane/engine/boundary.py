@@ -8,7 +8,13 @@ has completed, so evicted pages are free at once (`last_step` is that forward's 
 
 from __future__ import annotations
 
-from rimuru.dataplane.adjust.adjuster import AdjusterDecision, ChangeList, decide, reserve
+from rimuru.dataplane.adjust.adjuster import (
+    AdjusterDecision,
+    ChangeList,
+    StepShape,
+    decide,
+    reserve,
+)
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.expert_manager import ExpertManager
@@ -27,6 +33,7 @@ def move_boundary(
     last_step: int,
     *,
     evict_only: bool = False,
+    step: StepShape | None = None,  # for tunables.copy_budget
 ) -> ChangeList:
     decision = decide(
         kv.shortfall_in_expert_pages(kv_pages_short),
@@ -34,6 +41,7 @@ def move_boundary(
         ranking,
         experts.resident_sets(),
         tunables,
+        step,
     )
     if evict_only:
         decision = AdjusterDecision(evict=decision.evict)

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import torch
 
+from rimuru.dataplane.adjust.adjuster import StepShape
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.boundary import move_boundary
@@ -301,14 +302,17 @@ class Engine(EngineSetup):
             return outputs
 
     def _move_boundary(self, kv_pages_short: int, evict_only: bool = False):
+        # a decode step's tokens, for the copy budget: one per running request
+        step = StepShape(max(1, len(self.scheduler.running)), self.model_config.top_k)
         return move_boundary(
             kv_pages_short, self.allocator, self.kv, self.experts, self.ranking, self.tunables,
-            self.step_id - 1, evict_only=evict_only,
+            self.step_id - 1, evict_only=evict_only, step=step,
         )  # fmt: skip
 
     def _make_room(self, kv_pages_lacking: int) -> int:
         """Elastic, inside a scheduling round: evict experts now so that a running request
-        is not preempted; returns the KV pages gained (0 once expert_offload_limit binds)."""
+        is not preempted; returns the KV pages gained (0 once expert_offload_limit or the
+        copy budget binds)."""
         before = self.allocator.num_free(PageType.KV)
         self._move_boundary(kv_pages_lacking, evict_only=True)
         return self.allocator.num_free(PageType.KV) - before

@@ -1,6 +1,15 @@
 import pytest
 
-from rimuru.dataplane.adjust.adjuster import ChangeList, decide, num_to_evict, num_to_load, reserve
+from rimuru.dataplane.adjust.adjuster import (
+    ChangeList,
+    StepShape,
+    decide,
+    expected_copies,
+    num_to_evict,
+    num_to_load,
+    reserve,
+    route_probability,
+)
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.memory.allocator import PageAllocator
@@ -98,3 +107,44 @@ def test_ranking_file_missing_fields_is_a_value_error(tmp_path):
     (tmp_path / "r.json").write_text('{"format": "rimuru.hotness/v1"}')
     with pytest.raises(ValueError, match="lacks layers, num_layers"):
         HotnessRanking.load(tmp_path / "r.json")
+
+
+# Copy budget: P(routed in a step of B tokens) = 1 - (1 - min(1, K p))^B. With B = 2, K = 1:
+# L0 e1 (p .05) .0975, L1 e3 (.10) .19, L1 e2 (.20) .36, L0 e3 (.25) .4375.
+STEP = StepShape(tokens=2, top_k=1)
+
+
+@pytest.mark.parametrize(
+    "budget, evicted",
+    [
+        (0.0, ((0, 1), (1, 3), (1, 2))),  # no budget: as before
+        (0.3, ((0, 1), (1, 3))),  # .0975 + .19 = .2875 fits; + .36 would not
+        (0.28, ((0, 1),)),  # .2875 > .28: the second is refused, and every hotter one
+        (0.05, ()),
+    ],
+)
+def test_copy_budget_stops_shrinking_before_the_expected_copies_pass_it(budget, evicted):
+    t = Tunables(expert_offload_limit=4, copy_budget=budget)
+    assert decide(8, 0, RANKING, ALL, t, STEP).evict == evicted
+    assert decide(8, 0, RANKING, ALL, t).evict == ((0, 1), (1, 3), (1, 2))  # no step: no budget
+
+
+def test_copy_budget_counts_the_experts_already_offloaded():
+    resident = [frozenset({0, 2, 3}), frozenset(range(4))]  # L0 e1 is off: .0975 spent
+    assert expected_copies(RANKING, resident, STEP) == pytest.approx(0.0975)
+    t = Tunables(expert_offload_limit=4, copy_budget=0.3)
+    assert decide(8, 0, RANKING, resident, t, STEP).evict == ((1, 3),)
+
+
+def test_route_probability_saturates_with_top_k_and_batch():
+    assert route_probability(0.3, StepShape(tokens=1, top_k=4)) == 1.0  # K p > 1
+    assert route_probability(0.0, StepShape(tokens=1000, top_k=8)) == 0.0
+    assert route_probability(0.25, StepShape(tokens=0, top_k=1)) == 0.25  # at least one token
+    # uniform routing over 8 experts, top-2, 16 tokens: nearly always routed
+    assert route_probability(1 / 8, StepShape(tokens=16, top_k=2)) == pytest.approx(1 - 0.75**16)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True, "1"])
+def test_copy_budget_must_be_a_finite_number_at_least_zero(bad):
+    with pytest.raises(ValueError, match="copy_budget"):
+        Tunables(copy_budget=bad)

@@ -1,0 +1,46 @@
+"""The elastic adjuster's copy budget (Tunables.copy_budget, adjuster.py) in a whole engine:
+fewer experts offloaded, fewer copies, preemption instead, and the same tokens."""
+
+from rimuru.dataplane.adjust.adjuster import StepShape, expected_copies
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.engine.request import SamplingParams
+
+
+def test_a_copy_budget_trades_evictions_for_preemptions_and_keeps_the_tokens(prompts, make_engine):
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    want = make_engine("resident").generate(prompts, params)
+    free = make_engine("elastic")
+    assert free.generate(prompts, params) == want
+    # tiny: 32 experts, top-4, no ranking set (uniform): an offloaded expert is routed by a
+    # step of B tokens with probability 1 - (1 - 4/32)^B, most of a copy per step
+    budget = make_engine(
+        "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=1.0)
+    )
+    assert budget.generate(prompts, params) == want
+    f, b = free.experts.counters, budget.experts.counters
+    assert 0 < b.evictions < f.evictions and b.buffer_copies < f.buffer_copies
+    assert budget.scheduler.num_preemptions > free.scheduler.num_preemptions == 0
+    budget.check_invariants()
+    assert budget.num_leaked_pages() == 0
+
+
+def test_the_budget_holds_at_every_round_that_evicted(prompts, make_engine):
+    """Each eviction was allowed by the expected copies at the batch of its round."""
+    engine = make_engine(
+        "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=2.0)
+    )
+    checked = []
+    move = engine._move_boundary
+
+    def checking(kv_pages_short, evict_only=False):
+        changes = move(kv_pages_short, evict_only)
+        if changes.evict:
+            step = StepShape(max(1, len(engine.scheduler.running)), engine.model_config.top_k)
+            copies = expected_copies(engine.ranking, engine.experts.resident_sets(), step)
+            checked.append(copies)
+            assert copies <= 2.0
+        return changes
+
+    engine._move_boundary = checking
+    engine.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
+    assert checked, "nothing was evicted: the case does not test the budget"
