@@ -59,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in INT_TUNABLES:
         set_parser.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
     set_parser.add_argument("--online-hotness", action=argparse.BooleanOptionalAction, default=None)
+    set_parser.add_argument(
+        "--copy-budget", type=float, dest="copy_budget",
+        help="elastic: expected expert copies per decode step the offloaded experts may cost "
+        "(0 = no budget)",
+    )  # fmt: skip
     watch = verbs.add_parser(
         "watch", parents=[common], help="print each pushed version (ACKs them) until Ctrl-C"
     )
@@ -109,7 +114,10 @@ def _set(client: ControlPlaneClient, args: argparse.Namespace) -> Policy:
         base, expected = current.tunables, current.version
     except NotFound:
         base, expected = None, 0
-    changes = {name: getattr(args, name) for name in ("mode", *INT_TUNABLES, "online_hotness")}
+    changes = {
+        name: getattr(args, name)
+        for name in ("mode", *INT_TUNABLES, "online_hotness", "copy_budget")
+    }
     changes = {k: v for k, v in changes.items() if v is not None}
     if not changes and base is not None:
         raise InvalidArgument("tunables", "nothing to change: give at least one tunable flag")

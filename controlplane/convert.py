@@ -25,6 +25,7 @@ def tunables_to_proto(t: Tunables) -> pb.Tunables:
         max_grow_per_round=t.max_grow_per_round,
         pages_per_expert=t.pages_per_expert,
         online_hotness=t.online_hotness,
+        copy_budget=t.copy_budget,
     )
 
 
@@ -43,6 +44,7 @@ def tunables_from_proto(msg: pb.Tunables) -> Tunables:
         max_grow_per_round=msg.max_grow_per_round,
         pages_per_expert=msg.pages_per_expert,
         online_hotness=msg.online_hotness,
+        copy_budget=msg.copy_budget,
     )
 
 

@@ -7,6 +7,7 @@ invalid one never exists; the errors name the field as the proto spells it.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -48,6 +49,8 @@ class Tunables:
     max_grow_per_round: int = 5
     pages_per_expert: int = 3  # w1, w3, w2
     online_hotness: bool = False  # the control plane may replace the ranking from traffic
+    # elastic: expected expert copies per decode step the offloaded experts may cost; 0 = none
+    copy_budget: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -61,6 +64,15 @@ class Tunables:
         _check_int("pages_per_expert", self.pages_per_expert, 1)
         if not isinstance(self.online_hotness, bool):
             raise InvalidArgument("tunables.online_hotness", "must be true or false")
+        if (
+            not isinstance(self.copy_budget, int | float)
+            or isinstance(self.copy_budget, bool)
+            or not math.isfinite(self.copy_budget)
+            or self.copy_budget < 0
+        ):
+            raise InvalidArgument(
+                "tunables.copy_budget", f"must be a finite number >= 0; got {self.copy_budget!r}"
+            )
         # Equal thresholds would let one free-page count both shrink and grow the pool.
         if self.grow_threshold <= self.shrink_threshold:
             raise InvalidArgument(

@@ -54,6 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
     p.add_argument("--expert-offload-limit", type=int, default=16)
+    p.add_argument(
+        "--copy-budget",
+        type=float,
+        default=0.0,
+        help="elastic: expected expert copies per decode step the offloaded experts may cost, "
+        "from the hotness ranking at the current batch (0 = no budget; adjuster.py)",
+    )
     p.add_argument("--fixed-expert-share", type=float, default=0.5)
     p.add_argument(
         "--no-evict-to-admit",
@@ -126,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     rates = [parse_request_rate(r) for r in str(args.request_rate).split(",")]
     if args.num_prompts < 1:
         raise ValueError("--num-prompts must be >= 1")
+    Tunables(copy_budget=args.copy_budget)  # refused now, not after the first policies ran
     if args.device == "cpu":
         torch.set_num_threads(max(1, args.threads))
     trace = load_trace(args.trace)
@@ -162,7 +170,12 @@ def run(args: argparse.Namespace) -> int:
     results: list[BenchResult] = []
     for policy in policies:
         config = replace(
-            base, tunables=Tunables(mode=policy, expert_offload_limit=args.expert_offload_limit)
+            base,
+            tunables=Tunables(
+                mode=policy,
+                expert_offload_limit=args.expert_offload_limit,
+                copy_budget=args.copy_budget if policy == "elastic" else 0.0,
+            ),
         )
         engine = Engine(config)
         if ranking is None and args.hotness is None:

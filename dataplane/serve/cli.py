@@ -74,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option("--grow-threshold", default="9", type=int, help="adjuster: load above this")
     option("--max-grow-per-round", default="5", type=int, help="adjuster: loads per round")
     option("--pages-per-expert", default="3", type=int, help="pool pages per expert (w1, w3, w2)")
+    option("--copy-budget", default="0", type=float,
+           help="elastic: expected expert copies per decode step the offloaded experts may "
+           "cost (0 = no budget)")  # fmt: skip
     option("--fixed-expert-share", default="0.5", type=float, help="fixed policy: pool share")
     option(
         "--evict-to-admit",
@@ -181,6 +184,7 @@ def engine_config(args: argparse.Namespace):
             grow_threshold=args.grow_threshold,
             max_grow_per_round=args.max_grow_per_round,
             pages_per_expert=args.pages_per_expert,
+            copy_budget=args.copy_budget,
         ),
     )
 

@@ -194,6 +194,7 @@ def policy_change(update: cpb.PolicyUpdate) -> PolicyChange:
         grow_threshold=t.grow_threshold,
         max_grow_per_round=t.max_grow_per_round,
         pages_per_expert=t.pages_per_expert,
+        copy_budget=t.copy_budget,
     )
     ranking = _ranking(update.ranking) if update.HasField("ranking") else None
     return PolicyChange(update.version, tunables, ranking)

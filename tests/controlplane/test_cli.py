@@ -102,9 +102,13 @@ def test_controlplane_process_and_policy_verbs(tmp_path, token_file, capsys):
         code, out, _ = policy(capsys, "get", *target)
         assert json.loads(out)["version"] == 2
         code, out, _ = policy(
-            capsys, "set", *target, "--token-file", str(token_file), "--max-grow-per-round", "2"
-        )
+            capsys, "set", *target, "--token-file", str(token_file), "--max-grow-per-round", "2",
+            "--copy-budget", "2.5",
+        )  # fmt: skip
         assert out == "3\n"
+        code, out, _ = policy(capsys, "get", *target)
+        got = json.loads(out)["tunables"]
+        assert (got["max_grow_per_round"], got["copy_budget"]) == (2, 2.5)
     finally:
         assert stop_process(process) == 0
 

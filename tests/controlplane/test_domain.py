@@ -10,6 +10,7 @@ from rimuru.controlplane.errors import InvalidArgument
 from rimuru.controlplane.policy import Policy, Tunables
 from rimuru.controlplane.ranking import LayerRanking, digest, layers_from_hotness_json
 from rimuru.controlplane.subscribers import Answer, SubscriberRegistry
+from rimuru.dataplane.adjust.tunables import Tunables as DataPlaneTunables
 
 
 @pytest.mark.parametrize(
@@ -22,6 +23,9 @@ from rimuru.controlplane.subscribers import Answer, SubscriberRegistry
         ({"max_grow_per_round": 0}, "tunables.max_grow_per_round"),
         ({"pages_per_expert": True}, "tunables.pages_per_expert"),
         ({"online_hotness": 1}, "tunables.online_hotness"),
+        ({"copy_budget": -0.5}, "tunables.copy_budget"),
+        ({"copy_budget": float("nan")}, "tunables.copy_budget"),
+        ({"copy_budget": True}, "tunables.copy_budget"),
         ({"mode": "resident"}, "tunables.expert_offload_limit"),
     ],
 )
@@ -40,6 +44,7 @@ def test_defaults_are_valid_and_match_the_data_plane():
         9,
     )
     assert (t.max_grow_per_round, t.pages_per_expert, t.online_hotness) == (5, 3, False)
+    assert t.copy_budget == 0.0 == DataPlaneTunables().copy_budget  # off on both sides
     assert Tunables(mode="resident", expert_offload_limit=0).mode == "resident"
 
 

@@ -82,8 +82,9 @@ async def test_live_tuning_changes_the_adjuster_and_invalid_pushes_are_nacked(
         assert list(stats.num_experts_resident) == [28] * 4
 
         # v3: expert_offload_limit 0 and the default thresholds -> evictions stop, the
-        # offloaded experts are loaded back (at most max_grow_per_round a step).
-        assert (await _set(cp, expert_offload_limit=0)).version == 3
+        # offloaded experts are loaded back (at most max_grow_per_round a step). A copy
+        # budget travels along (nothing left to offload for it to limit).
+        assert (await _set(cp, expert_offload_limit=0, copy_budget=1.5)).version == 3
         await _at_version(dp, 3, eventually)
         await _workload(dp)
         stats = await dp.stats()
@@ -110,6 +111,7 @@ async def test_live_tuning_changes_the_adjuster_and_invalid_pushes_are_nacked(
             0,
             2,
         )
+        assert tunables.copy_budget == 1.5
 
 
 async def test_keeps_serving_while_the_control_plane_restarts_and_reconnects(

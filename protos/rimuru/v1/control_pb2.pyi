@@ -19,7 +19,7 @@ MODE_FIXED: Mode
 MODE_ELASTIC: Mode
 
 class Tunables(_message.Message):
-    __slots__ = ("mode", "expert_offload_limit", "shrink_threshold", "grow_threshold", "max_grow_per_round", "pages_per_expert", "online_hotness")
+    __slots__ = ("mode", "expert_offload_limit", "shrink_threshold", "grow_threshold", "max_grow_per_round", "pages_per_expert", "online_hotness", "copy_budget")
     MODE_FIELD_NUMBER: _ClassVar[int]
     EXPERT_OFFLOAD_LIMIT_FIELD_NUMBER: _ClassVar[int]
     SHRINK_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class Tunables(_message.Message):
     MAX_GROW_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     PAGES_PER_EXPERT_FIELD_NUMBER: _ClassVar[int]
     ONLINE_HOTNESS_FIELD_NUMBER: _ClassVar[int]
+    COPY_BUDGET_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     expert_offload_limit: int
     shrink_threshold: int
@@ -34,7 +35,8 @@ class Tunables(_message.Message):
     max_grow_per_round: int
     pages_per_expert: int
     online_hotness: bool
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., expert_offload_limit: _Optional[int] = ..., shrink_threshold: _Optional[int] = ..., grow_threshold: _Optional[int] = ..., max_grow_per_round: _Optional[int] = ..., pages_per_expert: _Optional[int] = ..., online_hotness: _Optional[bool] = ...) -> None: ...
+    copy_budget: float
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., expert_offload_limit: _Optional[int] = ..., shrink_threshold: _Optional[int] = ..., grow_threshold: _Optional[int] = ..., max_grow_per_round: _Optional[int] = ..., pages_per_expert: _Optional[int] = ..., online_hotness: _Optional[bool] = ..., copy_budget: _Optional[float] = ...) -> None: ...
 
 class RankingRef(_message.Message):
     __slots__ = ("id", "version", "digest")
