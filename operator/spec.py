@@ -146,6 +146,8 @@ def parse_policy(policy: Mapping[str, Any]) -> PolicySpec:
             max_grow_per_round=_require(policy, "maxGrowPerRound", path),
             pages_per_expert=_require(policy, "pagesPerExpert", path),
             online_hotness=_require(policy, "onlineHotness", path),
+            # optional: newer than the other tunables (a CRD without it means none)
+            copy_budget=policy.get("copyBudget", 0.0),
         )
     except InvalidArgument as exc:
         # The control plane names the proto field (tunables.grow_threshold); say where the

@@ -239,6 +239,7 @@ def _changed(rd, path, value):
         ("policy.maxGrowPerRound", 2),
         ("policy.growThreshold", 12),
         ("policy.onlineHotness", False),
+        ("policy.copyBudget", 1.5),
         ("policy.ranking", {"configMapName": "other", "key": "r.json"}),
     ],
 )
@@ -306,6 +307,7 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
         ("engine.enforceEager", 1, "spec.engine.enforceEager"),
         ("engine.expertCopy", "gpu", "spec.engine.expertCopy"),
         ("engine.cudagraphMode", "piecewise", "spec.engine.cudagraphMode"),
+        ("policy.copyBudget", -1, "spec.policy.copyBudget"),
     ],
 )
 def test_specs_that_can_never_work_name_the_field(tiny_rd, path, value, field):

@@ -95,6 +95,7 @@ def test_defaults_fill_an_almost_empty_spec(api):
         "maxGrowPerRound": 5,
         "pagesPerExpert": 3,
         "onlineHotness": False,
+        "copyBudget": 0,
     }
     assert spec["dataPlane"]["replicas"] == 1
     assert spec["controlPlane"]["storage"] == {"enabled": True, "size": "1Gi"}
