@@ -40,6 +40,7 @@ class Job:
     steps: tuple[Step, ...]
 
 
+FIG4 = "python3 bench/engine_gpu.py --skip-a --expert-offload-limit 30 --num-prompts 500"
 STEP = "python3 bench/step_profile.py --model qwen3-30b-a3b --memory-budget 59GiB --batch 32"
 PLANS: dict[str, tuple[Job, ...]] = {
     # Plans that were run are pruned once recorded: docs/benchmarks.md gives each run's
@@ -59,7 +60,8 @@ PLANS: dict[str, tuple[Job, ...]] = {
     ),
     # The next session's first call: every check (the graph plan's fallback and the graphs'
     # held / free-memory figures are new), the mixed-step profile again with the batch
-    # sized for both phases, and the ablation, last run before the fused norms/RoPE.
+    # sized for both phases, and Fig. 4's elastic with a copy budget (new, off by default)
+    # at skew 0, where offloading lost to resident (07:08), and skew 1.
     "next-session": (
         Job("gpu0", 0, (
             Step("python3 bench/gpu_checks.py --out $JOB_OUT", 120),
@@ -68,6 +70,15 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out $JOB_OUT", 170),
         )),
         Job("gpu1", 1, (
+            Step(f"{FIG4} --router-skew 0 --policies elastic --copy-budget 10 "
+                 "--out $JOB_OUT/skew0_budget10", 240),
+            Step(f"{FIG4} --policies elastic --copy-budget 10 --out $JOB_OUT/skew1_budget10",
+                 200),
+        )),
+    ),
+    # Its second: the ablation, last run before the fused norms/RoPE.
+    "next-session-2": (
+        Job("gpu0", 0, (
             Step("python3 bench/paper_experiments.py ablation --num-prompts 150 "
                  "--out $JOB_OUT", 520),
         )),
