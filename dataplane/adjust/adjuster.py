@@ -21,12 +21,15 @@ decode step routes to is copied in for that step, so offloading costs
 
     expected copies per step = sum over offloaded (l, e) of 1 - (1 - min(1, K p_le))^B
 
-(p_le = the ranking's share of layer l's routed pairs, K = top-k, B = tokens per step). A
-shrink stops before an eviction would take that sum past the budget: with skewed routing the
-cold experts cost little and may go; with uniform routing each one is needed in nearly every
-step (on the H200, 2026-11-30, elastic at router skew 0 ran at 0.52x resident's output rate,
-copying 5.4 TB). Evictions are taken coldest first, so the first refused is the last tried.
-Nothing is brought back for the budget: only free expert pages do that.
+(p_le = expert e's share of layer l's routed pairs: the ranking's probabilities divided by
+their layer's sum, uniform where they sum to 0; K = top-k, B = tokens per step; tokens are
+taken as independent). A shrink stops before an eviction would take that sum past the
+budget: with skewed routing the cold experts cost little and may go; with uniform routing
+each one is needed in nearly every step (on the H200, 2026-11-30, elastic at router skew 0
+ran at 0.52x resident's output rate, copying 5.4 TB). Evictions are taken coldest first, so
+the first refused is the last tried; one that costs nothing (p = 0) is never refused.
+The budget only limits shrinks: start-up residency (set by memory) ignores it, and nothing
+is brought back when a growing batch raises the sum; free expert pages do that, as always.
 
 `reserve` then turns a decision into a ChangeList with page ids from the allocator.
 """
@@ -59,12 +62,21 @@ def route_probability(p: float, step: StepShape) -> float:
     return 1.0 - (1.0 - min(1.0, step.top_k * p)) ** max(1, step.tokens)
 
 
+def routing_share(ranking: HotnessRanking, layer: int, expert: int) -> float:
+    """The expert's share of its layer's routed pairs (module doc): the ranking's value over
+    its layer's sum, which a file need not have normalised; uniform if the layer sums to 0."""
+    total = sum(ranking.prob[layer])
+    if total <= 0:
+        return 1.0 / ranking.num_experts
+    return ranking.probability(layer, expert) / total
+
+
 def expected_copies(
     ranking: HotnessRanking, resident: Sequence[frozenset[int] | set[int]], step: StepShape
 ) -> float:
     """Expected expert copies per decode step for the experts offloaded now."""
     return sum(
-        route_probability(ranking.probability(layer, e), step)
+        route_probability(routing_share(ranking, layer, e), step)
         for layer in range(ranking.num_layers)
         for e in range(ranking.num_experts)
         if e not in resident[layer]
@@ -153,21 +165,22 @@ def _coldest(
     heap: list[tuple[float, int, int]] = []  # (probability, layer, position in queue)
     for layer, queue in enumerate(queues):
         if queue and offloaded[layer] < t.expert_offload_limit:
-            heap.append((ranking.probability(layer, queue[0]), layer, 0))
+            heap.append((routing_share(ranking, layer, queue[0]), layer, 0))
     heapq.heapify(heap)
     chosen: list[ExpertKey] = []
     left = budget[0] if budget is not None else math.inf
     while heap and len(chosen) < n:
-        p, layer, pos = heapq.heappop(heap)
+        share, layer, pos = heapq.heappop(heap)
         if budget is not None:
-            left -= route_probability(p, budget[1])
-            if left < 0:  # the rest are at least as hot: none fits either
+            cost = route_probability(share, budget[1])
+            if cost > 0 and cost > left:  # the rest cost at least as much: none fits either
                 break
+            left -= cost
         chosen.append((layer, queues[layer][pos]))
         offloaded[layer] += 1
         if pos + 1 < len(queues[layer]) and offloaded[layer] < t.expert_offload_limit:
             heapq.heappush(
-                heap, (ranking.probability(layer, queues[layer][pos + 1]), layer, pos + 1)
+                heap, (routing_share(ranking, layer, queues[layer][pos + 1]), layer, pos + 1)
             )
     return tuple(chosen)
 

@@ -301,20 +301,23 @@ class Engine(EngineSetup):
             self._record(out, step)
             return outputs
 
-    def _move_boundary(self, kv_pages_short: int, evict_only: bool = False):
-        # a decode step's tokens, for the copy budget: one per running request
-        step = StepShape(max(1, len(self.scheduler.running)), self.model_config.top_k)
+    def _move_boundary(self, kv_pages_short: int, evict_only: bool = False, budget=True):
+        # The copy budget's decode step: one token per running request. Not applied with
+        # nothing running (else a waiting request the budget keeps out would wait forever)
+        # nor when asked (a lone request short of pages, scheduler.py).
+        running = len(self.scheduler.running)
+        step = StepShape(running, self.model_config.top_k) if budget and running else None
         return move_boundary(
             kv_pages_short, self.allocator, self.kv, self.experts, self.ranking, self.tunables,
             self.step_id - 1, evict_only=evict_only, step=step,
         )  # fmt: skip
 
-    def _make_room(self, kv_pages_lacking: int) -> int:
+    def _make_room(self, kv_pages_lacking: int, alone: bool = False) -> int:
         """Elastic, inside a scheduling round: evict experts now so that a running request
         is not preempted; returns the KV pages gained (0 once expert_offload_limit or the
-        copy budget binds)."""
+        copy budget binds). `alone`: the request would preempt itself; the budget yields."""
         before = self.allocator.num_free(PageType.KV)
-        self._move_boundary(kv_pages_lacking, evict_only=True)
+        self._move_boundary(kv_pages_lacking, evict_only=True, budget=not alone)
         return self.allocator.num_free(PageType.KV) - before
 
     def _mark_complete(self, step: int) -> None:

@@ -49,10 +49,12 @@ class Scheduler:
         kv: KVCacheManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
-        make_room: Callable[[int], int] | None = None,
+        make_room: Callable[[int, bool], int] | None = None,
     ):
-        """`make_room(kv_pages_lacking)` frees pool pages for KV now and returns how many KV
-        pages it gained (0: nothing more can go)."""
+        """`make_room(kv_pages_lacking, alone)` frees pool pages for KV now and returns how
+        many KV pages it gained (0: nothing more can go). `alone`: the request short of
+        pages is the last running one, so the next preemption would be its own: the elastic
+        adjuster then lets it exceed the copy budget, which must not stop a lone request."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.kv = kv
@@ -81,7 +83,8 @@ class Scheduler:
             counted = False
             while not self.kv.allocate_slots(request, num_new):
                 lacking = self.kv.num_pages_needed(request, num_new) - self.kv.num_free_pages
-                if self.make_room is not None and self.make_room(lacking) > 0:
+                alone = self.running[-1] is request
+                if self.make_room is not None and self.make_room(lacking, alone) > 0:
                     continue  # room was made: try again before preempting anyone
                 if not counted:  # count what this request lacked once, not per retry
                     short += lacking

@@ -148,3 +148,29 @@ def test_route_probability_saturates_with_top_k_and_batch():
 def test_copy_budget_must_be_a_finite_number_at_least_zero(bad):
     with pytest.raises(ValueError, match="copy_budget"):
         Tunables(copy_budget=bad)
+
+
+def test_an_eviction_that_costs_nothing_is_never_refused():
+    ranking = HotnessRanking.from_counts([[5, 4, 1, 0]])  # shares .5 .4 .1 0
+    step = StepShape(tokens=4, top_k=1)
+    resident = [frozenset({1, 2, 3})]  # e0 off: 1 - .5^4 = .9375, over a budget of .5
+    t = Tunables(expert_offload_limit=4, copy_budget=0.5)
+    # e3 (never routed) may go; e2 (1 - .9^4 = .34) may not
+    assert decide(8, 0, ranking, resident, t, step).evict == ((0, 3),)
+
+
+def test_probabilities_are_taken_as_shares_of_their_layer():
+    """A ranking file need not sum to 1 per layer: the budget divides by the layer's sum."""
+    raw = HotnessRanking(((0, 1, 2, 3),), ((0.8, 0.6, 0.4, 0.2),))  # sums to 2
+    shares = HotnessRanking(((0, 1, 2, 3),), ((0.4, 0.3, 0.2, 0.1),))
+    off = [frozenset({0, 1, 2})]
+    assert expected_copies(raw, off, STEP) == expected_copies(shares, off, STEP)
+    assert expected_copies(shares, off, STEP) == pytest.approx(1 - 0.9**2)
+    t = Tunables(expert_offload_limit=4, copy_budget=0.6)
+    assert (
+        decide(8, 0, raw, [frozenset(range(4))], t, STEP).evict
+        == (decide(8, 0, shares, [frozenset(range(4))], t, STEP).evict)
+        == ((0, 3), (0, 2))
+    )  # .19 + .36 = .55; + .51 would pass .6
+    zeros = HotnessRanking(((0, 1, 2, 3),), ((0.0,) * 4,))  # no traffic yet: as uniform
+    assert expected_copies(zeros, off, STEP) == pytest.approx(1 - 0.75**2)

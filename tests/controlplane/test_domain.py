@@ -25,6 +25,7 @@ from rimuru.dataplane.adjust.tunables import Tunables as DataPlaneTunables
         ({"online_hotness": 1}, "tunables.online_hotness"),
         ({"copy_budget": -0.5}, "tunables.copy_budget"),
         ({"copy_budget": float("nan")}, "tunables.copy_budget"),
+        ({"copy_budget": float("inf")}, "tunables.copy_budget"),
         ({"copy_budget": True}, "tunables.copy_budget"),
         ({"mode": "resident"}, "tunables.expert_offload_limit"),
     ],

@@ -2,6 +2,7 @@
 fewer experts offloaded, fewer copies, preemption instead, and the same tokens."""
 
 from rimuru.dataplane.adjust.adjuster import StepShape, expected_copies
+from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.request import SamplingParams
 
@@ -32,9 +33,9 @@ def test_the_budget_holds_at_every_round_that_evicted(prompts, make_engine):
     checked = []
     move = engine._move_boundary
 
-    def checking(kv_pages_short, evict_only=False):
-        changes = move(kv_pages_short, evict_only)
-        if changes.evict:
+    def checking(kv_pages_short, evict_only=False, budget=True):
+        changes = move(kv_pages_short, evict_only, budget)
+        if changes.evict and budget and engine.scheduler.running:
             step = StepShape(max(1, len(engine.scheduler.running)), engine.model_config.top_k)
             copies = expected_copies(engine.ranking, engine.experts.resident_sets(), step)
             checked.append(copies)
@@ -44,3 +45,35 @@ def test_the_budget_holds_at_every_round_that_evicted(prompts, make_engine):
     engine._move_boundary = checking
     engine.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
     assert checked, "nothing was evicted: the case does not test the budget"
+
+
+def test_a_lone_request_may_exceed_the_budget_rather_than_preempt_itself(make_engine):
+    """The longest request the engine accepts needs the pool's experts offloaded up to the
+    limit; a budget that refuses them must not leave it preempting itself forever."""
+    tight = Tunables(mode="elastic", expert_offload_limit=16, copy_budget=0.2)
+    engine = make_engine("elastic", tunables=tight)
+    prompt = [5] * (engine.max_kv_tokens() - 8)
+    engine.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True), "long")
+    for _ in range(300):
+        if not engine.has_unfinished_requests():
+            break
+        engine.step()
+    assert not engine.has_unfinished_requests(), "the lone request never finished"
+    assert engine.scheduler.num_preemptions == 0 and engine.experts.counters.evictions > 0
+    engine.check_invariants()
+    assert engine.num_leaked_pages() == 0
+
+
+def test_with_a_skewed_ranking_the_cold_experts_still_go(prompts, make_engine):
+    """The same budget lets far more experts go when the ranking says they are cold."""
+    budget = Tunables(mode="elastic", expert_offload_limit=16, copy_budget=1.0)
+    uniform = make_engine("elastic", tunables=budget)
+    skewed = make_engine("elastic", tunables=budget)
+    layers, experts = skewed.model_config.num_layers, skewed.model_config.num_experts
+    # half of each layer's experts never routed in the ranking's sample
+    counts = [[1.0] * (experts // 2) + [0.0] * (experts - experts // 2)] * layers
+    skewed.set_ranking(HotnessRanking.from_counts(counts, source="test: half cold"))
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    assert skewed.generate(prompts, params) == uniform.generate(prompts, params)
+    assert skewed.experts.counters.evictions > uniform.experts.counters.evictions
+    assert skewed.scheduler.num_preemptions < uniform.scheduler.num_preemptions
