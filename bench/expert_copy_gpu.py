@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -45,7 +46,7 @@ SWEEP = list(itertools.product((8, 32, 128), (1024, 4096), (4, 8)))  # programs,
 DEFAULT = (8, 4096, 4)
 
 
-def time_calls(fns: dict[str, callable], rounds: int, calls: int) -> dict[str, float]:
+def time_calls(fns: dict[str, Callable[[], None]], rounds: int, calls: int) -> dict[str, float]:
     """Median over rounds of seconds per call, each round running every fn `calls` times,
     each call timed alone after an L2 flush: the H200's 50 MB L2 could otherwise serve a
     re-read of the same host bytes, which serving never re-reads within a step."""

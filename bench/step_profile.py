@@ -117,7 +117,7 @@ def profile_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> dict:
     }
 
 
-def joining_prompts(trace_name: str, tokens: int, count: int, engine: Engine) -> list[list[int]]:
+def joining_prompts(trace_name: str, tokens: int, count: int) -> list[list[int]]:
     """`count` prompts of exactly `tokens` tokens (trace prompts, repeated to length), or none."""
     if tokens == 0:
         return []
@@ -148,7 +148,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20, help="decode steps profiled")
     ap.add_argument("--trace", default="sharegpt_qwen_1000")
     ap.add_argument("--out", type=Path, default=Path("."))
-    ap.add_argument("--enforce-eager", action="store_true", help="no decode CUDA graphs")
+    ap.add_argument(
+        "--enforce-eager", action="store_true", help="no CUDA graphs (decode or piecewise)"
+    )
     ap.add_argument(
         "--prefill-tokens",
         type=int,
@@ -187,7 +189,7 @@ def main() -> int:
     )  # fmt: skip
     engine = Engine(config)
     fill(engine, args.trace, args.batch, args.prompt_len, 2 * args.steps)  # plain + profiled
-    prompts = joining_prompts(args.trace, args.prefill_tokens, 2 * args.steps, engine)
+    prompts = joining_prompts(args.trace, args.prefill_tokens, 2 * args.steps)
     report = {
         "command": " ".join(["python", *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

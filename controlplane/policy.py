@@ -73,6 +73,11 @@ class Tunables:
             raise InvalidArgument(
                 "tunables.copy_budget", f"must be a finite number >= 0; got {self.copy_budget!r}"
             )
+        if self.copy_budget and self.mode != "elastic":
+            raise InvalidArgument(
+                "tunables.copy_budget",
+                f"applies only to mode elastic; set it to 0 for mode {self.mode}",
+            )
         # Equal thresholds would let one free-page count both shrink and grow the pool.
         if self.grow_threshold <= self.shrink_threshold:
             raise InvalidArgument(

@@ -64,7 +64,7 @@ class EngineSpec:
     block_size: int
     loading_buffer_slots: int | None = None  # None = the engine's default (start-up limit)
     evict_to_admit: bool | None = None  # None = the engine's default (on)
-    enforce_eager: bool | None = None  # None = the engine's default (decode CUDA graphs on)
+    enforce_eager: bool | None = None  # None = the engine's default (CUDA graphs on)
     expert_copy: str | None = None  # "host" | "device"; None = the engine's default (device)
     # "full_and_piecewise" | "full_decode_only"; None = the engine's default (full_and_piecewise)
     cudagraph_mode: str | None = None

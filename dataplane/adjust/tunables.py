@@ -50,6 +50,11 @@ class Tunables:
             or self.copy_budget < 0
         ):
             raise ValueError(f"copy_budget must be a finite number >= 0; got {self.copy_budget!r}")
+        if self.copy_budget and self.mode != "elastic":
+            raise ValueError(
+                f"copy_budget applies only to mode elastic (the adjuster's shrinks); set it "
+                f"to 0 for mode {self.mode}"
+            )
         if self.grow_threshold < self.shrink_threshold:
             raise ValueError(
                 f"grow_threshold ({self.grow_threshold}) must be >= shrink_threshold "

@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="CUDA: never replay decode CUDA graphs (as vLLM's --enforce-eager)",
+        help="CUDA: never replay CUDA graphs, decode or piecewise (as vLLM's --enforce-eager)",
     )
     p.add_argument(
         "--cudagraph-mode",

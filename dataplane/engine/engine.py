@@ -33,6 +33,7 @@ from rimuru.dataplane.engine.budget import (
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, DecodeGraphs
 from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
+from rimuru.dataplane.engine.graph_setup import CudaGraphSetup
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.outputs import RequestOutput, StepStats
 from rimuru.dataplane.engine.paged_attention import (
@@ -60,7 +61,7 @@ from rimuru.dataplane.model.config import parse_dtype
 log = logging.getLogger("rimuru.engine")
 
 
-class Engine(EngineSetup):
+class Engine(EngineSetup, CudaGraphSetup):
     def __init__(self, config: EngineConfig, *, log_plan: bool = True):
         self.config = config
         self.device = torch.device(config.device)
@@ -102,10 +103,10 @@ class Engine(EngineSetup):
         buffer_bytes = loading_buffer_bytes(config, slots, self.geometry)
         reserve_bytes = self._activation_reserve()
         self._warm_up()  # before the pool: its scratch must not count against the budget
-        graph_bytes = self._cuda_graph_reserve(budget, reserve_bytes, buffer_bytes)
+        self.graph_plan = self._cuda_graph_plan(budget, reserve_bytes, buffer_bytes)
         self.plan: MemoryPlan = plan_memory(
             budget, self.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry,
-            cuda_graph_bytes=graph_bytes,
+            cuda_graph_bytes=self.graph_plan.bytes,
         )  # fmt: skip
         self.pool = UnifiedPool(self.geometry, self.plan.num_huge_pages, self.dtype, self.device)
         self.allocator = PageAllocator(self.geometry, self.plan.num_huge_pages)
@@ -144,8 +145,8 @@ class Engine(EngineSetup):
         self.experts.counters = ExpertCounters()  # start-up loading is not serving traffic
         self.graphs: DecodeGraphs | None = None
         self.piecewise: PiecewiseGraphs | None = None  # made with the decode graphs
-        if graph_bytes:
-            self.make_decode_graphs()
+        if self.graph_plan.bytes:
+            self.make_cuda_graphs()
         if log_plan:
             log.info("%s", self.plan.describe())
             log.info(
@@ -301,23 +302,27 @@ class Engine(EngineSetup):
             self._record(out, step)
             return outputs
 
-    def _move_boundary(self, kv_pages_short: int, evict_only: bool = False, budget=True):
+    def _move_boundary(
+        self, kv_pages_short: int, evict_only: bool = False, apply_copy_budget: bool = True
+    ):
         # The copy budget's decode step: one token per running request. Not applied with
         # nothing running (else a waiting request the budget keeps out would wait forever)
         # nor when asked (a lone request short of pages, scheduler.py).
         running = len(self.scheduler.running)
-        step = StepShape(running, self.model_config.top_k) if budget and running else None
+        step = None
+        if apply_copy_budget and running:
+            step = StepShape(running, self.model_config.top_k)
         return move_boundary(
             kv_pages_short, self.allocator, self.kv, self.experts, self.ranking, self.tunables,
             self.step_id - 1, evict_only=evict_only, step=step,
         )  # fmt: skip
 
-    def _make_room(self, kv_pages_lacking: int, alone: bool = False) -> int:
+    def _make_room(self, kv_pages_lacking: int, lone: bool = False) -> int:
         """Elastic, inside a scheduling round: evict experts now so that a running request
         is not preempted; returns the KV pages gained (0 once expert_offload_limit or the
-        copy budget binds). `alone`: the request would preempt itself; the budget yields."""
+        copy budget binds). `lone`: it is the only one running; the budget yields."""
         before = self.allocator.num_free(PageType.KV)
-        self._move_boundary(kv_pages_lacking, evict_only=True, budget=not alone)
+        self._move_boundary(kv_pages_lacking, evict_only=True, apply_copy_budget=not lone)
         return self.allocator.num_free(PageType.KV) - before
 
     def _mark_complete(self, step: int) -> None:

@@ -51,10 +51,11 @@ class Scheduler:
         max_num_batched_tokens: int,
         make_room: Callable[[int, bool], int] | None = None,
     ):
-        """`make_room(kv_pages_lacking, alone)` frees pool pages for KV now and returns how
-        many KV pages it gained (0: nothing more can go). `alone`: the request short of
-        pages is the last running one, so the next preemption would be its own: the elastic
-        adjuster then lets it exceed the copy budget, which must not stop a lone request."""
+        """`make_room(kv_pages_lacking, lone)` frees pool pages for KV now and returns how
+        many KV pages it gained (0: nothing more can go). `lone`: the request short of
+        pages is the only one running, so preempting would leave nothing running: the
+        elastic adjuster then lets it exceed the copy budget, which must not stop a lone
+        request (with others running, they progress, and it is re-admitted later)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.kv = kv
@@ -83,8 +84,8 @@ class Scheduler:
             counted = False
             while not self.kv.allocate_slots(request, num_new):
                 lacking = self.kv.num_pages_needed(request, num_new) - self.kv.num_free_pages
-                alone = self.running[-1] is request
-                if self.make_room is not None and self.make_room(lacking, alone) > 0:
+                lone = len(self.running) == 1
+                if self.make_room is not None and self.make_room(lacking, lone) > 0:
                     continue  # room was made: try again before preempting anyone
                 if not counted:  # count what this request lacked once, not per retry
                     short += lacking

@@ -1,6 +1,6 @@
 """Engine set-up decisions: the memory budget, the activation reserve, the loading-buffer
-size, start-up residency, the decode graphs and which compute path (Triton kernels or torch
-references) serves this device.
+size, start-up residency and which compute path (Triton kernels or torch references)
+serves this device. The CUDA graphs' plan is graph_setup.py's.
 
 A mixin of `Engine`: these read the engine's config, device, model and geometry, and are
 called once from `Engine.__init__` (the kernel choice also by the profiling forward).
@@ -9,7 +9,6 @@ called once from `Engine.__init__` (the kernel choice also by the profiling forw
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import torch
 
@@ -17,21 +16,8 @@ from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.budget import (
     device_memory_bytes,
     estimate_activation_bytes,
-    plan_memory,
 )
 from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.cuda_graphs import (
-    DecodeGraphs,
-    build_decode_graphs,
-    capture_sizes,
-    graph_memory_bytes,
-)
-from rimuru.dataplane.engine.piecewise_graphs import (
-    build_piecewise_graphs,
-    piecewise_memory_bytes,
-    piecewise_sizes,
-)
-from rimuru.dataplane.engine.profile_run import ScratchRunner
 from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
 from rimuru.dataplane.model.config import ModelConfig
@@ -95,24 +81,6 @@ def check_offload_fits(mode: str, offloaded: int, slots: int) -> None:
             f"loading buffer holds {slots}: raise loading_buffer_slots to >= {offloaded} or "
             f"the memory budget"
         )
-
-
-def graph_memory_plan(
-    decode: int, pieces: int, fits: Callable[[int], bool] | None
-) -> tuple[int, bool]:
-    """(bytes to reserve, whether the piecewise graphs are in) for decode graphs and
-    piecewise graphs of these sizes. `fits(bytes)`: whether the pool still starts with every
-    expert resident beside that much (None: no such condition, device copy-in). The decode
-    graphs come first: without room for both, the pieces are dropped, then everything."""
-    if fits is None or fits(decode + pieces):
-        return decode + pieces, pieces > 0
-    if pieces and fits(decode):
-        log.info(
-            "piecewise CUDA graphs: off, their %.1f MiB would push experts off", pieces / 2**20
-        )
-        return decode, False
-    log.info("CUDA graphs: off, their %.1f MiB would push experts off", decode / 2**20)
-    return 0, False
 
 
 class EngineSetup:
@@ -199,101 +167,6 @@ class EngineSetup:
         torch.cuda.empty_cache()  # the scratch pool goes back before the engine's pool
         log.info("warm-up: %d batch shapes in %.1f s", len(batches), seconds)
 
-    def _uses_graphs(self) -> bool:
-        """Decode graphs serve CUDA with the paged Triton kernels, for a policy whose steps
-        can be graphs: any with device copy-in; with host copies only while every expert is
-        resident (fixed never is; the gather path copies on the host's word)."""
-        c = self.config
-        return (
-            self.device.type == "cuda"
-            and self._use_kernels()
-            and not c.enforce_eager
-            and (c.tunables.mode != "fixed" or c.expert_copy == "device")
-            and c.moe_path == "paged"
-        )
-
-    def _graph_sizes(self) -> tuple[int, ...]:
-        return capture_sizes(self.config.max_num_seqs)
-
-    def _graph_max_context(self) -> int:
-        return min(self.config.max_seq_len_to_capture, self.max_model_len)
-
-    def _all_experts_fit(self, budget: int, reserve: int, buffers: int) -> bool:
-        """Whether the pool left by this plan starts with every expert resident: elastic
-        keeps grow_threshold expert pages free (residency.py); resident needs them all."""
-        mc, t = self.model_config, self.config.tunables
-        try:
-            plan = plan_memory(
-                budget, self.model.resident_nbytes(), reserve, buffers, self.geometry
-            )
-        except ValueError:
-            return False
-        expert_pages = plan.pool_bytes // self.geometry.bytes_of(PageType.EXPERT)
-        margin = t.grow_threshold if t.mode == "elastic" else 0
-        return expert_pages - margin >= mc.num_layers * mc.num_experts * t.pages_per_expert
-
-    def _cuda_graph_reserve(self, budget: int, reserve: int, buffers: int) -> int:
-        """Bytes the CUDA graphs will keep (0 when eager), planned before the pool: the
-        largest decode graph and the largest size's pieces, each captured once on the
-        profiling scratch, plus the static inputs and every smaller decode graph's output,
-        with 10% headroom as for the activation reserve.
-
-        0 as well when the policy would start with experts offloaded, with or without the
-        graphs' memory: no graph could be captured, and the KV keeps that memory. Sets
-        `_piecewise_planned`: whether the piecewise graphs' memory made it into the plan."""
-        self._piecewise_planned = self._uses_piecewise()
-        if not self._uses_graphs():
-            return 0
-        # device copy-in: graphs whatever the residency, except resident, which never
-        # offloads: there graphs must not push an expert off
-        c = self.config
-        device_copy = c.expert_copy == "device" and c.tunables.mode != "resident"
-        if not device_copy and not self._all_experts_fit(budget, reserve, buffers):
-            return 0
-        mc, bs = self.model_config, self.config.block_size
-        sizes = self._graph_sizes()
-        scratch = ScratchRunner(
-            self.model, self.host_experts, self.geometry, self._moe_kernel(),
-            self._attention_kernels(),
-        )  # fmt: skip
-        largest = graph_memory_bytes(scratch, sizes[-1], bs, self._graph_max_context())
-        pieces = 0
-        if self._piecewise_planned:
-            # The pieces capture into the decode graphs' pool but on a stream of their own,
-            # and torch's allocator reuses a block only on the stream that freed it: in
-            # effect the two do not share memory, so the plan counts both.
-            pieces = piecewise_memory_bytes(
-                scratch.runner, scratch.runner.experts, self._piecewise_sizes()[-1]
-            )
-        del scratch
-        torch.cuda.empty_cache()
-        width = -(-self._graph_max_context() // bs)
-        static = sizes[-1] * (mc.num_layers * (4 * width + 8) + 8 * 4 + 4)
-        outputs = sum(sizes[:-1]) * mc.hidden_size * self.geometry.shape.dtype_bytes
-        decode = int(1.1 * (largest + static + outputs))
-        fits = None
-        if not device_copy:
-
-            def fits(extra: int) -> bool:
-                return self._all_experts_fit(budget, reserve + extra, buffers)
-
-        planned, self._piecewise_planned = graph_memory_plan(decode, int(1.1 * pieces), fits)
-        return planned
-
-    def _uses_piecewise(self) -> bool:
-        """Wherever there are decode graphs: piecewise graphs for the steps they leave
-        (cudagraph_mode), if every step can be a graph: device copy-in or the resident
-        policy. With host copies an offloaded expert makes a step eager, which then needs
-        the activation reserve beside the graphs' memory; those policies keep such steps
-        eager instead."""
-        c = self.config
-        return c.cudagraph_mode == "full_and_piecewise" and (
-            c.expert_copy == "device" or c.tunables.mode == "resident"
-        )
-
-    def _piecewise_sizes(self) -> tuple[int, ...]:
-        return piecewise_sizes(self.config.max_num_batched_tokens)
-
     def _initial_experts(self) -> list[tuple[int, int]]:
         return initial_experts(
             self.tunables,
@@ -312,26 +185,6 @@ class EngineSetup:
         offloaded = max_offloaded(chosen, mc.num_layers, mc.num_experts)
         check_offload_fits(self.tunables.mode, offloaded, self.experts.num_buffer_slots)
         self.experts.load_initial(chosen, self.tunables.pages_per_expert)
-
-    def make_decode_graphs(self, *, capture: bool = True) -> DecodeGraphs | None:
-        """Build (cuda_graphs.build_decode_graphs) and adopt the decode graphs, then the
-        piecewise graphs (piecewise_graphs.py) where the config, the policy and the memory
-        plan allow them."""
-        self.graphs = build_decode_graphs(
-            self.model, self.experts, self.allocator, self.pool, self._graph_sizes(),
-            self._graph_max_context(), self.config.block_size, capture=capture,
-            planned_bytes=self.plan.cuda_graph_bytes,
-        )  # fmt: skip
-        if self.graphs is not None and self._piecewise_planned:
-            # the decode graphs' pool handle (see _cuda_graph_reserve: no memory shared)
-            self.piecewise = build_piecewise_graphs(
-                self.model, self.experts, self._piecewise_sizes(), capture=capture,
-                pool=self.graphs.pool, planned_bytes=self.plan.cuda_graph_bytes,
-            )  # fmt: skip
-        return self.graphs
-
-    def _num_graph_pad_pages(self) -> int:
-        return len(self.graphs.pad_pages) if self.graphs is not None else 0
 
     def _buffer_slots(self) -> int:
         return buffer_slots(self.config, self.model_config)

@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option(
         "--enforce-eager",
         default="off",
-        help="on or off: on = never replay decode CUDA graphs (vLLM's --enforce-eager)",
+        help="on or off: on = never replay CUDA graphs, decode or piecewise (vLLM's --enforce-eager)",
     )
     option(
         "--cudagraph-mode",

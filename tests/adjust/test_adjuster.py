@@ -150,6 +150,13 @@ def test_copy_budget_must_be_a_finite_number_at_least_zero(bad):
         Tunables(copy_budget=bad)
 
 
+@pytest.mark.parametrize("mode", ["resident", "fixed"])
+def test_copy_budget_is_refused_outside_elastic(mode):
+    with pytest.raises(ValueError, match="only to mode elastic"):
+        Tunables(mode=mode, expert_offload_limit=0, copy_budget=1.0)
+    assert Tunables(mode=mode, expert_offload_limit=0, copy_budget=0).copy_budget == 0
+
+
 def test_an_eviction_that_costs_nothing_is_never_refused():
     ranking = HotnessRanking.from_counts([[5, 4, 1, 0]])  # shares .5 .4 .1 0
     step = StepShape(tokens=4, top_k=1)

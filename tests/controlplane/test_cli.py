@@ -103,12 +103,18 @@ def test_controlplane_process_and_policy_verbs(tmp_path, token_file, capsys):
         assert json.loads(out)["version"] == 2
         code, out, _ = policy(
             capsys, "set", *target, "--token-file", str(token_file), "--max-grow-per-round", "2",
-            "--copy-budget", "2.5",
+            "--mode", "elastic", "--copy-budget", "2.5",
         )  # fmt: skip
         assert out == "3\n"
         code, out, _ = policy(capsys, "get", *target)
         got = json.loads(out)["tunables"]
-        assert (got["max_grow_per_round"], got["copy_budget"]) == (2, 2.5)
+        assert (got["max_grow_per_round"], got["mode"], got["copy_budget"]) == (2, "elastic", 2.5)
+        # a budget outside elastic: the field and what to do, nothing stored
+        code, _, err = policy(capsys, "set", *target, "--token-file", str(token_file),
+                              "--mode", "fixed")  # fmt: skip
+        assert code == 1 and "tunables.copy_budget: applies only to mode elastic" in err
+        code, out, _ = policy(capsys, "get", *target)
+        assert json.loads(out)["version"] == 3
     finally:
         assert stop_process(process) == 0
 

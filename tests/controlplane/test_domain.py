@@ -27,6 +27,7 @@ from rimuru.dataplane.adjust.tunables import Tunables as DataPlaneTunables
         ({"copy_budget": float("nan")}, "tunables.copy_budget"),
         ({"copy_budget": float("inf")}, "tunables.copy_budget"),
         ({"copy_budget": True}, "tunables.copy_budget"),
+        ({"mode": "fixed", "copy_budget": 1.0}, "tunables.copy_budget"),
         ({"mode": "resident"}, "tunables.expert_offload_limit"),
     ],
 )

@@ -1,6 +1,8 @@
 """The elastic adjuster's copy budget (Tunables.copy_budget, adjuster.py) in a whole engine:
 fewer experts offloaded, fewer copies, preemption instead, and the same tokens."""
 
+import pytest
+
 from rimuru.dataplane.adjust.adjuster import StepShape, expected_copies
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
@@ -25,21 +27,26 @@ def test_a_copy_budget_trades_evictions_for_preemptions_and_keeps_the_tokens(pro
     assert budget.num_leaked_pages() == 0
 
 
-def test_the_budget_holds_at_every_round_that_evicted(prompts, make_engine):
-    """Each eviction was allowed by the expected copies at the batch of its round."""
+@pytest.mark.parametrize("budget", [1.0, 2.0])
+def test_the_budget_holds_at_every_round_that_evicted(prompts, make_engine, budget):
+    """Each eviction was allowed by the expected copies at the batch of its round; it yields
+    only to a request running alone."""
     engine = make_engine(
-        "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=2.0)
+        "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=budget)
     )
     checked = []
     move = engine._move_boundary
 
-    def checking(kv_pages_short, evict_only=False, budget=True):
-        changes = move(kv_pages_short, evict_only, budget)
-        if changes.evict and budget and engine.scheduler.running:
+    def checking(kv_pages_short, evict_only=False, apply_copy_budget=True):
+        running = len(engine.scheduler.running)
+        if not apply_copy_budget:
+            assert running == 1, f"the budget yielded with {running} running"
+        changes = move(kv_pages_short, evict_only, apply_copy_budget)
+        if changes.evict and apply_copy_budget and running:
             step = StepShape(max(1, len(engine.scheduler.running)), engine.model_config.top_k)
             copies = expected_copies(engine.ranking, engine.experts.resident_sets(), step)
             checked.append(copies)
-            assert copies <= 2.0
+            assert copies <= budget
         return changes
 
     engine._move_boundary = checking

@@ -23,7 +23,7 @@ def test_capture_sizes_follow_vllm_and_end_at_max_num_seqs():
 def _graph_engine(make_engine, mode, sizes=None, **overrides):
     engine = make_engine(mode, **overrides)
     free_before = engine.allocator.num_free(PageType.KV)
-    graphs = engine.make_decode_graphs(capture=False)
+    graphs = engine.make_cuda_graphs(capture=False)
     assert graphs is not None
     if sizes is not None:
         graphs.sizes = sizes
@@ -82,7 +82,7 @@ def test_the_padding_pages_shrink_the_longest_request_accepted(make_engine):
     to the old limit is refused up front instead of being preempted forever."""
     engine = make_engine("resident")
     before = engine.max_kv_tokens()
-    engine.make_decode_graphs(capture=False)
+    engine.make_cuda_graphs(capture=False)
     assert engine.max_kv_tokens() == before - engine.config.block_size
     with pytest.raises(ValueError, match="can never fit"):
         engine.add_request([5] * (before - 1), SamplingParams(max_tokens=1))

@@ -74,7 +74,7 @@ def test_decode_steps_stay_graph_safe_with_experts_offloaded(prompts, make_engin
     host = make_engine("elastic", expert_copy="host")
     want = host.generate(prompts, params)
     engine = make_engine("elastic", expert_copy="device")
-    graphs = engine.make_decode_graphs(capture=False)
+    graphs = engine.make_cuda_graphs(capture=False)
     served_offloaded = []  # observe, per graph-served step, whether experts were offloaded
     run = graphs.run
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.graph_setup import GraphPlan, graph_memory_plan
 from rimuru.dataplane.engine.piecewise_graphs import piecewise_sizes
 from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.engine.setup import graph_memory_plan
 
 
 def test_piecewise_sizes_cover_every_step_up_to_max_num_batched_tokens():
@@ -29,7 +29,7 @@ def test_piecewise_sizes_cover_every_step_up_to_max_num_batched_tokens():
 
 def _piecewise_engine(make_engine, mode, **overrides):
     engine = make_engine(mode, **overrides)
-    engine.make_decode_graphs(capture=False)
+    engine.make_cuda_graphs(capture=False)
     assert engine.piecewise is not None
     return engine
 
@@ -99,30 +99,30 @@ def test_graph_memory_plan_drops_the_pieces_before_the_decode_graphs():
     def fits(extra: int) -> bool:
         return extra <= room["bytes"]
 
-    assert graph_memory_plan(100, 50, None) == (150, True)  # device copy-in: no condition
-    assert graph_memory_plan(100, 0, None) == (100, False)
+    assert graph_memory_plan(100, 50, None) == GraphPlan(150, True)  # device copy-in: no test
+    assert graph_memory_plan(100, 0, None) == GraphPlan(100, False)
     room["bytes"] = 150
-    assert graph_memory_plan(100, 50, fits) == (150, True)
+    assert graph_memory_plan(100, 50, fits) == GraphPlan(150, True)
     room["bytes"] = 149  # both do not fit: the decode graphs alone
-    assert graph_memory_plan(100, 50, fits) == (100, False)
+    assert graph_memory_plan(100, 50, fits) == GraphPlan(100, False)
     room["bytes"] = 99  # not even those
-    assert graph_memory_plan(100, 50, fits) == (0, False)
+    assert graph_memory_plan(100, 50, fits) == GraphPlan(0, False)
 
 
 def test_host_copies_with_offloading_policies_keep_prompt_steps_eager(make_engine):
     # an offloaded expert would make such a step eager: then the pieces' memory would sit
     # beside the activation reserve, so those engines do not make them
     engine = make_engine("elastic", expert_copy="host")
-    engine.make_decode_graphs(capture=False)
+    engine.make_cuda_graphs(capture=False)
     assert engine.graphs is not None and engine.piecewise is None
     resident = make_engine("resident", expert_copy="host")
-    resident.make_decode_graphs(capture=False)
+    resident.make_cuda_graphs(capture=False)
     assert resident.piecewise is not None
 
 
 def test_full_decode_only_keeps_prompt_steps_eager(make_engine):
     engine = make_engine("resident", cudagraph_mode="full_decode_only")
-    engine.make_decode_graphs(capture=False)
+    engine.make_cuda_graphs(capture=False)
     assert engine.graphs is not None and engine.piecewise is None
 
 

@@ -4,7 +4,7 @@ experts land in their slots; every other buffer row keeps its poison."""
 import pytest
 import torch
 
-from rimuru.kernels import copy_routed_experts, copy_routed_experts_reference
+from rimuru.kernels import copy_routed_experts, copy_routed_experts_reference, expert_copy
 
 
 def _case(seed: int, E=6, inter=24, hidden=40, slots=4, page_extra=8, dtype=torch.float16):
@@ -49,18 +49,34 @@ def test_a_matrix_of_many_chunks_is_copied_whole(inter, hidden):
         assert torch.equal(buffer[m, :n], w[2].reshape(-1))
 
 
-@pytest.mark.parametrize("programs, block, warps", [(32, 1024, 8), (128, 256, 4), (3, 512, 2)])
-def test_every_launch_of_the_sweep_copies_the_same(programs, block, warps):
-    """bench/expert_copy_gpu.py times other launches: each must copy what the default does,
-    including a last program whose run of chunks passes the matrix's end."""
+@pytest.mark.parametrize(
+    "programs, block, warps, grid_z", [(32, 1024, 8, 6), (128, 256, 4, 21), (3, 512, 2, 3)]
+)
+def test_every_launch_of_the_sweep_copies_the_same(monkeypatch, programs, block, warps, grid_z):
+    """bench/expert_copy_gpu.py times other launches: each is launched as asked (5,200
+    elements a matrix: chunks of `block`, spread over at most `programs` programs) and must
+    copy what the default does, including a last program whose run passes the matrix's end."""
     w1, w3, w2, buffer = _case(2, E=5, inter=40, hidden=130, slots=3)
     offloaded = torch.tensor([3, 0, 4], dtype=torch.int32)
     counts = torch.tensor([1, 0, 0, 2, 1], dtype=torch.int64)
     want, copied_want = buffer.clone(), torch.zeros(1, dtype=torch.int32)
     copy_routed_experts(counts, offloaded, w1, w3, w2, want, copied_want)
+    launches = []
+    kernel = expert_copy._copy_routed_kernel
+
+    class Recording:  # what was launched, then the real launch
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((grid, kwargs["BLOCK"], kwargs["num_warps"]))
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(expert_copy, "_copy_routed_kernel", Recording())
     copied = torch.zeros(1, dtype=torch.int32)
     copy_routed_experts(counts, offloaded, w1, w3, w2, buffer, copied,
                         programs_per_matrix=programs, block=block, num_warps=warps)  # fmt: skip
+    assert launches == [((3, 3, grid_z), block, warps)]
     assert torch.equal(buffer, want) and copied.item() == copied_want.item() == 3
 
 

@@ -1,0 +1,176 @@
+"""The CUDA graphs' set-up: whether they serve this engine, their memory, planned before
+the pool, and building them after it (decode graphs, cuda_graphs.py; piecewise graphs,
+piecewise_graphs.py).
+
+A mixin of `Engine`, as setup.py's EngineSetup: these read the engine's config, device,
+model and geometry; `_cuda_graph_plan` is called once from `Engine.__init__`, before the
+pool, and `make_cuda_graphs` once after it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rimuru.dataplane.engine.budget import plan_memory
+from rimuru.dataplane.engine.cuda_graphs import (
+    DecodeGraphs,
+    build_decode_graphs,
+    capture_sizes,
+    graph_memory_bytes,
+)
+from rimuru.dataplane.engine.piecewise_graphs import (
+    build_piecewise_graphs,
+    piecewise_memory_bytes,
+    piecewise_sizes,
+)
+from rimuru.dataplane.engine.profile_run import ScratchRunner
+from rimuru.dataplane.memory.geometry import PageType
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    bytes: int  # reserved before the pool for the graphs (0: none captured)
+    piecewise: bool  # whether piecewise graphs are built beside the decode graphs
+
+
+def graph_memory_plan(decode: int, pieces: int, fits: Callable[[int], bool] | None) -> GraphPlan:
+    """The plan for decode graphs and piecewise graphs of these sizes. `fits(bytes)`:
+    whether the pool still starts with every expert resident beside that much (None: no such
+    condition, device copy-in). The decode graphs come first: without room for both, the
+    pieces are dropped, then everything."""
+    if fits is None or fits(decode + pieces):
+        return GraphPlan(decode + pieces, pieces > 0)
+    if pieces and fits(decode):
+        log.info(
+            "piecewise CUDA graphs: off, their %.1f MiB would push experts off", pieces / 2**20
+        )
+        return GraphPlan(decode, False)
+    log.info("CUDA graphs: off, their %.1f MiB would push experts off", decode / 2**20)
+    return GraphPlan(0, False)
+
+
+class CudaGraphSetup:
+    def _uses_graphs(self) -> bool:
+        """Decode graphs serve CUDA with the paged Triton kernels, for a policy whose steps
+        can be graphs: any with device copy-in; with host copies only while every expert is
+        resident (fixed never is; the gather path copies on the host's word)."""
+        c = self.config
+        return (
+            self.device.type == "cuda"
+            and self._use_kernels()
+            and not c.enforce_eager
+            and (c.tunables.mode != "fixed" or c.expert_copy == "device")
+            and c.moe_path == "paged"
+        )
+
+    def _graph_sizes(self) -> tuple[int, ...]:
+        return capture_sizes(self.config.max_num_seqs)
+
+    def _graph_max_context(self) -> int:
+        return min(self.config.max_seq_len_to_capture, self.max_model_len)
+
+    def _all_experts_fit(self, budget: int, reserve: int, buffers: int) -> bool:
+        """Whether the pool left by this plan starts with every expert resident: elastic
+        keeps grow_threshold expert pages free (residency.py); resident needs them all."""
+        mc, t = self.model_config, self.config.tunables
+        try:
+            plan = plan_memory(
+                budget, self.model.resident_nbytes(), reserve, buffers, self.geometry
+            )
+        except ValueError:
+            return False
+        expert_pages = plan.pool_bytes // self.geometry.bytes_of(PageType.EXPERT)
+        margin = t.grow_threshold if t.mode == "elastic" else 0
+        return expert_pages - margin >= mc.num_layers * mc.num_experts * t.pages_per_expert
+
+    def _cuda_graph_plan(self, budget: int, reserve: int, buffers: int) -> GraphPlan:
+        """The CUDA graphs' memory, planned before the pool (0 bytes when eager): the largest
+        decode graph and the largest size's pieces, each captured once on the profiling
+        scratch, plus the static inputs and every smaller decode graph's output, with 10%
+        headroom as for the activation reserve.
+
+        0 bytes as well when the policy would start with experts offloaded, with or without
+        the graphs' memory: no graph could be captured, and the KV keeps that memory. With
+        no graphs to plan (CPU, eager), `piecewise` says what the config allows, for
+        make_cuda_graphs(capture=False)."""
+        if self.config.cudagraph_mode == "full_and_piecewise" and not self._uses_piecewise():
+            log.info(
+                "piecewise CUDA graphs: off (they need --expert-copy device or --mode "
+                "resident); prompt steps run eagerly"
+            )
+        if not self._uses_graphs():
+            return GraphPlan(0, self._uses_piecewise())
+        # device copy-in: graphs whatever the residency, except resident, which never
+        # offloads: there graphs must not push an expert off
+        c = self.config
+        device_copy = c.expert_copy == "device" and c.tunables.mode != "resident"
+        if not device_copy and not self._all_experts_fit(budget, reserve, buffers):
+            return GraphPlan(0, False)
+        mc, bs = self.model_config, self.config.block_size
+        sizes = self._graph_sizes()
+        scratch = ScratchRunner(
+            self.model, self.host_experts, self.geometry, self._moe_kernel(),
+            self._attention_kernels(),
+        )  # fmt: skip
+        largest = graph_memory_bytes(scratch, sizes[-1], bs, self._graph_max_context())
+        pieces = 0
+        if self._uses_piecewise():
+            # The pieces capture into the decode graphs' pool but on a stream of their own,
+            # and torch's allocator reuses a block only on the stream that freed it: in
+            # effect the two do not share memory, so the plan counts both.
+            pieces = piecewise_memory_bytes(
+                scratch.runner, scratch.runner.experts, self._piecewise_sizes()[-1]
+            )
+        del scratch
+        torch.cuda.empty_cache()
+        width = -(-self._graph_max_context() // bs)
+        static = sizes[-1] * (mc.num_layers * (4 * width + 8) + 8 * 4 + 4)
+        outputs = sum(sizes[:-1]) * mc.hidden_size * self.geometry.shape.dtype_bytes
+        decode = int(1.1 * (largest + static + outputs))
+        fits = None
+        if not device_copy:
+
+            def fits(extra: int) -> bool:
+                return self._all_experts_fit(budget, reserve + extra, buffers)
+
+        return graph_memory_plan(decode, int(1.1 * pieces), fits)
+
+    def _uses_piecewise(self) -> bool:
+        """Wherever there are decode graphs: piecewise graphs for the steps they leave
+        (cudagraph_mode), if every step can be a graph: device copy-in or the resident
+        policy. With host copies an offloaded expert makes a step eager, which then needs
+        the activation reserve beside the graphs' memory; those policies keep such steps
+        eager instead."""
+        c = self.config
+        return c.cudagraph_mode == "full_and_piecewise" and (
+            c.expert_copy == "device" or c.tunables.mode == "resident"
+        )
+
+    def _piecewise_sizes(self) -> tuple[int, ...]:
+        return piecewise_sizes(self.config.max_num_batched_tokens)
+
+    def make_cuda_graphs(self, *, capture: bool = True) -> DecodeGraphs | None:
+        """Build (cuda_graphs.build_decode_graphs) and adopt the decode graphs, then the
+        piecewise graphs (piecewise_graphs.py) where the config, the policy and the memory
+        plan (`graph_plan.piecewise`) allow them."""
+        self.graphs = build_decode_graphs(
+            self.model, self.experts, self.allocator, self.pool, self._graph_sizes(),
+            self._graph_max_context(), self.config.block_size, capture=capture,
+            planned_bytes=self.plan.cuda_graph_bytes,
+        )  # fmt: skip
+        if self.graphs is not None and self.graph_plan.piecewise:
+            # the decode graphs' pool handle (see _cuda_graph_plan: no memory shared)
+            self.piecewise = build_piecewise_graphs(
+                self.model, self.experts, self._piecewise_sizes(), capture=capture,
+                pool=self.graphs.pool, planned_bytes=self.plan.cuda_graph_bytes,
+            )  # fmt: skip
+        return self.graphs
+
+    def _num_graph_pad_pages(self) -> int:
+        return len(self.graphs.pad_pages) if self.graphs is not None else 0
