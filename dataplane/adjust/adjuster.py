@@ -62,21 +62,12 @@ def route_probability(p: float, step: StepShape) -> float:
     return 1.0 - (1.0 - min(1.0, step.top_k * p)) ** max(1, step.tokens)
 
 
-def routing_share(ranking: HotnessRanking, layer: int, expert: int) -> float:
-    """The expert's share of its layer's routed pairs (module doc): the ranking's value over
-    its layer's sum, which a file need not have normalised; uniform if the layer sums to 0."""
-    total = sum(ranking.prob[layer])
-    if total <= 0:
-        return 1.0 / ranking.num_experts
-    return ranking.probability(layer, expert) / total
-
-
 def expected_copies(
     ranking: HotnessRanking, resident: Sequence[frozenset[int] | set[int]], step: StepShape
 ) -> float:
     """Expected expert copies per decode step for the experts offloaded now."""
     return sum(
-        route_probability(routing_share(ranking, layer, e), step)
+        route_probability(ranking.share(layer, e), step)
         for layer in range(ranking.num_layers)
         for e in range(ranking.num_experts)
         if e not in resident[layer]
@@ -165,7 +156,7 @@ def _coldest(
     heap: list[tuple[float, int, int]] = []  # (probability, layer, position in queue)
     for layer, queue in enumerate(queues):
         if queue and offloaded[layer] < t.expert_offload_limit:
-            heap.append((routing_share(ranking, layer, queue[0]), layer, 0))
+            heap.append((ranking.share(layer, queue[0]), layer, 0))
     heapq.heapify(heap)
     chosen: list[ExpertKey] = []
     left = budget[0] if budget is not None else math.inf
@@ -179,9 +170,7 @@ def _coldest(
         chosen.append((layer, queues[layer][pos]))
         offloaded[layer] += 1
         if pos + 1 < len(queues[layer]) and offloaded[layer] < t.expert_offload_limit:
-            heapq.heappush(
-                heap, (routing_share(ranking, layer, queues[layer][pos + 1]), layer, pos + 1)
-            )
+            heapq.heappush(heap, (ranking.share(layer, queues[layer][pos + 1]), layer, pos + 1))
     return tuple(chosen)
 
 

@@ -86,6 +86,18 @@ class HotnessRanking:
             object.__setattr__(self, "_cache", cached)
         return cached
 
+    def share(self, layer: int, expert: int) -> float:
+        """The expert's share of its layer's routed pairs: its probability over the layer's
+        sum (a file need not have normalised them), uniform where the layer sums to 0."""
+        cached = self.__dict__.get("_shares")
+        if cached is None:
+            cached = []
+            for row in self._prob_by_expert:
+                total = sum(row)
+                cached.append([p / total for p in row] if total > 0 else [1 / len(row)] * len(row))
+            object.__setattr__(self, "_shares", cached)
+        return cached[layer][expert]
+
     def rank_of(self, layer: int) -> list[int]:
         """rank_of(layer)[e] = position of expert e in the layer's order (0 = hottest)."""
         ranks = [0] * self.num_experts
