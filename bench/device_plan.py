@@ -76,11 +76,17 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  200),
         )),
     ),
-    # Its second: the ablation, last run before the fused norms/RoPE.
+    # Its second: the ablation, last run before the fused norms/RoPE; Fig. 4's fixed policy
+    # at skew 0 (its offloaded quarter is copied in nearly every step: 200 requests fit).
     "next-session-2": (
         Job("gpu0", 0, (
             Step("python3 bench/paper_experiments.py ablation --num-prompts 150 "
                  "--out $JOB_OUT", 520),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/engine_gpu.py --skip-a --expert-offload-limit 30 "
+                 "--num-prompts 200 --router-skew 0 --policies fixed --fixed-expert-share 0.75 "
+                 "--out $JOB_OUT/fig4_fixed_skew0", 400),
         )),
     ),
 }  # fmt: skip
