@@ -42,7 +42,7 @@ class DeviceCopyIn:
         self.pages, self.resident = pages, resident
         num_layers, num_experts = len(resident), pages.host.shape[1]
         self.num_experts, self.num_slots = num_experts, num_slots
-        self.table = ExpertPageTable(num_layers, num_experts, device)
+        self._table = ExpertPageTable(num_layers, num_experts, device)
         # [L, S] int32: the expert in each slot, -1 = unused
         self._offloaded = DeviceMirror(
             torch.full((num_layers, num_slots), -1, dtype=torch.int32), device
@@ -52,6 +52,11 @@ class DeviceCopyIn:
     def mark_stale(self, layer: int) -> None:
         """The layer's residency changed: re-derive its rows before they are next read."""
         self._stale.add(layer)
+
+    def check_evict(self, layer: int) -> None:
+        """Refuse, before anything changes, an eviction that would leave the layer with
+        more experts offloaded than the buffer has slots."""
+        self.check_fits(layer, self.num_experts - len(self.resident[layer]) + 1)
 
     def check_fits(self, layer: int, num_offloaded: int) -> None:
         if num_offloaded > self.num_slots:
@@ -64,7 +69,7 @@ class DeviceCopyIn:
     def table_on_device(self) -> torch.Tensor:
         """[L, E, 3] int32 on the engine's device (fixed address)."""
         self._derive_stale()
-        return self.table.on_device()
+        return self._table.on_device()
 
     def offloaded(self) -> torch.Tensor:
         """[L, S] int32 on the engine's device (fixed address)."""
@@ -85,7 +90,7 @@ class DeviceCopyIn:
             for s, e in enumerate(offloaded):
                 rows[e] = torch.tensor([buffer_slot_id(3 * s + m) for m in range(3)])
                 slots[s] = e
-            self.table.replace_layer(layer, rows)
+            self._table.replace_layer(layer, rows)
             self._offloaded.host[layer] = slots
             self._offloaded.mark_dirty()
         self._stale.clear()

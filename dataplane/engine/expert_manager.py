@@ -155,9 +155,7 @@ class ExpertManager:
 
     def evict(self, layer: int, expert: int, last_step: int) -> None:
         if self.device_copy is not None and expert in self.resident[layer]:
-            # refused before anything changes: the expert stays resident, nothing leaks
-            offloaded_after = self.num_experts - len(self.resident[layer]) + 1
-            self.device_copy.check_fits(layer, offloaded_after)
+            self.device_copy.check_evict(layer)  # the expert stays resident, nothing leaks
         self._drop(layer, expert, last_step)
 
     def _drop(self, layer: int, expert: int, last_step: int) -> None:
@@ -192,6 +190,8 @@ class ExpertManager:
                     f"offloads experts (fixed/elastic)"
                 )
             self.place(layer, expert, tuple(pages))
+        if self.device_copy is not None:  # a residency past the slots fails here, not mid-step
+            self.device_copy.offloaded()
 
     def release_all(self) -> None:
         """Every expert off the device, only to re-choose residency: load_initial follows.

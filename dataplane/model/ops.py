@@ -45,7 +45,9 @@ class TorchOps:
         return rms_norm(residual, weight, eps), residual
 
     def qk_norm_rope(self, q, k, cos, sin, q_weight, k_weight, eps):
-        if q_weight is not None and k_weight is not None:
+        if (q_weight is None) != (k_weight is None):
+            raise ValueError("q/k norms: give both weights or neither")
+        if q_weight is not None:
             q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
