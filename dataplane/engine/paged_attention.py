@@ -55,21 +55,19 @@ class PagedAttentionMeta:
         max_blocks = max(len(s.blocks) for s in sequences)
         # built in [L, S, B] order: a permuted view would keep odd strides on size-1 dims,
         # which the kernels' stride checks refuse
-        tables = np.zeros((num_layers, len(sequences), max_blocks), dtype=np.int64)
+        tables = np.zeros((num_layers, len(sequences), max_blocks), dtype=np.int32)
         for i, s in enumerate(sequences):
             tables[:, i, : len(s.blocks)] = np.asarray(s.blocks).T
-        seq_of = np.repeat(np.arange(len(sequences)), [s.num_new_tokens for s in sequences])
+        lengths = [s.num_new_tokens for s in sequences]
+        seq_of = np.repeat(np.arange(len(sequences)), lengths)
         pos = np.concatenate([np.arange(s.num_computed_tokens, s.context_len) for s in sequences])
         slots = torch.from_numpy(slot_mapping(tables, seq_of, pos, block_size))  # [L, T]
-        tables = torch.from_numpy(tables)  # [L, S, B]
-        cu = [0]
-        for s in sequences:
-            cu.append(cu[-1] + s.num_new_tokens)
+        cu = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
         return cls(
             tuple(sequences),
             slots.to(device),
-            tables.to(torch.int32).to(device),
-            torch.tensor(cu, dtype=torch.int32, device=device),
+            torch.from_numpy(tables).to(device),  # [L, S, B] int32
+            torch.from_numpy(cu).to(device),
             torch.tensor([s.context_len for s in sequences], dtype=torch.int32, device=device),
             max(s.num_new_tokens for s in sequences),
             max(s.context_len for s in sequences),
