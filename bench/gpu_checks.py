@@ -234,8 +234,8 @@ def graphs_match_eager(device: str) -> str:
 def _held(*graphs) -> str:
     """What the captured graphs hold per torch's allocator, and how far the device's free
     memory fell (which also counts the driver's memory per graph)."""
-    held = sum(g.held_bytes for g in graphs if g is not None) / MiB
-    fell = sum(g.free_drop_bytes for g in graphs if g is not None) / MiB
+    held = sum(g.cost.held_bytes for g in graphs if g is not None) / MiB
+    fell = sum(g.cost.free_drop_bytes for g in graphs if g is not None) / MiB
     return f"{held:.1f} MiB held, device free memory fell {fell:.1f} MiB"
 
 

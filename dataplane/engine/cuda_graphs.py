@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -54,6 +55,29 @@ from rimuru.dataplane.model import MoETransformer
 log = logging.getLogger(__name__)
 
 GRAPH_PADDING = "cuda-graph padding"  # owner of the padding rows' KV pages (one per layer)
+
+
+@dataclass(frozen=True)
+class CaptureCost:
+    """What capturing a set of graphs took: seconds, the bytes torch's allocator holds for
+    them (static inputs and pool), and how far the device's free memory fell, which also
+    counts what the driver keeps per instantiated graph."""
+
+    seconds: float = 0.0
+    held_bytes: int = 0
+    free_drop_bytes: int = 0
+
+
+def measure_capture(device: torch.device, capture: Callable[[], None]) -> CaptureCost:
+    """Run `capture` (static inputs made and graphs captured) and measure it."""
+    held, free = torch.cuda.memory_reserved(device), torch.cuda.mem_get_info(device)[0]
+    t0 = time.perf_counter()
+    capture()
+    return CaptureCost(
+        time.perf_counter() - t0,
+        torch.cuda.memory_reserved(device) - held,
+        free - torch.cuda.mem_get_info(device)[0],
+    )
 
 
 def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -119,10 +143,7 @@ class DecodeGraphs:
         self.rows = torch.zeros(n, dtype=torch.int64, device=device)  # 1 = a real row
         self.cu = torch.arange(n + 1, dtype=torch.int32, device=device)  # one query each
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
-        self.pool = None  # the graph pool, once captured (the piecewise graphs share it)
-        # after capture: what torch's allocator holds for them, and how much the device's
-        # free memory fell, which also counts what the driver keeps per graph
-        self.held_bytes = self.free_drop_bytes = 0
+        self.cost = CaptureCost()  # once captured
         self.steps = 0  # steps served from the static inputs
         self.replays = 0  # of which replayed as graphs
 
@@ -158,7 +179,7 @@ class DecodeGraphs:
         """One graph per size, largest first, all in one memory pool (smaller graphs reuse
         the largest one's blocks). Inputs are all padding while capturing."""
         device = self.model.device
-        pool = self.pool = torch.cuda.graph_pool_handle()
+        pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device)  # this device's (see graph_memory_bytes)
         for size in reversed(self.sizes):
             self._forward(size)  # eager: kernels loaded, allocator warm
@@ -234,23 +255,25 @@ def build_decode_graphs(
     pool.view(PageType.KV)[pad] = 0  # padding rows attend over zeros
     if not capture:
         return DecodeGraphs(model, experts, pad, sizes, max_context, block_size, replay=False)
-    before = torch.cuda.memory_reserved(model.device)  # static inputs and graph pool
-    free_before = torch.cuda.mem_get_info(model.device)[0]  # also sees the driver's own
-    graphs = DecodeGraphs(model, experts, pad, sizes, max_context, block_size)
-    t0 = time.perf_counter()
+    made: list[DecodeGraphs] = []
+
+    def capture() -> None:
+        made.append(DecodeGraphs(model, experts, pad, sizes, max_context, block_size))
+        made[0].capture()
+
     try:
-        graphs.capture()
+        cost = measure_capture(model.device, capture)
     except Exception:  # serving eagerly beats not serving; the log says why
         log.exception("CUDA graphs: capture failed, every step runs eagerly")
         experts.count_rows = None
         allocator.free(PageType.KV, pad, GRAPH_PADDING)
         return None
-    graphs.held_bytes = torch.cuda.memory_reserved(model.device) - before
-    graphs.free_drop_bytes = free_before - torch.cuda.mem_get_info(model.device)[0]
+    graphs = made[0]
+    graphs.cost = cost
     log.info(
         "CUDA graphs: %d decode sizes (1..%d seqs, contexts <= %d) captured in %.1f s, "
         "%.1f MiB held (planned %.1f MiB); device free memory fell by %.1f MiB",
-        len(graphs.sizes), graphs.sizes[-1], graphs.max_context, time.perf_counter() - t0,
-        graphs.held_bytes / 2**20, planned_bytes / 2**20, graphs.free_drop_bytes / 2**20,
+        len(graphs.sizes), graphs.sizes[-1], graphs.max_context, cost.seconds,
+        cost.held_bytes / 2**20, planned_bytes / 2**20, cost.free_drop_bytes / 2**20,
     )  # fmt: skip
     return graphs

@@ -38,8 +38,6 @@ from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.outputs import RequestOutput, StepStats
 from rimuru.dataplane.engine.paged_attention import (
     PagedAttention,
-    PagedAttentionMeta,
-    SequenceSlice,
 )
 from rimuru.dataplane.engine.piecewise_graphs import PiecewiseGraphs
 from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
@@ -51,6 +49,7 @@ from rimuru.dataplane.engine.setup import (
     num_loading_buffers,
     page_geometry,
 )
+from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
@@ -336,40 +335,15 @@ class Engine(EngineSetup, CudaGraphSetup):
         self.reclaim.complete(step)
 
     def _execute(self, scheduled, step: int) -> list[RequestOutput]:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slices: list[SequenceSlice] = []
-        sample_rows: list[int] = []
-        sample_requests: list[Request] = []
-        for s in scheduled:
-            r, n = s.request, s.num_new_tokens
-            start = len(input_ids)
-            input_ids += r.all_token_ids[r.num_computed_tokens : r.num_computed_tokens + n]
-            positions += range(r.num_computed_tokens, r.num_computed_tokens + n)
-            slices.append(SequenceSlice(start, n, r.num_computed_tokens, r.block_table.array()))
-            if r.num_computed_tokens + n == r.num_tokens:
-                sample_rows.append(start + n - 1)
-                sample_requests.append(r)
+        batch = StepBatch.of(scheduled)
+        sample_requests = batch.sample_requests
         self.experts.begin_step()
-        if self.graphs is not None and self.graphs.serves(slices):
-            hidden = self.graphs.run(input_ids, positions, slices)
-        else:
-            meta = PagedAttentionMeta.build(
-                slices, self.model_config.num_layers, self.config.block_size, self.device
-            )
-            if self.piecewise is not None and self.piecewise.serves(len(input_ids)):
-                hidden = self.piecewise.run(input_ids, positions, meta)
-            else:
-                hidden = self.model.forward(
-                    torch.tensor(input_ids, device=self.device),
-                    torch.tensor(positions, device=self.device),
-                    meta,
-                )
+        hidden = run_forward(batch, self.model, self.graphs, self.piecewise, self.config.block_size)
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         if not sample_requests:
             return []
-        logits = self.model.compute_logits(hidden[sample_rows])
+        logits = self.model.compute_logits(hidden[batch.sample_rows])
         tokens = self.sampler.sample(
             logits, [r.request_id for r in sample_requests], [r.params for r in sample_requests]
         )

@@ -121,9 +121,7 @@ class CudaGraphSetup:
         largest = graph_memory_bytes(scratch, sizes[-1], bs, self._graph_max_context())
         pieces = 0
         if self._uses_piecewise():
-            # The pieces capture into the decode graphs' pool but on a stream of their own,
-            # and torch's allocator reuses a block only on the stream that freed it: in
-            # effect the two do not share memory, so the plan counts both.
+            # in a pool of their own beside the decode graphs' (piecewise_graphs.py)
             pieces = piecewise_memory_bytes(
                 scratch.runner, scratch.runner.experts, self._piecewise_sizes()[-1]
             )
@@ -165,10 +163,9 @@ class CudaGraphSetup:
             planned_bytes=self.plan.cuda_graph_bytes,
         )  # fmt: skip
         if self.graphs is not None and self.graph_plan.piecewise:
-            # the decode graphs' pool handle (see _cuda_graph_plan: no memory shared)
             self.piecewise = build_piecewise_graphs(
                 self.model, self.experts, self._piecewise_sizes(), capture=capture,
-                pool=self.graphs.pool, planned_bytes=self.plan.cuda_graph_bytes,
+                planned_bytes=self.plan.cuda_graph_bytes,
             )  # fmt: skip
         return self.graphs
 

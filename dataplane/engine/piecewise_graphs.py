@@ -25,8 +25,9 @@ Invariants the replay relies on:
     allocated once, for the largest size, and rewritten in place. Everything else a piece
     allocates lives in the graph pool, shared by all sizes: a size's pieces replay in
     capture order with nothing of another size in between, and no tensor a piece leaves in
-    the pool outlives its step. (The pool handle is the decode graphs', but the capture
-    stream is not, so no block is reused between the two: the memory plan counts both.)
+    the pool outlives its step. The pool is their own: the memory plan counts it beside the
+    decode graphs' (sharing one would save nothing: torch reuses a pool's block only on the
+    stream that freed it, and each set captures on its own stream).
   - Padding rows (real tokens .. T) have id 0 and position 0, write no KV (attention sees
     only the real tokens), read whatever an earlier step left in their rows of the
     attention output (finite values: every op is row-wise, so no padding row reaches a real
@@ -39,19 +40,19 @@ Known difference from an eager step: the MoE kernel picks its tiles by the padde
 count, so a replayed step may round otherwise than the eager step of the same batch (same
 math). The GPU checks compare fp32 tokens, pieces against eager: identical (2026-11-30).
 Not in the memory plan: the driver's own memory per instantiated graph (here up to 40 sizes
-x (L + 1) pieces), which `memory_reserved` does not see. The capture log and
-`free_drop_bytes` give the fall in the device's free memory beside `held_bytes`, so the
-difference shows it; not yet measured on a GPU.
+x (L + 1) pieces), which `memory_reserved` does not see. The capture log and `cost` give
+the fall in the device's free memory beside what torch holds, so the difference shows it;
+not yet measured on a GPU.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 import torch
 
+from rimuru.dataplane.engine.cuda_graphs import CaptureCost, measure_capture
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta
 from rimuru.dataplane.model import MoETransformer
 
@@ -81,16 +82,16 @@ class PiecewiseGraphs:
         self.sizes = tuple(sorted(sizes))
         self.replay = replay
         cfg, n, device, dtype = model.config, self.sizes[-1], model.device, model.dtype
-        self.ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.pos = torch.zeros(n, dtype=torch.int64, device=device)
-        self.rows = torch.zeros(n, dtype=torch.int64, device=device)  # 1 = a real token
+        # token ids, positions, rows to count (1 = a real token): one copy in per step
+        self._inputs = torch.zeros(3, n, dtype=torch.int64, device=device)
+        self.ids, self.pos, self.rows = self._inputs
         self.q = torch.zeros(n, cfg.num_heads, cfg.head_dim, dtype=dtype, device=device)
         self.k = torch.zeros(n, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.attn = torch.zeros_like(self.q)  # padding rows: 0, or an earlier step's rows
         self.hidden = torch.zeros(n, cfg.hidden_size, dtype=dtype, device=device)
         self._graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
-        self.held_bytes = self.free_drop_bytes = 0  # after capture: as DecodeGraphs'
+        self.cost = CaptureCost()  # once captured
         self.steps = 0  # steps served from the static inputs
         self.replays = 0  # of which replayed as graphs
 
@@ -126,11 +127,11 @@ class PiecewiseGraphs:
 
         return [first, *(lambda layer=i: middle(layer) for i in range(1, num_layers)), last]
 
-    def capture(self, pool=None) -> None:
-        """All pieces of every size, largest size first, into one graph pool (`pool`, e.g.
-        the decode graphs', or a new one). Inputs are all padding while capturing."""
+    def capture(self) -> None:
+        """All pieces of every size, largest size first, into one graph pool. Inputs are all
+        padding while capturing."""
         device = self.model.device
-        pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device)  # this device's (see cuda_graphs.graph_memory_bytes)
         with torch.inference_mode():
             for size in reversed(self.sizes):
@@ -155,15 +156,11 @@ class PiecewiseGraphs:
         """The step's hidden states [len(input_ids), D] (the caller checked `serves`)."""
         n, size = len(input_ids), self.size_for(len(input_ids))
         assert size is not None
-        device = self.model.device
-        ids = torch.zeros(size, dtype=torch.int64)
-        ids[:n] = torch.tensor(input_ids, dtype=torch.int64)
-        pos = torch.zeros(size, dtype=torch.int64)
-        pos[:n] = torch.tensor(positions, dtype=torch.int64)
-        rows = torch.zeros(size, dtype=torch.int64)
-        rows[:n] = 1
-        for dst, src in ((self.ids, ids), (self.pos, pos), (self.rows, rows)):
-            dst[:size].copy_(src.to(device, non_blocking=True))
+        inputs = torch.zeros_like(self._inputs, device="cpu")  # padding: id 0, position 0
+        inputs[0, :n] = torch.tensor(input_ids, dtype=torch.int64)
+        inputs[1, :n] = torch.tensor(positions, dtype=torch.int64)
+        inputs[2, :n] = 1
+        self._inputs.copy_(inputs)
         # as for the decode graphs: only an eager MoE call refreshes the expert tables
         self.experts.refresh_device_tables()
         self.steps += 1
@@ -195,10 +192,8 @@ def piecewise_memory_bytes(model: MoETransformer, experts, size: int) -> int:
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved(device)
-    graphs = PiecewiseGraphs(model, experts, (size,))
-    graphs.capture()
-    used = torch.cuda.memory_reserved(device) - before
-    del graphs
+    PiecewiseGraphs(model, experts, (size,)).capture()
+    used = torch.cuda.memory_reserved(device) - before  # the graphs are gone again
     torch.cuda.empty_cache()
     return int(used)
 
@@ -209,32 +204,32 @@ def build_piecewise_graphs(
     sizes: Sequence[int],
     *,
     capture: bool = True,
-    pool=None,
     planned_bytes: int = 0,
 ) -> PiecewiseGraphs | None:
-    """Piecewise graphs over the engine's model, captured (into `pool` when given); None
-    (those steps stay eager) when capture fails. capture=False keeps the static inputs and
-    runs the pieces eagerly (what a CPU can test)."""
+    """Piecewise graphs over the engine's model, captured; None (those steps stay eager)
+    when capture fails. capture=False keeps the static inputs and runs the pieces eagerly
+    (what a CPU can test)."""
     if not capture:
         return PiecewiseGraphs(model, experts, sizes, replay=False)
-    before = torch.cuda.memory_reserved(model.device)
-    free_before = torch.cuda.mem_get_info(model.device)[0]  # also sees the driver's own
-    t0 = time.perf_counter()
+    made: list[PiecewiseGraphs] = []
+
+    def capture_all() -> None:
+        made.append(PiecewiseGraphs(model, experts, sizes))
+        made[0].capture()
+
     try:
-        graphs = PiecewiseGraphs(model, experts, sizes)
-        graphs.capture(pool)
+        cost = measure_capture(model.device, capture_all)
     except Exception:  # serving eagerly beats not serving; the log says why
         log.exception("piecewise CUDA graphs: capture failed, those steps run eagerly")
         experts.count_rows = None
         return None
-    graphs.held_bytes = torch.cuda.memory_reserved(model.device) - before
-    graphs.free_drop_bytes = free_before - torch.cuda.mem_get_info(model.device)[0]
+    graphs = made[0]
+    graphs.cost = cost
     log.info(
         "piecewise CUDA graphs: %d sizes (16..%d tokens) x %d pieces captured in %.1f s, "
         "%.1f MiB held (planned %.1f MiB with the decode graphs); device free memory fell "
         "by %.1f MiB",
-        len(graphs.sizes), graphs.sizes[-1], model.config.num_layers + 1,
-        time.perf_counter() - t0, graphs.held_bytes / 2**20, planned_bytes / 2**20,
-        graphs.free_drop_bytes / 2**20,
+        len(graphs.sizes), graphs.sizes[-1], model.config.num_layers + 1, cost.seconds,
+        cost.held_bytes / 2**20, planned_bytes / 2**20, cost.free_drop_bytes / 2**20,
     )  # fmt: skip
     return graphs

@@ -1,0 +1,62 @@
+"""One step's forward: the scheduled requests flattened into one batch (vLLM style), and the
+path that runs it. A decode-only step the decode graphs can take replays one (cuda_graphs.py);
+any other step the piecewise graphs can take replays those (piecewise_graphs.py); the rest
+run the model eagerly. All three give the same math (the GPU checks compare tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rimuru.dataplane.engine.cuda_graphs import DecodeGraphs
+from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
+from rimuru.dataplane.engine.piecewise_graphs import PiecewiseGraphs
+from rimuru.dataplane.engine.request import Request
+from rimuru.dataplane.model import MoETransformer
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    input_ids: list[int]  # [T] every scheduled request's new tokens, concatenated
+    positions: list[int]  # [T]
+    slices: list[SequenceSlice]  # one per scheduled request
+    sample_rows: list[int]  # the row of each request's last token, where it samples
+    sample_requests: list[Request]  # the requests whose step completes their tokens
+
+    @classmethod
+    def of(cls, scheduled) -> StepBatch:
+        """From the scheduler's ScheduledRequests, before their tokens count as computed."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slices, rows, sampled = [], [], []
+        for s in scheduled:
+            r, n, done = s.request, s.num_new_tokens, s.request.num_computed_tokens
+            start = len(ids)
+            ids += r.all_token_ids[done : done + n]
+            positions += range(done, done + n)
+            slices.append(SequenceSlice(start, n, done, r.block_table.array()))
+            if done + n == r.num_tokens:
+                rows.append(start + n - 1)
+                sampled.append(r)
+        return cls(ids, positions, slices, rows, sampled)
+
+
+def run_forward(
+    batch: StepBatch,
+    model: MoETransformer,
+    graphs: DecodeGraphs | None,
+    piecewise: PiecewiseGraphs | None,
+    block_size: int,
+) -> torch.Tensor:
+    """The batch's final hidden states [T, D], by the first path that serves it."""
+    if graphs is not None and graphs.serves(batch.slices):
+        return graphs.run(batch.input_ids, batch.positions, batch.slices)
+    meta = PagedAttentionMeta.build(batch.slices, model.config.num_layers, block_size, model.device)
+    if piecewise is not None and piecewise.serves(len(batch.input_ids)):
+        return piecewise.run(batch.input_ids, batch.positions, meta)
+    return model.forward(
+        torch.tensor(batch.input_ids, device=model.device),
+        torch.tensor(batch.positions, device=model.device),
+        meta,
+    )
