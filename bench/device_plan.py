@@ -46,7 +46,8 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # Plans that were run are pruned once recorded: docs/benchmarks.md gives each run's
     # command and commit, and `git show <commit>:bench/device_plan.py` its plan (11-30's
     # device-copy, rate-sweep-heavy, check-kernels, heavy-fused, heavy-512: commit a6ba2a8;
-    # next-session, piecewise, piecewise-2, copy-sweep, limit10: commit a46513a).
+    # next-session, piecewise, piecewise-2, copy-sweep, limit10: commit a46513a; 11-30's
+    # last next-session and next-session-2 (the ablation, fixed at skew 0): commit 1cfb719).
     # Where a qwen3 step's time goes, and the kernels after any change to them.
     "profile": (
         Job("gpu0", 0, (
@@ -58,35 +59,25 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # The next session's first call: every check (the graph plan's fallback and the graphs'
-    # held / free-memory figures are new), the mixed-step profile again with the batch
-    # sized for both phases, and Fig. 4's elastic with a copy budget (new, off by default)
-    # at skew 0, where offloading lost to resident (07:08), and skew 1.
-    "next-session": (
+    # This session's second call: every check (the graph plan now counts the driver's
+    # memory per graph, and the check fails if capture takes more than planned); Fig. 4's
+    # elastic with the copy budget's new admission cap at skew 0 and 1 (the 08:50 runs,
+    # before the cap, let a growing batch pass the budget at skew 0); Experiment 2 at
+    # overload with the budget; resident at skew 0 again, beside it in the same call.
+    "budget-cap": (
         Job("gpu0", 0, (
             Step("python3 bench/gpu_checks.py --out $JOB_OUT", 120),
-            Step(f"{STEP} --prefill-tokens 512 --steps 8 --out $JOB_OUT", 170),
-            Step(f"{STEP} --prefill-tokens 512 --steps 8 --cudagraph-mode full_decode_only "
-                 "--out $JOB_OUT", 170),
-        )),
-        Job("gpu1", 1, (
             Step(f"{FIG4} --router-skew 0 --policies elastic --copy-budget 10 "
                  "--out $JOB_OUT/skew0_budget10", 240),
             Step(f"{FIG4} --policies elastic --copy-budget 10 --out $JOB_OUT/skew1_budget10",
                  200),
         )),
-    ),
-    # Its second: the ablation, last run before the fused norms/RoPE; Fig. 4's fixed policy
-    # at skew 0 (its offloaded quarter is copied in nearly every step: 200 requests fit).
-    "next-session-2": (
-        Job("gpu0", 0, (
-            Step("python3 bench/paper_experiments.py ablation --num-prompts 150 "
-                 "--out $JOB_OUT", 520),
-        )),
         Job("gpu1", 1, (
-            Step("python3 bench/engine_gpu.py --skip-a --expert-offload-limit 30 "
-                 "--num-prompts 200 --router-skew 0 --policies fixed --fixed-expert-share 0.75 "
-                 "--out $JOB_OUT/fig4_fixed_skew0", 400),
+            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
+                 "--num-prompts 1000 --max-num-seqs 512 --copy-budget 10 "
+                 "--out $JOB_OUT/elastic512_budget10", 300),
+            Step(f"{FIG4} --router-skew 0 --policies resident --out $JOB_OUT/skew0_resident",
+                 150),
         )),
     ),
 }  # fmt: skip

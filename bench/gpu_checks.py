@@ -221,6 +221,13 @@ def graphs_match_eager(device: str) -> str:
         flips = int((got_counts - want_counts).abs().sum()) // 2
         if not recomputed and flips > max(2, int(want_counts.sum()) // 1000):
             raise AssertionError(f"{mode}: {flips} expert choices differ, more than rounding")
+        # The plan must hold what capture took from the device, the driver's part included.
+        fell = sum(x.cost.free_drop_bytes for x in (g.graphs, g.piecewise) if x is not None)
+        if fell > graph_bytes:
+            raise AssertionError(
+                f"{mode}: capturing the graphs took {fell / MiB:.1f} MiB of device memory, "
+                f"over the {graph_bytes / MiB:.1f} MiB planned"
+            )
         details.append(
             f"{mode} {g.graphs.replays} + {pieces} piecewise of {g.stats[-1].step} steps replayed, "
             f"{g.experts.counters.evictions} evictions, {g.experts.counters.loads} loads, "

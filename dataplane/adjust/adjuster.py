@@ -28,8 +28,12 @@ budget: with skewed routing the cold experts cost little and may go; with unifor
 each one is needed in nearly every step (on the H200, 2026-11-30, elastic at router skew 0
 ran at 0.52x resident's output rate, copying 5.4 TB). Evictions are taken coldest first, so
 the first refused is the last tried; one that costs nothing (p = 0) is never refused.
-The budget only limits shrinks: start-up residency (set by memory) ignores it, and nothing
-is brought back when a growing batch raises the sum; free expert pages do that, as always.
+Only experts resident at start-up count (`counted`): those that never fit are outside
+the budget, which prices the adjuster's own evictions. A batch that grows after its
+evictions would raise the sum again, so the budget also caps admission
+(`max_batch_within_budget`: the largest batch whose sum stays within it); requests wait
+while it binds, their pages stay free, and free expert pages bring the hottest back as
+always, which lifts the cap.
 
 `reserve` then turns a decision into a ChangeList with page ids from the allocator.
 """
@@ -38,8 +42,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+import torch
 
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
@@ -62,16 +68,63 @@ def route_probability(p: float, step: StepShape) -> float:
     return 1.0 - (1.0 - min(1.0, step.top_k * p)) ** max(1, step.tokens)
 
 
+Residency = Sequence[frozenset[int] | set[int]]  # per layer: the experts in pool pages
+
+
+def _offloaded(
+    ranking: HotnessRanking, resident: Residency, counted: Residency | None
+) -> Iterator[ExpertKey]:
+    """Experts offloaded now that count for the budget (`counted` None: all of them)."""
+    everyone = frozenset(range(ranking.num_experts))
+    for layer, here in enumerate(resident):
+        for e in sorted((everyone if counted is None else counted[layer]) - here):
+            yield layer, e
+
+
 def expected_copies(
-    ranking: HotnessRanking, resident: Sequence[frozenset[int] | set[int]], step: StepShape
+    ranking: HotnessRanking,
+    resident: Residency,
+    step: StepShape,
+    counted: Residency | None = None,
 ) -> float:
-    """Expected expert copies per decode step for the experts offloaded now."""
+    """Expected expert copies per decode step for the (counted) experts offloaded now."""
     return sum(
         route_probability(ranking.share(layer, e), step)
-        for layer in range(ranking.num_layers)
-        for e in range(ranking.num_experts)
-        if e not in resident[layer]
+        for layer, e in _offloaded(ranking, resident, counted)
     )
+
+
+def max_batch_within_budget(
+    ranking: HotnessRanking,
+    resident: Residency,
+    top_k: int,
+    budget: float,
+    limit: int,
+    counted: Residency | None = None,
+) -> int:
+    """The largest decode batch B in [1, limit] whose expected copies stay within `budget`;
+    1 even when one token passes it (a request must always be able to run). The sum grows
+    with B, so a bisection; it runs every round that has requests waiting, hence in torch
+    over the offloaded experts rather than in Python per expert and per probe."""
+    keep = [
+        1.0 - min(1.0, top_k * ranking.share(layer, e))
+        for layer, e in _offloaded(ranking, resident, counted)
+    ]
+    q = torch.tensor([k for k in keep if k < 1.0], dtype=torch.float64)  # routed ever
+
+    def copies(batch: int) -> float:
+        return q.numel() - float(q.pow(batch).sum())
+
+    if copies(limit) <= budget:
+        return limit
+    lo, hi = 1, limit  # copies(hi) > budget; copies(lo) <= budget, or lo == 1 regardless
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if copies(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass(frozen=True)
@@ -115,12 +168,14 @@ def decide(
     shortfall: int,
     num_free_expert_pages: int,
     ranking: HotnessRanking,
-    resident: Sequence[frozenset[int] | set[int]],
+    resident: Residency,
     tunables: Tunables,
     step: StepShape | None = None,
+    counted: Residency | None = None,
 ) -> AdjusterDecision:
     """Pure: what to evict or load this round (see the module docstring). `step` is needed
-    for a copy budget; without it the budget is not applied."""
+    for a copy budget; without it the budget is not applied. `counted`: the experts whose
+    absence the budget prices (the start-up residency; None: all)."""
     if shortfall < 0 or num_free_expert_pages < 0:
         raise ValueError("shortfall and free page counts must be >= 0")
     if len(resident) != ranking.num_layers:
@@ -131,7 +186,8 @@ def decide(
     if n_evict:
         budget = None
         if tunables.copy_budget > 0 and step is not None:
-            budget = (tunables.copy_budget - expected_copies(ranking, resident, step), step)
+            spent = expected_copies(ranking, resident, step, counted)
+            budget = (tunables.copy_budget - spent, step, counted)
         return AdjusterDecision(evict=_coldest(n_evict, ranking, resident, tunables, budget))
     n_load = num_to_load(shortfall, num_free_expert_pages, tunables)
     if n_load:
@@ -142,9 +198,10 @@ def decide(
 def _coldest(
     n: int,
     ranking: HotnessRanking,
-    resident: Sequence[frozenset[int] | set[int]],
+    resident: Residency,
     t: Tunables,
-    budget: tuple[float, StepShape] | None = None,  # (copies per step left, the step)
+    # (copies per step left, the step, the experts that count)
+    budget: tuple[float, StepShape, Residency | None] | None = None,
 ) -> tuple[ExpertKey, ...]:
     num_experts = ranking.num_experts
     # per layer: resident experts coldest first
@@ -162,21 +219,20 @@ def _coldest(
     left = budget[0] if budget is not None else math.inf
     while heap and len(chosen) < n:
         share, layer, pos = heapq.heappop(heap)
-        if budget is not None:
+        expert = queues[layer][pos]
+        if budget is not None and (budget[2] is None or expert in budget[2][layer]):
             cost = route_probability(share, budget[1])
             if cost > 0 and cost > left:  # the rest cost at least as much: none fits either
                 break
             left -= cost
-        chosen.append((layer, queues[layer][pos]))
+        chosen.append((layer, expert))
         offloaded[layer] += 1
         if pos + 1 < len(queues[layer]) and offloaded[layer] < t.expert_offload_limit:
             heapq.heappush(heap, (ranking.share(layer, queues[layer][pos + 1]), layer, pos + 1))
     return tuple(chosen)
 
 
-def hottest(
-    n: int, ranking: HotnessRanking, resident: Sequence[frozenset[int] | set[int]]
-) -> tuple[ExpertKey, ...]:
+def hottest(n: int, ranking: HotnessRanking, resident: Residency) -> tuple[ExpertKey, ...]:
     queues = [
         [e for e in ranking.order[layer] if e not in resident[layer]]
         for layer in range(ranking.num_layers)

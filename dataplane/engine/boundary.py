@@ -11,6 +11,7 @@ from __future__ import annotations
 from rimuru.dataplane.adjust.adjuster import (
     AdjusterDecision,
     ChangeList,
+    Residency,
     StepShape,
     decide,
     reserve,
@@ -34,6 +35,7 @@ def move_boundary(
     *,
     evict_only: bool = False,
     step: StepShape | None = None,  # for tunables.copy_budget
+    counted: Residency | None = None,  # the experts the budget prices (adjuster.decide)
 ) -> ChangeList:
     decision = decide(
         kv.shortfall_in_expert_pages(kv_pages_short),
@@ -42,6 +44,7 @@ def move_boundary(
         experts.resident_sets(),
         tunables,
         step,
+        counted,
     )
     if evict_only:
         decision = AdjusterDecision(evict=decision.evict)

@@ -21,6 +21,10 @@ Invariants the replay relies on:
   - The graphs' memory is planned before the pool: `graph_memory_bytes` captures the
     largest graph once on the profiling scratch and the engine adds it to its reserve, only
     when the policy starts with every expert resident beside it (else no graph is captured).
+    Besides torch's pool, the driver keeps memory for every instantiated graph, which
+    `memory_reserved` does not see (H200, 2026-11-30: 82 MiB for qwen1.5's 35 decode
+    graphs, outside a plan of torch's bytes alone): the capture measures it as the fall in
+    the device's free memory, and the plan counts it once per graph (`GraphMemory`).
   - Padding pages are KV pages no request may use: max_kv_tokens leaves them out.
 
 Known difference from an eager step: the decode kernel sizes its flash-decoding splits from
@@ -86,25 +90,42 @@ def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(sorted(s for s in sizes if s <= max_num_seqs))
 
 
-def graph_memory_bytes(scratch: ScratchRunner, size: int, block_size: int, max_context: int) -> int:
-    """Device memory one decode graph of `size` sequences keeps: its private pool, measured
-    by capturing it on the profiling scratch (same kernels, same shapes), then released."""
+@dataclass(frozen=True)
+class GraphMemory:
+    """What one captured graph (or one size's set of pieces) keeps on the device."""
+
+    pool_bytes: int  # torch's allocator: the graph's private pool (shared by smaller sizes)
+    driver_bytes: int  # the driver's, per instantiated graph: the free-memory fall beyond
+
+    def planned(self, num_graphs: int, extra: int = 0) -> int:
+        """Bytes to reserve for `num_graphs` such graphs sharing the pool, plus `extra`
+        (static inputs and outputs), with 10% headroom as for the activation reserve."""
+        return int(1.1 * (self.pool_bytes + extra + num_graphs * self.driver_bytes))
+
+
+def graph_memory_bytes(
+    scratch: ScratchRunner, size: int, block_size: int, max_context: int
+) -> GraphMemory:
+    """Device memory one decode graph of `size` sequences keeps, measured by capturing it
+    on the profiling scratch (same kernels, same shapes), then released."""
     device = scratch.model.device
     forward = scratch.prepare_hidden((ScratchSeq(1, block_size - 1),) * size, max_context)
     forward()  # eager first: anything lazy (allocator blocks, kernel loads) happens here
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
-    before = torch.cuda.memory_reserved(device)
-    graph = torch.cuda.CUDAGraph()
-    # a stream of this device: torch's default capture stream lives on whichever device
-    # captured first in the process (a second engine on another GPU would capture there)
-    with torch.cuda.graph(graph, stream=torch.cuda.Stream(device)):
-        out = forward()
-    torch.cuda.synchronize(device)
-    used = torch.cuda.memory_reserved(device) - before
-    del graph, out
+    alive: list = [torch.cuda.CUDAGraph()]  # the graph, then its output
+
+    def capture() -> None:
+        # a stream of this device: torch's default capture stream lives on whichever device
+        # captured first in the process (a second engine on another GPU would capture there)
+        with torch.cuda.graph(alive[0], stream=torch.cuda.Stream(device)):
+            alive.append(forward())
+        torch.cuda.synchronize(device)
+
+    cost = measure_capture(device, capture)  # while the graph lives: the driver's part too
+    alive.clear()
     torch.cuda.empty_cache()
-    return int(used)
+    return GraphMemory(cost.held_bytes, max(0, cost.free_drop_bytes - cost.held_bytes))
 
 
 class DecodeGraphs:

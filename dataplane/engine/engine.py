@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from rimuru.dataplane.adjust.adjuster import StepShape
+from rimuru.dataplane.adjust.adjuster import StepShape, max_batch_within_budget
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.boundary import move_boundary
@@ -134,6 +134,7 @@ class Engine(EngineSetup, CudaGraphSetup):
                 if self.tunables.mode == "elastic" and config.evict_to_admit
                 else None
             ),
+            admit_limit=self._admit_limit,
         )
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
@@ -304,16 +305,30 @@ class Engine(EngineSetup, CudaGraphSetup):
     def _move_boundary(
         self, kv_pages_short: int, evict_only: bool = False, apply_copy_budget: bool = True
     ):
-        # The copy budget's decode step: one token per running request. Not applied with
-        # nothing running (else a waiting request the budget keeps out would wait forever)
-        # nor when asked (a lone request short of pages, scheduler.py).
+        # The copy budget's decode step: one token per running request, and one more after
+        # a round that left requests waiting (the room is for the next of them, and the
+        # admission cap must then let it in). Not applied with nothing running (else a
+        # waiting request the budget keeps out would wait forever) nor when asked (a lone
+        # request short of pages, scheduler.py).
         running = len(self.scheduler.running)
         step = None
         if apply_copy_budget and running:
-            step = StepShape(running, self.model_config.top_k)
+            admitting = not evict_only and bool(self.scheduler.waiting)
+            step = StepShape(running + admitting, self.model_config.top_k)
         return move_boundary(
             kv_pages_short, self.allocator, self.kv, self.experts, self.ranking, self.tunables,
-            self.step_id - 1, evict_only=evict_only, step=step,
+            self.step_id - 1, evict_only=evict_only, step=step, counted=self._start_resident,
+        )  # fmt: skip
+
+    def _admit_limit(self) -> int:
+        """Elastic with a copy budget: the batch up to which the experts offloaded now stay
+        within it (adjuster.max_batch_within_budget); else max_num_seqs."""
+        t = self.tunables
+        if t.mode != "elastic" or t.copy_budget <= 0:
+            return self.config.max_num_seqs
+        return max_batch_within_budget(
+            self.ranking, self.experts.resident_sets(), self.model_config.top_k, t.copy_budget,
+            self.config.max_num_seqs, self._start_resident,
         )  # fmt: skip
 
     def _make_room(self, kv_pages_lacking: int, lone: bool = False) -> int:

@@ -92,7 +92,8 @@ class CudaGraphSetup:
     def _cuda_graph_plan(self, budget: int, reserve: int, buffers: int) -> GraphPlan:
         """The CUDA graphs' memory, planned before the pool (0 bytes when eager): the largest
         decode graph and the largest size's pieces, each captured once on the profiling
-        scratch, plus the static inputs and every smaller decode graph's output, with 10%
+        scratch, plus the static inputs and every smaller decode graph's output, plus the
+        driver's memory per graph (measured on that capture, times the sizes), with 10%
         headroom as for the activation reserve.
 
         0 bytes as well when the policy would start with experts offloaded, with or without
@@ -122,22 +123,23 @@ class CudaGraphSetup:
         pieces = 0
         if self._uses_piecewise():
             # in a pool of their own beside the decode graphs' (piecewise_graphs.py)
+            piece_sizes = self._piecewise_sizes()
             pieces = piecewise_memory_bytes(
-                scratch.runner, scratch.runner.experts, self._piecewise_sizes()[-1]
-            )
+                scratch.runner, scratch.runner.experts, piece_sizes[-1]
+            ).planned(len(piece_sizes))
         del scratch
         torch.cuda.empty_cache()
         width = -(-self._graph_max_context() // bs)
         static = sizes[-1] * (mc.num_layers * (4 * width + 8) + 8 * 4 + 4)
         outputs = sum(sizes[:-1]) * mc.hidden_size * self.geometry.shape.dtype_bytes
-        decode = int(1.1 * (largest + static + outputs))
+        decode = largest.planned(len(sizes), static + outputs)
         fits = None
         if not device_copy:
 
             def fits(extra: int) -> bool:
                 return self._all_experts_fit(budget, reserve + extra, buffers)
 
-        return graph_memory_plan(decode, int(1.1 * pieces), fits)
+        return graph_memory_plan(decode, pieces, fits)
 
     def _uses_piecewise(self) -> bool:
         """Wherever there are decode graphs: piecewise graphs for the steps they leave

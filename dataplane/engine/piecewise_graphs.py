@@ -39,10 +39,10 @@ Invariants the replay relies on:
 Known difference from an eager step: the MoE kernel picks its tiles by the padded token
 count, so a replayed step may round otherwise than the eager step of the same batch (same
 math). The GPU checks compare fp32 tokens, pieces against eager: identical (2026-11-30).
-Not in the memory plan: the driver's own memory per instantiated graph (here up to 40 sizes
-x (L + 1) pieces), which `memory_reserved` does not see. The capture log and `cost` give
-the fall in the device's free memory beside what torch holds, so the difference shows it;
-not yet measured on a GPU.
+The memory plan counts the driver's own memory per instantiated graph (here up to 40 sizes
+x (L + 1) pieces), which `memory_reserved` does not see: measured as the free-memory fall
+of one size's pieces beyond torch's bytes, times the sizes (cuda_graphs.GraphMemory). On
+the H200 (2026-11-30) that part was 198 MiB for qwen1.5's 40 sizes, as much as torch's.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from rimuru.dataplane.engine.cuda_graphs import CaptureCost, measure_capture
+from rimuru.dataplane.engine.cuda_graphs import CaptureCost, GraphMemory, measure_capture
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta
 from rimuru.dataplane.model import MoETransformer
 
@@ -184,18 +184,25 @@ class PiecewiseGraphs:
         return self.hidden[:n]
 
 
-def piecewise_memory_bytes(model: MoETransformer, experts, size: int) -> int:
+def piecewise_memory_bytes(model: MoETransformer, experts, size: int) -> GraphMemory:
     """Device memory piecewise graphs up to `size` tokens keep: static buffers and the pool
-    of the largest size's pieces, measured by capturing them over `model` (the profiling
-    scratch: same kernels, same shapes), then released. Smaller sizes reuse that pool."""
+    of the largest size's pieces (smaller sizes reuse it), and the driver's part for that
+    one size's pieces, measured by capturing them over `model` (the profiling scratch:
+    same kernels, same shapes), then released."""
     device = model.device
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
-    before = torch.cuda.memory_reserved(device)
-    PiecewiseGraphs(model, experts, (size,)).capture()
-    used = torch.cuda.memory_reserved(device) - before  # the graphs are gone again
+    made: list[PiecewiseGraphs] = []
+
+    def capture() -> None:
+        made.append(PiecewiseGraphs(model, experts, (size,)))
+        made[0].capture()
+        torch.cuda.synchronize(device)
+
+    cost = measure_capture(device, capture)  # while the pieces live: the driver's part too
+    made.clear()
     torch.cuda.empty_cache()
-    return int(used)
+    return GraphMemory(cost.held_bytes, max(0, cost.free_drop_bytes - cost.held_bytes))
 
 
 def build_piecewise_graphs(

@@ -11,7 +11,8 @@ One round (vLLM V1 semantics):
      docs/benchmarks.md) evicting first held more requests at once but, one run each, gave
      less throughput; `EngineConfig.evict_to_admit` chooses.
   2. Waiting requests are admitted, oldest first, only if nothing was preempted this round,
-     while `max_num_seqs` and the token budget allow and their pages fit.
+     while `max_num_seqs` (and `admit_limit`, when given) and the token budget allow and
+     their pages fit.
   3. The shortfall — KV pages that were needed but could not be had — is reported in the
      output; the engine converts it to expert pages for the adjuster.
 """
@@ -50,16 +51,21 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         make_room: Callable[[int, bool], int] | None = None,
+        admit_limit: Callable[[], int] | None = None,
     ):
         """`make_room(kv_pages_lacking, lone)` frees pool pages for KV now and returns how
         many KV pages it gained (0: nothing more can go). `lone`: the request short of
         pages is the only one running, so preempting would leave nothing running: the
         elastic adjuster then lets it exceed the copy budget, which must not stop a lone
-        request (with others running, they progress, and it is re-admitted later)."""
+        request (with others running, they progress, and it is re-admitted later).
+        `admit_limit()`: running requests up to which waiting ones may be admitted this
+        round (the elastic copy budget's cap); asked once per round that admits. Requests
+        it keeps waiting are not counted as short of pages."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.kv = kv
         self.make_room = make_room
+        self.admit_limit = admit_limit
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
@@ -101,8 +107,11 @@ class Scheduler:
                 i += 1
                 continue
             break  # the request itself was preempted; everything after it is gone too
-        if not preempted:
-            while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+        if not preempted and self.waiting:
+            cap = self.max_num_seqs
+            if self.admit_limit is not None:
+                cap = min(cap, self.admit_limit())
+            while self.waiting and len(self.running) < cap and budget > 0:
                 request = self.waiting[0]
                 num_new = min(request.num_tokens_to_compute, budget)
                 if not self.kv.allocate_slots(request, num_new):

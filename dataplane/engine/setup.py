@@ -185,6 +185,8 @@ class EngineSetup:
         offloaded = max_offloaded(chosen, mc.num_layers, mc.num_experts)
         check_offload_fits(self.tunables.mode, offloaded, self.experts.num_buffer_slots)
         self.experts.load_initial(chosen, self.tunables.pages_per_expert)
+        # The copy budget prices only experts resident now that the adjuster evicts later.
+        self._start_resident = self.experts.resident_sets()
 
     def _buffer_slots(self) -> int:
         return buffer_slots(self.config, self.model_config)

@@ -5,6 +5,7 @@ from rimuru.dataplane.adjust.adjuster import (
     StepShape,
     decide,
     expected_copies,
+    max_batch_within_budget,
     num_to_evict,
     num_to_load,
     reserve,
@@ -181,3 +182,57 @@ def test_probabilities_are_taken_as_shares_of_their_layer():
     )  # .19 + .36 = .55; + .51 would pass .6
     zeros = HotnessRanking(((0, 1, 2, 3),), ((0.0,) * 4,))  # no traffic yet: as uniform
     assert expected_copies(zeros, off, STEP) == pytest.approx(1 - 0.75**2)
+
+
+# Admission cap: two layers of four experts at share .25, top-1; e0 offloaded in both, so a
+# batch of B costs 2 (1 - .75^B): B = 1 .5, 2 .875, 3 1.156, 4 1.367, 5 1.525.
+FLAT = HotnessRanking.from_counts([[1, 1, 1, 1], [1, 1, 1, 1]])
+E0_OFF = [frozenset({1, 2, 3}), frozenset({1, 2, 3})]
+
+
+@pytest.mark.parametrize(
+    "budget, limit, cap",
+    [(1.0, 256, 2), (1.5, 256, 4), (1.2, 3, 3), (10.0, 256, 256), (0.3, 256, 1)],
+)
+def test_admission_cap_is_the_largest_batch_within_the_budget(budget, limit, cap):
+    assert max_batch_within_budget(FLAT, E0_OFF, 1, budget, limit) == cap
+
+
+def test_admission_cap_ignores_experts_that_cost_nothing_or_do_not_count():
+    assert max_batch_within_budget(FLAT, ALL, 1, 0.1, 64) == 64  # nothing offloaded
+    cold = HotnessRanking.from_counts([[1, 1, 1, 0]])  # e3 never routed in the sample
+    assert max_batch_within_budget(cold, [frozenset({0, 1, 2})], 8, 0.01, 64) == 64
+    # L1's e0 was offloaded at start-up: only L0's counts, 1 - .75^B: B = 3 .578, 4 .684
+    counted = [frozenset(range(4)), frozenset({1, 2, 3})]
+    assert max_batch_within_budget(FLAT, E0_OFF, 1, 0.6, 64, counted) == 3
+
+
+def test_admission_cap_agrees_with_expected_copies():
+    """The bisection in torch against the plain sum, over random rankings and residencies."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(40):
+        ranking = HotnessRanking.from_counts(
+            [[rng.choice([0, 1, 5, 20]) for _ in range(6)] for _ in range(3)]
+        )
+        resident = [frozenset(e for e in range(6) if rng.random() < 0.6) for _ in range(3)]
+        top_k, budget, limit = rng.choice([1, 2]), rng.uniform(0.05, 3.0), rng.choice([1, 7, 40])
+        fits = [
+            b
+            for b in range(1, limit + 1)
+            if expected_copies(ranking, resident, StepShape(b, top_k)) <= budget + 1e-12
+        ]
+        assert max_batch_within_budget(ranking, resident, top_k, budget, limit) == max(
+            fits, default=1
+        )
+
+
+def test_experts_offloaded_at_start_up_are_outside_the_budget():
+    """L0 e1 (.0975 at B = 2) never fitted: with it counted a budget of .2 refuses L1 e3
+    (.19); priced from the start-up residency, it is free and L1 e3 goes."""
+    start = [frozenset({0, 2, 3}), frozenset(range(4))]
+    t = Tunables(expert_offload_limit=4, copy_budget=0.2)
+    assert decide(8, 0, RANKING, start, t, STEP).evict == ()
+    assert decide(8, 0, RANKING, start, t, STEP, counted=start).evict == ((1, 3),)
+    assert expected_copies(RANKING, start, STEP, counted=start) == 0.0

@@ -84,3 +84,36 @@ def test_with_a_skewed_ranking_the_cold_experts_still_go(prompts, make_engine):
     assert skewed.generate(prompts, params) == uniform.generate(prompts, params)
     assert skewed.experts.counters.evictions > uniform.experts.counters.evictions
     assert skewed.scheduler.num_preemptions < uniform.scheduler.num_preemptions
+
+
+@pytest.mark.parametrize("budget", [1.0, 2.0])
+def test_the_budget_holds_at_every_step_as_the_batch_grows(prompts, make_engine, budget):
+    """Two long requests make the adjuster offload experts while few run; then a burst
+    arrives. After every step the experts it offloaded cost at most the budget at the batch
+    now running (a request alone may pass it): the admission cap holds the burst back until
+    experts return. Without the cap this case reaches 3.5 expected copies per step."""
+    engine = make_engine(
+        "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=budget)
+    )
+    long = engine.max_kv_tokens() // 3
+    for i in range(2):
+        engine.add_request([5 + i] * long, SamplingParams(max_tokens=8, ignore_eos=True), f"L{i}")
+    for _ in range(3):
+        engine.step()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, SamplingParams(max_tokens=16, ignore_eos=True), f"r{i}")
+    held_back = 0
+    for _ in range(2000):
+        if not engine.has_unfinished_requests():
+            break
+        engine.step()
+        running = len(engine.scheduler.running)
+        step = StepShape(running, engine.model_config.top_k)
+        resident = engine.experts.resident_sets()
+        copies = expected_copies(engine.ranking, resident, step, engine._start_resident)
+        assert running <= 1 or copies <= budget + 1e-9, (running, copies)
+        held_back += bool(engine.scheduler.waiting) and engine._admit_limit() <= running
+    assert not engine.has_unfinished_requests()
+    assert held_back > 0 and engine.experts.counters.evictions > 0, "the cap never bound"
+    engine.check_invariants()
+    assert engine.num_leaked_pages() == 0

@@ -7,7 +7,7 @@ bench/gpu_checks.py compares captured replays with eager steps on the GPU."""
 import pytest
 import torch
 
-from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, capture_sizes
+from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, GraphMemory, capture_sizes
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.memory.geometry import PageType
 
@@ -101,3 +101,12 @@ def test_graph_memory_is_planned_only_when_every_expert_starts_resident(
     reserve = plan.activation_reserve_bytes + extra_mib * 2**20
     assert engine._all_experts_fit(plan.budget_bytes, reserve, plan.loading_buffer_bytes) is fits
     assert engine.experts.fully_resident() is (pool_mib == 26)
+
+
+def test_the_graph_plan_counts_the_drivers_memory_once_per_graph():
+    """The private pool is shared by every size; the driver's memory is per graph (on the
+    H200, 82 MiB for 35 decode graphs that a plan of torch's bytes left out)."""
+    one = GraphMemory(pool_bytes=100 * 2**20, driver_bytes=2 * 2**20)
+    assert one.planned(1) == int(1.1 * 102 * 2**20)
+    assert one.planned(35, extra=8 * 2**20) == int(1.1 * (100 + 8 + 70) * 2**20)
+    assert GraphMemory(100, 0).planned(35) == 110

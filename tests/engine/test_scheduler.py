@@ -69,3 +69,24 @@ def test_no_admission_in_a_round_that_preempted():
     out = s.schedule(2)
     assert out.preempted == ("r3",)
     assert "r9" not in [x.request.request_id for x in out.scheduled]
+
+
+def test_admit_limit_caps_admission_and_claims_no_pages_for_who_waits():
+    """The copy budget's cap (engine._admit_limit): running requests up to it, asked once
+    per round; the ones kept waiting are not reported short of pages."""
+    s = make(1)  # 4 KV pages: room for 4 one-page requests
+    asked = []
+    caps = iter([2, 3])
+    s.admit_limit = lambda: asked.append(len(s.running)) or next(caps)
+    for i in range(4):
+        s.add(req(i, 8))
+    out = s.schedule(1)
+    assert [x.request.request_id for x in out.scheduled] == ["r0", "r1"]
+    assert out.kv_pages_short == 0 and [r.request_id for r in s.waiting] == ["r2", "r3"]
+    s.kv.reclaim.complete(1)
+    for r in s.running:
+        r.num_computed_tokens = 8
+    out = s.schedule(2)  # the cap rose to 3: one more, r3 still waits
+    assert [x.request.request_id for x in out.scheduled] == ["r0", "r1", "r2"]
+    assert out.kv_pages_short == 0 and [r.request_id for r in s.waiting] == ["r3"]
+    assert asked == [0, 2]  # once per round, before admitting
