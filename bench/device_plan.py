@@ -31,6 +31,10 @@ from pathlib import Path
 class Step:
     command: str  # run by bash in the repository root; $JOB_OUT is the job's result folder
     limit_s: int
+    # If this step fails, the job's later steps are skipped: a failed check means their
+    # figures would not be today's engine (11-30 09:00: a graph plan 5x too large turned the
+    # graphs off, and 400 s of runs after the failed check measured eager steps).
+    gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,39 +63,46 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # This session's second call: every check (the graph plan now counts the driver's
-    # memory per graph, and the check fails if capture takes more than planned); Fig. 4's
-    # elastic with the copy budget's new admission cap at skew 0 and 1 (the 08:50 runs,
-    # before the cap, let a growing batch pass the budget at skew 0); Experiment 2 at
-    # overload with the budget; resident at skew 0 again, beside it in the same call.
+    # This session's third call (the second's graph plan was 5x too large: 09:00 UTC):
+    # every check first, as a gate on both GPUs (the graph plan now prices the driver's
+    # memory from two captures; the check fails if capture takes more than planned); Fig. 4
+    # elastic with the copy budget and its admission cap at skew 0 and 1, resident at skew
+    # 0 beside them; Experiment 2 at overload with the budget.
     "budget-cap": (
         Job("gpu0", 0, (
-            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 120),
+            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 90, gate=True),
             Step(f"{FIG4} --router-skew 0 --policies elastic --copy-budget 10 "
-                 "--out $JOB_OUT/skew0_budget10", 240),
+                 "--out $JOB_OUT/skew0_budget10", 230),
             Step(f"{FIG4} --policies elastic --copy-budget 10 --out $JOB_OUT/skew1_budget10",
-                 200),
+                 190),
         )),
         Job("gpu1", 1, (
+            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 90, gate=True),
             Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
                  "--num-prompts 1000 --max-num-seqs 512 --copy-budget 10 "
-                 "--out $JOB_OUT/elastic512_budget10", 300),
+                 "--out $JOB_OUT/elastic512_budget10", 280),
             Step(f"{FIG4} --router-skew 0 --policies resident --out $JOB_OUT/skew0_resident",
-                 150),
+                 140),
         )),
     ),
 }  # fmt: skip
 
 
 def run_job(job: Job, out: Path) -> list[dict]:
-    """The job's steps in order, each under its limit; a failed step does not stop the next."""
+    """The job's steps in order, each under its limit; a failed step does not stop the next
+    unless it is a gate."""
     folder = out / job.name
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(job.gpu), JOB_OUT=str(folder))
     env.setdefault("PYTHONUNBUFFERED", "1")
     rows = []
+    closed = False  # a gate step failed
     with open(out / f"{job.name}.log", "a") as log:
         for step in job.steps:
+            if closed:
+                rows.append({"job": job.name, "command": step.command, "exit": "skipped",
+                             "seconds": 0.0, "limit_s": step.limit_s})  # fmt: skip
+                continue
             log.write(f"\n$ {step.command}\n")
             log.flush()
             t0 = time.time()
@@ -106,6 +117,7 @@ def run_job(job: Job, out: Path) -> list[dict]:
                 {"job": job.name, "command": step.command, "exit": code,
                  "seconds": round(time.time() - t0, 1), "limit_s": step.limit_s}
             )  # fmt: skip
+            closed = step.gate and code != 0
     return rows
 
 

@@ -32,8 +32,9 @@ Only experts resident at start-up count (`counted`): those that never fit are ou
 the budget, which prices the adjuster's own evictions. A batch that grows after its
 evictions would raise the sum again, so the budget also caps admission
 (`max_batch_within_budget`: the largest batch whose sum stays within it); requests wait
-while it binds, their pages stay free, and free expert pages bring the hottest back as
-always, which lifts the cap.
+while it binds, and pages that running requests free bring experts back by the usual grow
+rule (hottest first), which lowers the sum and lifts the cap once the experts that come
+back are ones the budget counts.
 
 `reserve` then turns a decision into a ChangeList with page ids from the allocator.
 """
@@ -104,23 +105,23 @@ def max_batch_within_budget(
 ) -> int:
     """The largest decode batch B in [1, limit] whose expected copies stay within `budget`;
     1 even when one token passes it (a request must always be able to run). The sum grows
-    with B, so a bisection; it runs every round that has requests waiting, hence in torch
-    over the offloaded experts rather than in Python per expert and per probe."""
+    with B, so a bisection, each probe in torch over the offloaded experts (the engine
+    caches the result per residency: engine/admission_cap.py)."""
     keep = [
         1.0 - min(1.0, top_k * ranking.share(layer, e))
         for layer, e in _offloaded(ranking, resident, counted)
     ]
     q = torch.tensor([k for k in keep if k < 1.0], dtype=torch.float64)  # routed ever
 
-    def copies(batch: int) -> float:
-        return q.numel() - float(q.pow(batch).sum())
+    def within(batch: int) -> bool:  # the epsilon: an eviction may spend the budget exactly
+        return q.numel() - float(q.pow(batch).sum()) <= budget + 1e-9
 
-    if copies(limit) <= budget:
+    if within(limit):
         return limit
-    lo, hi = 1, limit  # copies(hi) > budget; copies(lo) <= budget, or lo == 1 regardless
+    lo, hi = 1, limit  # not within(hi); within(lo), or lo == 1 regardless
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if copies(mid) <= budget:
+        if within(mid):
             lo = mid
         else:
             hi = mid

@@ -25,9 +25,10 @@ class Tunables:
     grow_threshold: int = 9  # more free expert pages than this -> bring experts back
     max_grow_per_round: int = 5
     pages_per_expert: int = 3  # w1, w3, w2
-    # Elastic: the expert copies per decode step that the offloaded experts may cost, as
-    # expected from the ranking's routing probabilities at the current batch (adjuster.py).
-    # 0 = no budget: offload up to expert_offload_limit whatever the copies cost.
+    # Elastic: the expert copies per decode step that the experts the adjuster offloaded
+    # may cost, as expected from the ranking's routing probabilities at the batch; it stops
+    # evictions and caps admission (adjuster.py). 0 = no budget: offload up to
+    # expert_offload_limit whatever the copies cost.
     copy_budget: float = 0.0
 
     def __post_init__(self) -> None:
@@ -52,7 +53,7 @@ class Tunables:
             raise ValueError(f"copy_budget must be a finite number >= 0; got {self.copy_budget!r}")
         if self.copy_budget and self.mode != "elastic":
             raise ValueError(
-                f"copy_budget applies only to mode elastic (the adjuster's shrinks); set it "
+                f"copy_budget applies only to mode elastic (its evictions and admission); set it "
                 f"to 0 for mode {self.mode}"
             )
         if self.grow_threshold < self.shrink_threshold:

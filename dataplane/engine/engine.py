@@ -22,9 +22,10 @@ from dataclasses import replace
 
 import torch
 
-from rimuru.dataplane.adjust.adjuster import StepShape, max_batch_within_budget
+from rimuru.dataplane.adjust.adjuster import StepShape
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.engine.admission_cap import AdmissionCap
 from rimuru.dataplane.engine.boundary import move_boundary
 from rimuru.dataplane.engine.budget import (
     MemoryPlan,
@@ -136,6 +137,7 @@ class Engine(EngineSetup, CudaGraphSetup):
             ),
             admit_limit=self._admit_limit,
         )
+        self._admission_cap = AdmissionCap(config.max_num_seqs, mc.top_k)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.step_id = 0
@@ -314,7 +316,8 @@ class Engine(EngineSetup, CudaGraphSetup):
         step = None
         if apply_copy_budget and running:
             admitting = not evict_only and bool(self.scheduler.waiting)
-            step = StepShape(running + admitting, self.model_config.top_k)
+            batch = min(running + admitting, self.config.max_num_seqs)
+            step = StepShape(batch, self.model_config.top_k)
         return move_boundary(
             kv_pages_short, self.allocator, self.kv, self.experts, self.ranking, self.tunables,
             self.step_id - 1, evict_only=evict_only, step=step, counted=self._start_resident,
@@ -322,14 +325,10 @@ class Engine(EngineSetup, CudaGraphSetup):
 
     def _admit_limit(self) -> int:
         """Elastic with a copy budget: the batch up to which the experts offloaded now stay
-        within it (adjuster.max_batch_within_budget); else max_num_seqs."""
-        t = self.tunables
-        if t.mode != "elastic" or t.copy_budget <= 0:
-            return self.config.max_num_seqs
-        return max_batch_within_budget(
-            self.ranking, self.experts.resident_sets(), self.model_config.top_k, t.copy_budget,
-            self.config.max_num_seqs, self._start_resident,
-        )  # fmt: skip
+        within it (admission_cap.py); else max_num_seqs."""
+        return self._admission_cap.limit(
+            self.tunables, self.ranking, self.experts, self._start_resident
+        )
 
     def _make_room(self, kv_pages_lacking: int, lone: bool = False) -> int:
         """Elastic, inside a scheduling round: evict experts now so that a running request

@@ -91,6 +91,7 @@ class ExpertManager:
         self.device = pool.device
         self.table = ExpertPageTable(self.num_layers, self.num_experts, self.device)
         self.resident: list[set[int]] = [set() for _ in range(self.num_layers)]
+        self.residency_version = 0  # bumped whenever `resident` changes (caches key on it)
         self.num_buffer_slots = max(1, num_buffer_slots)
         page_elems = self.inter * self.hidden
         self.buffers = [
@@ -150,6 +151,7 @@ class ExpertManager:
         self.counters.bytes_h2d += self._matrix_bytes(w1) * 3
         self.table.set_pages(layer, expert, tuple(pages))
         self.resident[layer].add(expert)
+        self.residency_version += 1
         if self.device_copy is not None:
             self.device_copy.mark_stale(layer)
 
@@ -164,6 +166,7 @@ class ExpertManager:
             raise ValueError(f"expert {expert} of layer {layer} is not resident")
         self.table.clear(layer, expert)
         self.resident[layer].discard(expert)
+        self.residency_version += 1
         if self.device_copy is not None:
             self.device_copy.mark_stale(layer)
         self.reclaim.release(PageType.EXPERT, pages, ("expert", layer, expert), last_step)

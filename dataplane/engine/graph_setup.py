@@ -20,11 +20,11 @@ from rimuru.dataplane.engine.cuda_graphs import (
     DecodeGraphs,
     build_decode_graphs,
     capture_sizes,
-    graph_memory_bytes,
+    graph_memory,
 )
 from rimuru.dataplane.engine.piecewise_graphs import (
     build_piecewise_graphs,
-    piecewise_memory_bytes,
+    piecewise_memory,
     piecewise_sizes,
 )
 from rimuru.dataplane.engine.profile_run import ScratchRunner
@@ -93,8 +93,9 @@ class CudaGraphSetup:
         """The CUDA graphs' memory, planned before the pool (0 bytes when eager): the largest
         decode graph and the largest size's pieces, each captured once on the profiling
         scratch, plus the static inputs and every smaller decode graph's output, plus the
-        driver's memory per graph (measured on that capture, times the sizes), with 10%
-        headroom as for the activation reserve.
+        driver's memory per graph (the first capture's, then per further graph or size, as
+        measured by capturing more: cuda_graphs.GraphMemory), with 10% headroom as for the
+        activation reserve.
 
         0 bytes as well when the policy would start with experts offloaded, with or without
         the graphs' memory: no graph could be captured, and the KV keeps that memory. With
@@ -119,20 +120,20 @@ class CudaGraphSetup:
             self.model, self.host_experts, self.geometry, self._moe_kernel(),
             self._attention_kernels(),
         )  # fmt: skip
-        largest = graph_memory_bytes(scratch, sizes[-1], bs, self._graph_max_context())
+        decode_memory = graph_memory(scratch, sizes, bs, self._graph_max_context())
         pieces = 0
         if self._uses_piecewise():
             # in a pool of their own beside the decode graphs' (piecewise_graphs.py)
             piece_sizes = self._piecewise_sizes()
-            pieces = piecewise_memory_bytes(
-                scratch.runner, scratch.runner.experts, piece_sizes[-1]
-            ).planned(len(piece_sizes))
+            pieces = piecewise_memory(scratch.runner, scratch.runner.experts, piece_sizes).planned(
+                len(piece_sizes)
+            )
         del scratch
         torch.cuda.empty_cache()
         width = -(-self._graph_max_context() // bs)
         static = sizes[-1] * (mc.num_layers * (4 * width + 8) + 8 * 4 + 4)
         outputs = sum(sizes[:-1]) * mc.hidden_size * self.geometry.shape.dtype_bytes
-        decode = largest.planned(len(sizes), static + outputs)
+        decode = decode_memory.planned(len(sizes), static + outputs)
         fits = None
         if not device_copy:
 

@@ -40,9 +40,10 @@ Known difference from an eager step: the MoE kernel picks its tiles by the padde
 count, so a replayed step may round otherwise than the eager step of the same batch (same
 math). The GPU checks compare fp32 tokens, pieces against eager: identical (2026-11-30).
 The memory plan counts the driver's own memory per instantiated graph (here up to 40 sizes
-x (L + 1) pieces), which `memory_reserved` does not see: measured as the free-memory fall
-of one size's pieces beyond torch's bytes, times the sizes (cuda_graphs.GraphMemory). On
-the H200 (2026-11-30) that part was 198 MiB for qwen1.5's 40 sizes, as much as torch's.
+x (L + 1) pieces), which `memory_reserved` does not see: the free-memory fall beyond
+torch's bytes of the largest size's pieces, then of one more size's, counted for every
+further size (cuda_graphs.GraphMemory). On the H200 (2026-11-30) that part was 198 MiB
+for qwen1.5's 40 sizes, as much as torch's.
 """
 
 from __future__ import annotations
@@ -52,7 +53,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from rimuru.dataplane.engine.cuda_graphs import CaptureCost, GraphMemory, measure_capture
+from rimuru.dataplane.engine.cuda_graphs import (
+    CaptureCost,
+    GraphMemory,
+    driver_bytes,
+    measure_capture,
+)
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta
 from rimuru.dataplane.model import MoETransformer
 
@@ -132,7 +138,7 @@ class PiecewiseGraphs:
         padding while capturing."""
         device = self.model.device
         pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(device)  # this device's (see cuda_graphs.graph_memory_bytes)
+        stream = torch.cuda.Stream(device)  # this device's (see cuda_graphs.graph_memory)
         with torch.inference_mode():
             for size in reversed(self.sizes):
                 self.experts.count_rows = self.rows[:size]
@@ -184,25 +190,30 @@ class PiecewiseGraphs:
         return self.hidden[:n]
 
 
-def piecewise_memory_bytes(model: MoETransformer, experts, size: int) -> GraphMemory:
-    """Device memory piecewise graphs up to `size` tokens keep: static buffers and the pool
-    of the largest size's pieces (smaller sizes reuse it), and the driver's part for that
-    one size's pieces, measured by capturing them over `model` (the profiling scratch:
-    same kernels, same shapes), then released."""
+def piecewise_memory(model: MoETransformer, experts, sizes: Sequence[int]) -> GraphMemory:
+    """Device memory piecewise graphs of `sizes` keep, measured by capturing over `model`
+    (the profiling scratch: same kernels, same shapes): the largest size's pieces (static
+    buffers, the pool smaller sizes reuse, the first capture's driver memory), then the
+    smallest size's pieces beside them (the driver's memory per further size); released
+    after (cuda_graphs.GraphMemory, counted per size)."""
     device = model.device
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     made: list[PiecewiseGraphs] = []
 
-    def capture() -> None:
-        made.append(PiecewiseGraphs(model, experts, (size,)))
-        made[0].capture()
-        torch.cuda.synchronize(device)
+    def capture(size: int) -> Callable[[], None]:
+        def run() -> None:
+            made.append(PiecewiseGraphs(model, experts, (size,)))
+            made[-1].capture()
+            torch.cuda.synchronize(device)
 
-    cost = measure_capture(device, capture)  # while the pieces live: the driver's part too
+        return run
+
+    first = measure_capture(device, capture(sizes[-1]))  # while it lives: the driver's too
+    more = measure_capture(device, capture(sizes[0]))
     made.clear()
     torch.cuda.empty_cache()
-    return GraphMemory(cost.held_bytes, max(0, cost.free_drop_bytes - cost.held_bytes))
+    return GraphMemory(first.held_bytes, driver_bytes(first), driver_bytes(more))
 
 
 def build_piecewise_graphs(

@@ -59,8 +59,9 @@ class Scheduler:
         elastic adjuster then lets it exceed the copy budget, which must not stop a lone
         request (with others running, they progress, and it is re-admitted later).
         `admit_limit()`: running requests up to which waiting ones may be admitted this
-        round (the elastic copy budget's cap); asked once per round that admits. Requests
-        it keeps waiting are not counted as short of pages."""
+        round (the elastic copy budget's cap); asked once per round that has requests
+        waiting and preempted none. Requests it keeps waiting are not counted as short of
+        pages."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.kv = kv

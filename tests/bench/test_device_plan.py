@@ -30,6 +30,21 @@ def test_steps_keep_going_after_a_timeout_and_a_failure(tmp_path, monkeypatch, c
     assert capsys.readouterr().out.splitlines()[-1].startswith("b")  # the table comes last
 
 
+def test_a_failed_gate_skips_the_rest_of_its_job_only(tmp_path, monkeypatch):
+    monkeypatch.setitem(
+        PLANS,
+        "test",
+        (
+            Job("a", 0, (Step("exit 1", 5, gate=True), Step("touch $JOB_OUT/ran", 5))),
+            Job("b", 1, (Step("true", 5, gate=True), Step("touch $JOB_OUT/ran", 5))),
+        ),
+    )  # fmt: skip
+    assert device_plan.main(["test", "--out", str(tmp_path)]) == 1
+    rows = json.loads((tmp_path / "plan.json").read_text())
+    assert [(r["job"], r["exit"]) for r in rows] == [("a", 1), ("a", "skipped"), ("b", 0), ("b", 0)]
+    assert not (tmp_path / "a" / "ran").exists() and (tmp_path / "b" / "ran").exists()
+
+
 def test_every_plan_fits_one_device_call_and_dry_run_runs_nothing(tmp_path, capsys):
     for name, jobs in PLANS.items():
         assert plan_seconds(jobs) <= CALL_LIMIT_S - 60, name  # room for the install and tar

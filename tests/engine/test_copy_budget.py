@@ -9,6 +9,17 @@ from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.request import SamplingParams
 
 
+def two_long_then_a_burst(engine, prompts) -> None:
+    """Two long requests run alone (the adjuster offloads while few run), then a burst."""
+    long = engine.max_kv_tokens() // 3
+    for i in range(2):
+        engine.add_request([5 + i] * long, SamplingParams(max_tokens=8, ignore_eos=True), f"L{i}")
+    for _ in range(3):
+        engine.step()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, SamplingParams(max_tokens=16, ignore_eos=True), f"r{i}")
+
+
 def test_a_copy_budget_trades_evictions_for_preemptions_and_keeps_the_tokens(prompts, make_engine):
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     want = make_engine("resident").generate(prompts, params)
@@ -95,13 +106,7 @@ def test_the_budget_holds_at_every_step_as_the_batch_grows(prompts, make_engine,
     engine = make_engine(
         "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=budget)
     )
-    long = engine.max_kv_tokens() // 3
-    for i in range(2):
-        engine.add_request([5 + i] * long, SamplingParams(max_tokens=8, ignore_eos=True), f"L{i}")
-    for _ in range(3):
-        engine.step()
-    for i, prompt in enumerate(prompts):
-        engine.add_request(prompt, SamplingParams(max_tokens=16, ignore_eos=True), f"r{i}")
+    two_long_then_a_burst(engine, prompts)
     held_back = 0
     for _ in range(2000):
         if not engine.has_unfinished_requests():
@@ -117,3 +122,51 @@ def test_the_budget_holds_at_every_step_as_the_batch_grows(prompts, make_engine,
     assert held_back > 0 and engine.experts.counters.evictions > 0, "the cap never bound"
     engine.check_invariants()
     assert engine.num_leaked_pages() == 0
+
+
+def test_experts_the_pool_never_held_do_not_hold_the_batch_back(prompts, make_engine):
+    """A pool too small for every expert starts with some offloaded: they cost copies the
+    adjuster cannot save, so the budget prices only what it evicts itself. Counted, they
+    would pass a budget of 0.5 at one request and cap every batch at 1."""
+    engine = make_engine(
+        "elastic",
+        pool_mib=20,
+        tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=0.5),
+    )
+    offloaded = sum(32 - len(r) for r in engine.experts.resident_sets())
+    assert offloaded > 4, "the pool holds every expert: the case does not test start-up"
+    assert engine._admit_limit() == engine.config.max_num_seqs
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, f"r{i}")
+    peak = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        peak = max(peak, len(engine.scheduler.running))
+    assert peak > 1
+    engine.check_invariants()
+    assert engine.num_leaked_pages() == 0
+
+
+def test_evictions_for_a_waiting_request_leave_the_cap_room_to_admit_it(prompts, make_engine):
+    """An eviction after a round that left requests waiting makes room for the next one, so
+    it is priced at one request more than run now: the cap then lets that request in."""
+    engine = make_engine(
+        "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=2.0)
+    )
+    checked = []
+    move = engine._move_boundary
+
+    def checking(kv_pages_short, evict_only=False, apply_copy_budget=True):
+        changes = move(kv_pages_short, evict_only, apply_copy_budget)
+        running = len(engine.scheduler.running)
+        if changes.evict and not evict_only and engine.scheduler.waiting and running:
+            checked.append(running)
+            assert engine._admit_limit() >= min(running + 1, engine.config.max_num_seqs)
+        return changes
+
+    engine._move_boundary = checking
+    two_long_then_a_burst(engine, prompts)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert checked, "no eviction made room for a waiting request"
