@@ -181,12 +181,15 @@ def graphs_match_eager(device: str) -> str:
     eager = engine(device, "resident", kernels=True, enforce_eager=True)
     not_pool = eager.plan.budget_bytes - eager.plan.pool_bytes
     for mode in ("resident", "elastic"):
-        budget = 200 * MiB
+        # what its graphs plan, with room to spare (the plan does not depend on the budget
+        # unless the graphs do not fit)
+        graphs = engine(device, mode, kernels=True, memory_budget=1024 * MiB).plan.cuda_graph_bytes
+        # resident: the experts (24 MiB) and ~14 MiB of KV beside the graphs
+        budget = not_pool + 38 * MiB + graphs
         batch, params = prompts(12), SamplingParams(max_tokens=16, ignore_eos=True)
         if mode == "elastic":
             # a pool of 25 MiB (experts take 24): 20 requests make it evict and load back
-            probe = engine(device, mode, kernels=True)  # what its graphs plan
-            budget = not_pool + 25 * MiB + probe.plan.cuda_graph_bytes
+            budget = not_pool + 25 * MiB + graphs
             batch, params = prompts(20), SamplingParams(max_tokens=32, ignore_eos=True)
         g = engine(device, mode, kernels=True, memory_budget=budget)
         graph_bytes = g.plan.cuda_graph_bytes
@@ -250,14 +253,14 @@ def device_copy_matches_host(device: str) -> str:
     details = []
     for mode in ("fixed", "elastic"):
         batch, params = prompts(20), SamplingParams(max_tokens=32, ignore_eos=True)
-        budget = 200 * MiB
-        if mode == "elastic":
-            # A 24 MiB pool, the tiny preset's experts alone: KV must come from evictions,
-            # and evicted experts are routed again. (11-30: "25 MiB + the graphs" over the
-            # resident plan left this pool 6 MiB larger; it never copied.) Sized from the
-            # device-mode plan itself: one loading buffer, graphs, weights.
-            probe = engine(device, mode, kernels=True, expert_copy="device")
-            budget = probe.plan.budget_bytes - probe.plan.pool_bytes + 24 * MiB
+        # Pools sized from the device-mode plan itself (one loading buffer, graphs, weights):
+        # fixed 40 MiB (its 5% of experts, the rest KV); elastic 24 MiB, the tiny preset's
+        # experts alone: KV must come from evictions, and evicted experts are routed again.
+        # (11-30: "25 MiB + the graphs" over the resident plan left this pool 6 MiB larger;
+        # it never copied.)
+        probe = engine(device, mode, kernels=True, expert_copy="device", memory_budget=1024 * MiB)
+        pool = 24 * MiB if mode == "elastic" else 40 * MiB
+        budget = probe.plan.budget_bytes - probe.plan.pool_bytes + pool
         d = engine(device, mode, kernels=True, expert_copy="device", memory_budget=budget)
         offloaded_replays = []
         if d.graphs is not None:

@@ -18,14 +18,13 @@ Invariants the replay relies on:
   - Padding rows (the batch padded up to a capture size) write no KV (slot -1) and attend
     over one reserved, zeroed KV page per layer with a context of 1, so they read zeros,
     never NaN. ExpertManager.count_rows keeps them out of the routing statistics.
-  - The graphs' memory is planned before the pool: `graph_memory` captures the
+  - The graphs' memory is planned before the pool: `graph_memory_bytes` captures the
     largest graph once on the profiling scratch and the engine adds it to its reserve, only
     when the policy starts with every expert resident beside it (else no graph is captured).
     Besides torch's pool, the driver keeps memory for every instantiated graph, which
     `memory_reserved` does not see (H200, 2026-11-30: 82 MiB for qwen1.5's 35 decode
-    graphs, outside a plan of torch's bytes alone): the plan's captures measure it as the
-    fall in the device's free memory, once for the first graph and once per further graph
-    (`GraphMemory`).
+    graphs, outside a plan of torch's bytes alone): the plan prices it per graph and layer
+    (`decode_driver_bytes`).
   - Padding pages are KV pages no request may use: max_kv_tokens leaves them out.
 
 Known difference from an eager step: the decode kernel sizes its flash-decoding splits from
@@ -91,71 +90,41 @@ def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(sorted(s for s in sizes if s <= max_num_seqs))
 
 
-@dataclass(frozen=True)
-class GraphMemory:
-    """What a set of graphs sharing one pool keeps on the device, from two captures: the
-    first graph (its pool, and the driver's memory of the first capture, one-off costs
-    included), then further graphs into the same pool while it lives (the driver's memory
-    per further graph). Measured once per graph instead, the one-off costs were multiplied
-    by the graph count: 3.1 GiB planned for 0.55 GiB used (H200, 2026-11-30)."""
-
-    pool_bytes: int  # torch's allocator: the pool and the graphs' static buffers
-    first_driver_bytes: int  # the driver's, for the first graph: the free-memory fall beyond
-    driver_bytes_each: int  # the driver's, per further graph
-
-    def planned(self, num_graphs: int, extra: int = 0) -> int:
-        """Bytes to reserve for `num_graphs` graphs sharing the pool, plus `extra` (static
-        inputs and outputs), with 10% headroom as for the activation reserve."""
-        driver = self.first_driver_bytes + max(0, num_graphs - 1) * self.driver_bytes_each
-        return int(1.1 * (self.pool_bytes + extra + driver))
+# The driver keeps memory for every instantiated graph, outside torch's allocator
+# (`memory_reserved` does not see it). On the H200 (2026-11-30), as the fall in free memory
+# beyond torch's bytes: qwen1.5's 35 decode graphs 82 MiB (24 layers: ~98 KiB per layer per
+# graph), qwen3's 67 graphs 264 MiB (48 layers: ~84 KiB). Measuring it in the plan's own
+# capture was tried the same day and dropped: a process's first capture carries one-off
+# costs (priced per graph, 3.1 GiB planned for 0.55 GiB used), and a second engine in the
+# same process then planned otherwise. So the plan prices it per layer, with margin; the
+# GPU check fails if a capture takes more than planned.
+DRIVER_BYTES_PER_GRAPH_LAYER = 128 * 1024
 
 
-def driver_bytes(cost: CaptureCost) -> int:
-    """The driver's part of a capture: how far free memory fell beyond what torch holds."""
-    return max(0, cost.free_drop_bytes - cost.held_bytes)
+def decode_driver_bytes(num_graphs: int, num_layers: int) -> int:
+    """The driver's memory the plan sets aside for `num_graphs` decode graphs."""
+    return num_graphs * num_layers * DRIVER_BYTES_PER_GRAPH_LAYER
 
 
-EXTRA_GRAPHS = 4  # further graphs the plan captures to price one; free memory moves in 2 MiB
-
-
-def graph_memory(
-    scratch: ScratchRunner, sizes: tuple[int, ...], block_size: int, max_context: int
-) -> GraphMemory:
-    """Device memory the decode graphs of `sizes` keep, measured on the profiling scratch
-    (same kernels, same shapes): the largest size's graph, then EXTRA_GRAPHS of the
-    smallest into its pool (GraphMemory); all released after."""
+def graph_memory_bytes(scratch: ScratchRunner, size: int, block_size: int, max_context: int) -> int:
+    """Device memory one decode graph of `size` sequences keeps: its private pool, measured
+    by capturing it on the profiling scratch (same kernels, same shapes), then released."""
     device = scratch.model.device
-    big = scratch.prepare_hidden((ScratchSeq(1, block_size - 1),) * sizes[-1], max_context)
-    small = scratch.prepare_hidden((ScratchSeq(1, block_size - 1),) * sizes[0], max_context)
-    big(), small()  # eager first: anything lazy (allocator blocks, kernel loads) happens here
+    forward = scratch.prepare_hidden((ScratchSeq(1, block_size - 1),) * size, max_context)
+    forward()  # eager first: anything lazy (allocator blocks, kernel loads) happens here
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(device)
+    graph = torch.cuda.CUDAGraph()
     # a stream of this device: torch's default capture stream lives on whichever device
     # captured first in the process (a second engine on another GPU would capture there)
-    stream = torch.cuda.Stream(device)
-    alive: list = []  # graphs and outputs, kept until both measurements are taken
-
-    def capture(forward: Callable[[], torch.Tensor], count: int) -> Callable[[], None]:
-        def run() -> None:
-            for _ in range(count):
-                graph = torch.cuda.CUDAGraph()
-                pool = alive[0].pool() if alive else None
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    out = forward()
-                alive.extend((graph, out))
-            torch.cuda.synchronize(device)
-
-        return run
-
-    first = measure_capture(device, capture(big, 1))
-    more = measure_capture(device, capture(small, EXTRA_GRAPHS))
-    alive.clear()
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream(device)):
+        out = forward()
+    torch.cuda.synchronize(device)
+    used = torch.cuda.memory_reserved(device) - before
+    del graph, out
     torch.cuda.empty_cache()
-    return GraphMemory(
-        first.held_bytes + more.held_bytes,
-        driver_bytes(first),
-        -(-driver_bytes(more) // EXTRA_GRAPHS),
-    )
+    return int(used)
 
 
 class DecodeGraphs:
@@ -231,7 +200,7 @@ class DecodeGraphs:
         the largest one's blocks). Inputs are all padding while capturing."""
         device = self.model.device
         pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(device)  # this device's (see graph_memory)
+        stream = torch.cuda.Stream(device)  # this device's (see graph_memory_bytes)
         for size in reversed(self.sizes):
             self._forward(size)  # eager: kernels loaded, allocator warm
             torch.cuda.synchronize(device)

@@ -20,11 +20,13 @@ from rimuru.dataplane.engine.cuda_graphs import (
     DecodeGraphs,
     build_decode_graphs,
     capture_sizes,
-    graph_memory,
+    decode_driver_bytes,
+    graph_memory_bytes,
 )
 from rimuru.dataplane.engine.piecewise_graphs import (
     build_piecewise_graphs,
-    piecewise_memory,
+    piece_driver_bytes,
+    piecewise_memory_bytes,
     piecewise_sizes,
 )
 from rimuru.dataplane.engine.profile_run import ScratchRunner
@@ -93,9 +95,8 @@ class CudaGraphSetup:
         """The CUDA graphs' memory, planned before the pool (0 bytes when eager): the largest
         decode graph and the largest size's pieces, each captured once on the profiling
         scratch, plus the static inputs and every smaller decode graph's output, plus the
-        driver's memory per graph (the first capture's, then per further graph or size, as
-        measured by capturing more: cuda_graphs.GraphMemory), with 10% headroom as for the
-        activation reserve.
+        driver's memory per graph (priced per layer and per piece: cuda_graphs.py,
+        piecewise_graphs.py), with 10% headroom as for the activation reserve.
 
         0 bytes as well when the policy would start with experts offloaded, with or without
         the graphs' memory: no graph could be captured, and the KV keeps that memory. With
@@ -120,20 +121,20 @@ class CudaGraphSetup:
             self.model, self.host_experts, self.geometry, self._moe_kernel(),
             self._attention_kernels(),
         )  # fmt: skip
-        decode_memory = graph_memory(scratch, sizes, bs, self._graph_max_context())
+        largest = graph_memory_bytes(scratch, sizes[-1], bs, self._graph_max_context())
         pieces = 0
         if self._uses_piecewise():
             # in a pool of their own beside the decode graphs' (piecewise_graphs.py)
             piece_sizes = self._piecewise_sizes()
-            pieces = piecewise_memory(scratch.runner, scratch.runner.experts, piece_sizes).planned(
-                len(piece_sizes)
-            )
+            pool = piecewise_memory_bytes(scratch.runner, scratch.runner.experts, piece_sizes[-1])
+            pieces = int(1.1 * (pool + piece_driver_bytes(len(piece_sizes), mc.num_layers)))
         del scratch
         torch.cuda.empty_cache()
         width = -(-self._graph_max_context() // bs)
         static = sizes[-1] * (mc.num_layers * (4 * width + 8) + 8 * 4 + 4)
         outputs = sum(sizes[:-1]) * mc.hidden_size * self.geometry.shape.dtype_bytes
-        decode = decode_memory.planned(len(sizes), static + outputs)
+        driver = decode_driver_bytes(len(sizes), mc.num_layers)
+        decode = int(1.1 * (largest + static + outputs + driver))
         fits = None
         if not device_copy:
 

@@ -40,10 +40,9 @@ Known difference from an eager step: the MoE kernel picks its tiles by the padde
 count, so a replayed step may round otherwise than the eager step of the same batch (same
 math). The GPU checks compare fp32 tokens, pieces against eager: identical (2026-11-30).
 The memory plan counts the driver's own memory per instantiated graph (here up to 40 sizes
-x (L + 1) pieces), which `memory_reserved` does not see: the free-memory fall beyond
-torch's bytes of the largest size's pieces, then of one more size's, counted for every
-further size (cuda_graphs.GraphMemory). On the H200 (2026-11-30) that part was 198 MiB
-for qwen1.5's 40 sizes, as much as torch's.
+x (L + 1) pieces), which `memory_reserved` does not see: priced per piece
+(`piece_driver_bytes`). On the H200 (2026-11-30) that part was 198 MiB for qwen1.5's 40
+sizes, as much as torch's.
 """
 
 from __future__ import annotations
@@ -53,12 +52,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from rimuru.dataplane.engine.cuda_graphs import (
-    CaptureCost,
-    GraphMemory,
-    driver_bytes,
-    measure_capture,
-)
+from rimuru.dataplane.engine.cuda_graphs import CaptureCost, measure_capture
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta
 from rimuru.dataplane.model import MoETransformer
 
@@ -138,7 +132,7 @@ class PiecewiseGraphs:
         padding while capturing."""
         device = self.model.device
         pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(device)  # this device's (see cuda_graphs.graph_memory)
+        stream = torch.cuda.Stream(device)  # this device's (see cuda_graphs.graph_memory_bytes)
         with torch.inference_mode():
             for size in reversed(self.sizes):
                 self.experts.count_rows = self.rows[:size]
@@ -190,30 +184,29 @@ class PiecewiseGraphs:
         return self.hidden[:n]
 
 
-def piecewise_memory(model: MoETransformer, experts, sizes: Sequence[int]) -> GraphMemory:
-    """Device memory piecewise graphs of `sizes` keep, measured by capturing over `model`
-    (the profiling scratch: same kernels, same shapes): the largest size's pieces (static
-    buffers, the pool smaller sizes reuse, the first capture's driver memory), then the
-    smallest size's pieces beside them (the driver's memory per further size); released
-    after (cuda_graphs.GraphMemory, counted per size)."""
+# The driver's memory per instantiated piece (cuda_graphs.DRIVER_BYTES_PER_GRAPH_LAYER says
+# why it is priced, not measured): on the H200 (2026-11-30) ~196 KiB per piece for
+# qwen1.5's 40 sizes x 25 pieces, ~184 KiB for qwen3's 32 x 49; priced with margin.
+DRIVER_BYTES_PER_PIECE = 256 * 1024
+
+
+def piece_driver_bytes(num_sizes: int, num_layers: int) -> int:
+    """The driver's memory the plan sets aside for the pieces (L + 1 per size)."""
+    return num_sizes * (num_layers + 1) * DRIVER_BYTES_PER_PIECE
+
+
+def piecewise_memory_bytes(model: MoETransformer, experts, size: int) -> int:
+    """Device memory piecewise graphs up to `size` tokens keep: static buffers and the pool
+    of the largest size's pieces, measured by capturing them over `model` (the profiling
+    scratch: same kernels, same shapes), then released. Smaller sizes reuse that pool."""
     device = model.device
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
-    made: list[PiecewiseGraphs] = []
-
-    def capture(size: int) -> Callable[[], None]:
-        def run() -> None:
-            made.append(PiecewiseGraphs(model, experts, (size,)))
-            made[-1].capture()
-            torch.cuda.synchronize(device)
-
-        return run
-
-    first = measure_capture(device, capture(sizes[-1]))  # while it lives: the driver's too
-    more = measure_capture(device, capture(sizes[0]))
-    made.clear()
+    before = torch.cuda.memory_reserved(device)
+    PiecewiseGraphs(model, experts, (size,)).capture()
+    used = torch.cuda.memory_reserved(device) - before  # the graphs are gone again
     torch.cuda.empty_cache()
-    return GraphMemory(first.held_bytes, driver_bytes(first), driver_bytes(more))
+    return int(used)
 
 
 def build_piecewise_graphs(
