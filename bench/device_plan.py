@@ -51,7 +51,8 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # command and commit, and `git show <commit>:bench/device_plan.py` its plan (11-30's
     # device-copy, rate-sweep-heavy, check-kernels, heavy-fused, heavy-512: commit a6ba2a8;
     # next-session, piecewise, piecewise-2, copy-sweep, limit10: commit a46513a; 11-30's
-    # last next-session and next-session-2 (the ablation, fixed at skew 0): commit 1cfb719).
+    # last next-session and next-session-2 (the ablation, fixed at skew 0): commit 1cfb719;
+    # budget-cap (run at 09:15 and 09:18 UTC): commit 8a2e179).
     # Where a qwen3 step's time goes, and the kernels after any change to them.
     "profile": (
         Job("gpu0", 0, (
@@ -63,26 +64,27 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # This session's third call (the second's graph plan was 5x too large: 09:00 UTC):
-    # every check first, as a gate on both GPUs (the graph plan now prices the driver's
-    # memory from two captures; the check fails if capture takes more than planned); Fig. 4
-    # elastic with the copy budget and its admission cap at skew 0 and 1, resident at skew
-    # 0 beside them; Experiment 2 at overload with the budget.
-    "budget-cap": (
+    # This session's last call: the checks as a gate; Fig. 4 at skew 0 with the copy budget
+    # now also counting the copies its decode steps really make (at 09:20 the ranking
+    # expected ~10 per step and the steps made ~54), resident beside it, and skew 1 with the
+    # budget; Experiment 2 at light load on today's defaults (last run before piecewise
+    # graphs, 06:48).
+    "meter": (
         Job("gpu0", 0, (
-            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 90, gate=True),
+            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
             Step(f"{FIG4} --router-skew 0 --policies elastic --copy-budget 10 "
-                 "--out $JOB_OUT/skew0_budget10", 230),
-            Step(f"{FIG4} --policies elastic --copy-budget 10 --out $JOB_OUT/skew1_budget10",
-                 190),
+                 "--out $JOB_OUT/skew0_budget10", 220),
+            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 1 "
+                 "--num-prompts 100 --out $JOB_OUT/elastic_light", 240),
         )),
         Job("gpu1", 1, (
-            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 90, gate=True),
-            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
-                 "--num-prompts 1000 --max-num-seqs 512 --copy-budget 10 "
-                 "--out $JOB_OUT/elastic512_budget10", 280),
+            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
             Step(f"{FIG4} --router-skew 0 --policies resident --out $JOB_OUT/skew0_resident",
-                 140),
+                 150),
+            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 1 "
+                 "--num-prompts 100 --out $JOB_OUT/resident_light", 200),
+            Step(f"{FIG4} --policies elastic --copy-budget 10 --out $JOB_OUT/skew1_budget10",
+                 120),
         )),
     ),
 }  # fmt: skip

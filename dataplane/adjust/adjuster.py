@@ -34,7 +34,9 @@ evictions would raise the sum again, so the budget also caps admission
 (`max_batch_within_budget`: the largest batch whose sum stays within it); requests wait
 while it binds, and pages that running requests free bring experts back by the usual grow
 rule (hottest first), which lowers the sum and lifts the cap once the experts that come
-back are ones the budget counts.
+back are ones the budget counts. The ranking can be wrong about what is cold, so the engine
+also measures the copies its decode steps make (engine/copy_budget.py) and the budget
+counts the larger figure.
 
 `reserve` then turns a decision into a ChangeList with page ids from the allocator.
 """
@@ -106,7 +108,7 @@ def max_batch_within_budget(
     """The largest decode batch B in [1, limit] whose expected copies stay within `budget`;
     1 even when one token passes it (a request must always be able to run). The sum grows
     with B, so a bisection, each probe in torch over the offloaded experts (the engine
-    caches the result per residency: engine/admission_cap.py)."""
+    caches the result per residency: engine/copy_budget.py)."""
     keep = [
         1.0 - min(1.0, top_k * ranking.share(layer, e))
         for layer, e in _offloaded(ranking, resident, counted)
@@ -173,10 +175,14 @@ def decide(
     tunables: Tunables,
     step: StepShape | None = None,
     counted: Residency | None = None,
+    measured: float = 0.0,
 ) -> AdjusterDecision:
     """Pure: what to evict or load this round (see the module docstring). `step` is needed
     for a copy budget; without it the budget is not applied. `counted`: the experts whose
-    absence the budget prices (the start-up residency; None: all)."""
+    absence the budget prices (the start-up residency; None: all). `measured`: copies per
+    decode step lately (the engine's CopyMeter); the budget counts the larger of it and the
+    ranking's expectation, and at or past the budget evicts nothing, not even experts the
+    ranking calls free (it is evidently wrong about them)."""
     if shortfall < 0 or num_free_expert_pages < 0:
         raise ValueError("shortfall and free page counts must be >= 0")
     if len(resident) != ranking.num_layers:
@@ -187,7 +193,9 @@ def decide(
     if n_evict:
         budget = None
         if tunables.copy_budget > 0 and step is not None:
-            spent = expected_copies(ranking, resident, step, counted)
+            if measured >= tunables.copy_budget:
+                return AdjusterDecision()
+            spent = max(expected_copies(ranking, resident, step, counted), measured)
             budget = (tunables.copy_budget - spent, step, counted)
         return AdjusterDecision(evict=_coldest(n_evict, ranking, resident, tunables, budget))
     n_load = num_to_load(shortfall, num_free_expert_pages, tunables)

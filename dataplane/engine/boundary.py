@@ -36,6 +36,7 @@ def move_boundary(
     evict_only: bool = False,
     step: StepShape | None = None,  # for tunables.copy_budget
     counted: Residency | None = None,  # the experts the budget prices (adjuster.decide)
+    measured: float = 0.0,  # copies per decode step lately (adjuster.decide)
 ) -> ChangeList:
     decision = decide(
         kv.shortfall_in_expert_pages(kv_pages_short),
@@ -45,6 +46,7 @@ def move_boundary(
         tunables,
         step,
         counted,
+        measured,
     )
     if evict_only:
         decision = AdjusterDecision(evict=decision.evict)

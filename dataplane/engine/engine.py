@@ -25,13 +25,13 @@ import torch
 from rimuru.dataplane.adjust.adjuster import StepShape
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
-from rimuru.dataplane.engine.admission_cap import AdmissionCap
 from rimuru.dataplane.engine.boundary import move_boundary
 from rimuru.dataplane.engine.budget import (
     MemoryPlan,
     plan_memory,
 )
 from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.copy_budget import AdmissionCap, CopyMeter
 from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, DecodeGraphs
 from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
 from rimuru.dataplane.engine.graph_setup import CudaGraphSetup
@@ -138,6 +138,7 @@ class Engine(EngineSetup, CudaGraphSetup):
             admit_limit=self._admit_limit,
         )
         self._admission_cap = AdmissionCap(config.max_num_seqs, mc.top_k)
+        self.copy_meter = CopyMeter()
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.step_id = 0
@@ -321,14 +322,16 @@ class Engine(EngineSetup, CudaGraphSetup):
         return move_boundary(
             kv_pages_short, self.allocator, self.kv, self.experts, self.ranking, self.tunables,
             self.step_id - 1, evict_only=evict_only, step=step, counted=self._start_resident,
+            measured=self.copy_meter.value,
         )  # fmt: skip
 
     def _admit_limit(self) -> int:
         """Elastic with a copy budget: the batch up to which the experts offloaded now stay
-        within it (admission_cap.py); else max_num_seqs."""
+        within it (copy_budget.py); else max_num_seqs."""
         return self._admission_cap.limit(
-            self.tunables, self.ranking, self.experts, self._start_resident
-        )
+            self.tunables, self.ranking, self.experts, self._start_resident,
+            len(self.scheduler.running), self.copy_meter.value,
+        )  # fmt: skip
 
     def _make_room(self, kv_pages_lacking: int, lone: bool = False) -> int:
         """Elastic, inside a scheduling round: evict experts now so that a running request
@@ -394,7 +397,10 @@ class Engine(EngineSetup, CudaGraphSetup):
         return None
 
     def _record(self, out, step: int) -> None:
+        copies = self.experts.counters.buffer_copies
         self.experts.sync_counters()  # after the step's forward finished
+        decode_only = bool(out.scheduled) and all(s.num_new_tokens == 1 for s in out.scheduled)
+        self.copy_meter.update(self.experts.counters.buffer_copies - copies, decode_only)
         self.stats.append(
             StepStats.capture(
                 step, out.num_tokens, self.scheduler, self.experts, self.allocator, self.pool

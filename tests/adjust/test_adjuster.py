@@ -236,3 +236,19 @@ def test_experts_offloaded_at_start_up_are_outside_the_budget():
     assert decide(8, 0, RANKING, start, t, STEP).evict == ()
     assert decide(8, 0, RANKING, start, t, STEP, counted=start).evict == ((1, 3),)
     assert expected_copies(RANKING, start, STEP, counted=start) == 0.0
+
+
+def test_measured_copies_count_when_they_exceed_the_expectation():
+    """The engine's measured copies per decode step stand in for the ranking's expectation
+    when larger; at or past the budget nothing is evicted, not even an expert the ranking
+    calls free."""
+    t = Tunables(expert_offload_limit=4, copy_budget=0.3)
+    assert decide(8, 0, RANKING, ALL, t, STEP, measured=0.2).evict == ((0, 1),)  # .1 left
+    assert decide(8, 0, RANKING, ALL, t, STEP, measured=0.0).evict == ((0, 1), (1, 3))
+    assert decide(8, 0, RANKING, ALL, t, STEP, measured=0.3).evict == ()
+    cold = HotnessRanking.from_counts([[5, 4, 1, 0]])  # e3 "never routed"
+    t = Tunables(expert_offload_limit=4, copy_budget=0.5)
+    full = [frozenset(range(4))]
+    # e3 free, e2 1 - .9^4 = .34; e1 (.87) would pass .5
+    assert decide(8, 0, cold, full, t, StepShape(4, 1)).evict == ((0, 3), (0, 2))
+    assert decide(8, 0, cold, full, t, StepShape(4, 1), measured=0.6).evict == ()

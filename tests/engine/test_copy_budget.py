@@ -170,3 +170,35 @@ def test_evictions_for_a_waiting_request_leave_the_cap_room_to_admit_it(prompts,
     while engine.has_unfinished_requests():
         engine.step()
     assert checked, "no eviction made room for a waiting request"
+
+
+def test_measured_copies_past_the_budget_stop_evictions_and_admissions(make_engine):
+    """A ranking that calls half the experts never routed (tiny routes them all): the model
+    prices their eviction at nothing, the decode steps copy them anyway. Once the measured
+    copies (CopyMeter) pass the budget, a step evicts nothing and admits no one past the
+    batch it had, unless one request runs alone (the budget yields to it)."""
+    import random
+
+    engine = make_engine(
+        "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=1.0)
+    )
+    layers, experts = engine.model_config.num_layers, engine.model_config.num_experts
+    wrong = [[1.0] * (experts // 2) + [0.0] * (experts - experts // 2)] * layers
+    engine.set_ranking(HotnessRanking.from_counts(wrong, source="test: wrong about what is cold"))
+    rng = random.Random(7)
+    for i in range(40):
+        prompt = [rng.randrange(151_000) for _ in range(rng.randint(40, 110))]
+        engine.add_request(prompt, SamplingParams(max_tokens=32, ignore_eos=True), f"r{i}")
+    held = 0
+    while engine.has_unfinished_requests():
+        measured, running = engine.copy_meter.value, len(engine.scheduler.running)
+        evictions = engine.experts.counters.evictions
+        engine.step()
+        if measured > 1.0:
+            held += 1
+            after = len(engine.scheduler.running)
+            assert engine.experts.counters.evictions == evictions or after <= 1
+            assert after <= max(1, running)
+    assert held > 0, "the measured copies never passed the budget: the case tests nothing"
+    engine.check_invariants()
+    assert engine.num_leaked_pages() == 0

@@ -1,0 +1,14 @@
+"""engine/copy_budget.py: the copies decode steps make, averaged, and the admission cap's
+hold while they are over the budget."""
+
+from rimuru.dataplane.engine.copy_budget import CopyMeter
+
+
+def test_the_meter_averages_decode_steps_only():
+    meter = CopyMeter(alpha=0.5)
+    meter.update(8, decode_only=True)
+    assert meter.value == 4.0
+    meter.update(100, decode_only=False)  # a prompt step: copies whatever the budget
+    assert meter.value == 4.0
+    meter.update(0, decode_only=True)
+    assert meter.value == 2.0
