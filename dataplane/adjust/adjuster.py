@@ -180,7 +180,7 @@ def decide(
     """Pure: what to evict or load this round (see the module docstring). `step` is needed
     for a copy budget; without it the budget is not applied. `counted`: the experts whose
     absence the budget prices (the start-up residency; None: all). `measured`: copies per
-    decode step lately (the engine's CopyMeter); the budget counts the larger of it and the
+    decode step lately (the engine's CopyMeter, engine/copy_budget.py); the budget counts the larger of it and the
     ranking's expectation, and at or past the budget evicts nothing, not even experts the
     ranking calls free (it is evidently wrong about them)."""
     if shortfall < 0 or num_free_expert_pages < 0:

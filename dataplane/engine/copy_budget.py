@@ -1,12 +1,19 @@
-"""The elastic copy budget on the engine's side: the copies its decode steps really make
-(`CopyMeter`), and the admission cap (`AdmissionCap`, adjuster.max_batch_within_budget).
+"""The elastic copy budget on the engine's side (`CopyControl`): which experts it prices
+(those resident at start-up), the copies decode steps really make (`CopyMeter`), and the
+admission cap (`AdmissionCap`, adjuster.max_batch_within_budget).
 
 Why measure: the budget's model prices an offloaded expert by its share in the hotness
 ranking. Where the ranking misjudges routing, the model does too: on the H200 (2026-11-30,
 Fig. 4 at router skew 0, ranking profiled on 32 prompts) it expected ~10 copies per decode
 step while the steps made ~54. So the adjuster counts the larger of the two; once the
-measured copies pass the budget, nothing more is evicted and no request is admitted past
-the batch now running, until experts come back and the copies fall.
+measured copies reach the budget, nothing more is evicted and no request is admitted (the
+batch drains as requests finish), until experts come back and the copies fall.
+
+The meter cannot tell whose copies it counts, so it is used only while it measures the
+adjuster's own evictions: when start-up residency held every expert (else the copies of
+experts that never fit would hold admission for good; the model alone decides then), and
+it reads 0 whenever no expert resident at start-up is offloaded (so it cannot stay stale
+once they are back, or across idle time).
 
 The cap is asked every round that has requests waiting (every round at overload); the
 model's part changes only when the boundary moves, the ranking or the start-up residency is
@@ -37,26 +44,17 @@ class CopyMeter:
 
 
 class AdmissionCap:
+    """The model's cap, cached per residency, ranking, start-up set and budget."""
+
     def __init__(self, max_num_seqs: int, top_k: int):
         self.max_num_seqs = max_num_seqs
         self.top_k = top_k
-        self._inputs: tuple | None = None  # what the cached model cap was computed from
+        self._inputs: tuple | None = None  # what the cached cap was computed from
         self._cap = max_num_seqs
 
-    def limit(
-        self,
-        tunables: Tunables,
-        ranking: HotnessRanking,
-        experts: ExpertManager,
-        counted: Residency,
-        running: int,
-        measured: float,
+    def model_cap(
+        self, tunables: Tunables, ranking: HotnessRanking, experts: ExpertManager, counted
     ) -> int:
-        """Running requests up to which waiting ones may be admitted: max_num_seqs unless
-        elastic with a copy budget; then the model's cap, and no more than run now (at
-        least 1) while the measured copies are over the budget."""
-        if tunables.mode != "elastic" or tunables.copy_budget <= 0:
-            return self.max_num_seqs
         inputs = (experts.residency_version, tunables.copy_budget, ranking, counted)
         cached = self._inputs
         if (
@@ -69,6 +67,51 @@ class AdmissionCap:
                 self.max_num_seqs, counted,
             )  # fmt: skip
             self._inputs = inputs
-        if measured > tunables.copy_budget:
-            return max(1, min(self._cap, running))
         return self._cap
+
+
+class CopyControl:
+    def __init__(self, max_num_seqs: int, top_k: int):
+        self.cap = AdmissionCap(max_num_seqs, top_k)
+        self.meter = CopyMeter()
+        self.start_resident: Residency | None = None  # the experts the budget prices
+        self._meter_on = False
+        self._copies_before = 0
+
+    def reset(self, start_resident: Residency, num_experts: int) -> None:
+        """After start-up residency is (re)chosen."""
+        self.start_resident = start_resident
+        self._meter_on = all(len(r) == num_experts for r in start_resident)
+        self.meter.value = 0.0
+
+    @property
+    def measured(self) -> float:
+        return self.meter.value if self._meter_on else 0.0
+
+    def begin_step(self, experts: ExpertManager) -> None:
+        # host copies are counted inside the forward, device copy-in after it
+        self._copies_before = experts.counters.buffer_copies
+
+    def end_step(self, experts: ExpertManager, decode_only: bool, tunables: Tunables) -> None:
+        """After the step's forward finished and the device's counters were synced."""
+        if tunables.mode != "elastic" or tunables.copy_budget <= 0 or not self._meter_on:
+            return
+        if all(
+            len(r) == len(s) for r, s in zip(experts.resident, self.start_resident, strict=True)
+        ):
+            self.meter.value = 0.0  # every expert is back (start-up held them all)
+            return
+        self.meter.update(experts.counters.buffer_copies - self._copies_before, decode_only)
+
+    def limit(
+        self, tunables: Tunables, ranking: HotnessRanking, experts: ExpertManager, running: int
+    ) -> int:
+        """Running requests up to which waiting ones may be admitted: max_num_seqs unless
+        elastic with a copy budget; then the model's cap, and no one more than runs now (at
+        least 1) while the measured copies are at or past the budget."""
+        if tunables.mode != "elastic" or tunables.copy_budget <= 0:
+            return self.cap.max_num_seqs
+        cap = self.cap.model_cap(tunables, ranking, experts, self.start_resident)
+        if self.measured >= tunables.copy_budget:
+            return max(1, min(cap, running))
+        return cap

@@ -102,7 +102,7 @@ def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
 # capture was tried the same day and dropped: a process's first capture carries one-off
 # costs (priced per graph, 3.1 GiB planned for 0.55 GiB used), and a second engine in the
 # same process then planned otherwise. So the plan prices it per layer, with margin; the
-# GPU check fails if a capture takes more than planned.
+# engine logs what capture took against the plan (planned ... fell by ...).
 DRIVER_BYTES_PER_GRAPH_LAYER = 128 * 1024
 
 

@@ -31,7 +31,7 @@ from rimuru.dataplane.engine.budget import (
     plan_memory,
 )
 from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.copy_budget import AdmissionCap, CopyMeter
+from rimuru.dataplane.engine.copy_budget import CopyControl
 from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, DecodeGraphs
 from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
 from rimuru.dataplane.engine.graph_setup import CudaGraphSetup
@@ -126,6 +126,7 @@ class Engine(EngineSetup, CudaGraphSetup):
         self.attention = PagedAttention(self.pool, kernels=self._attention_kernels())
         self.model = self.model.with_backends(self.attention, self.experts)
         self.kv = KVCacheManager(self.allocator, self.reclaim, mc.num_layers, config.block_size)
+        self.copy_control = CopyControl(config.max_num_seqs, mc.top_k)  # the copy budget's
         self.scheduler = Scheduler(
             self.kv,
             config.max_num_seqs,
@@ -137,8 +138,6 @@ class Engine(EngineSetup, CudaGraphSetup):
             ),
             admit_limit=self._admit_limit,
         )
-        self._admission_cap = AdmissionCap(config.max_num_seqs, mc.top_k)
-        self.copy_meter = CopyMeter()
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.step_id = 0
@@ -295,6 +294,7 @@ class Engine(EngineSetup, CudaGraphSetup):
         with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
             self.step_id += 1
             step = self.step_id
+            self.copy_control.begin_step(self.experts)
             out = self.scheduler.schedule(step)
             if self.tunables.mode == "elastic":
                 self._move_boundary(out.kv_pages_short)
@@ -321,17 +321,16 @@ class Engine(EngineSetup, CudaGraphSetup):
             step = StepShape(batch, self.model_config.top_k)
         return move_boundary(
             kv_pages_short, self.allocator, self.kv, self.experts, self.ranking, self.tunables,
-            self.step_id - 1, evict_only=evict_only, step=step, counted=self._start_resident,
-            measured=self.copy_meter.value,
+            self.step_id - 1, evict_only=evict_only, step=step,
+            counted=self.copy_control.start_resident, measured=self.copy_control.measured,
         )  # fmt: skip
 
     def _admit_limit(self) -> int:
         """Elastic with a copy budget: the batch up to which the experts offloaded now stay
         within it (copy_budget.py); else max_num_seqs."""
-        return self._admission_cap.limit(
-            self.tunables, self.ranking, self.experts, self._start_resident,
-            len(self.scheduler.running), self.copy_meter.value,
-        )  # fmt: skip
+        return self.copy_control.limit(
+            self.tunables, self.ranking, self.experts, len(self.scheduler.running)
+        )
 
     def _make_room(self, kv_pages_lacking: int, lone: bool = False) -> int:
         """Elastic, inside a scheduling round: evict experts now so that a running request
@@ -397,10 +396,9 @@ class Engine(EngineSetup, CudaGraphSetup):
         return None
 
     def _record(self, out, step: int) -> None:
-        copies = self.experts.counters.buffer_copies
         self.experts.sync_counters()  # after the step's forward finished
         decode_only = bool(out.scheduled) and all(s.num_new_tokens == 1 for s in out.scheduled)
-        self.copy_meter.update(self.experts.counters.buffer_copies - copies, decode_only)
+        self.copy_control.end_step(self.experts, decode_only, self.tunables)
         self.stats.append(
             StepStats.capture(
                 step, out.num_tokens, self.scheduler, self.experts, self.allocator, self.pool

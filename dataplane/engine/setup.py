@@ -186,7 +186,7 @@ class EngineSetup:
         check_offload_fits(self.tunables.mode, offloaded, self.experts.num_buffer_slots)
         self.experts.load_initial(chosen, self.tunables.pages_per_expert)
         # The copy budget prices only experts resident now that the adjuster evicts later.
-        self._start_resident = self.experts.resident_sets()
+        self.copy_control.reset(self.experts.resident_sets(), mc.num_experts)
 
     def _buffer_slots(self) -> int:
         return buffer_slots(self.config, self.model_config)

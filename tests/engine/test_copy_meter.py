@@ -1,5 +1,5 @@
-"""engine/copy_budget.py: the copies decode steps make, averaged, and the admission cap's
-hold while they are over the budget."""
+"""engine/copy_budget.py's CopyMeter: the copies decode steps make, averaged (the hold it
+drives is tested in test_copy_budget.py)."""
 
 from rimuru.dataplane.engine.copy_budget import CopyMeter
 
