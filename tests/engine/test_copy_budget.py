@@ -11,6 +11,13 @@ from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.request import SamplingParams
 
 
+def a_burst_of_40(engine, max_tokens: int) -> None:
+    rng = random.Random(7)
+    for i in range(40):
+        prompt = [rng.randrange(151_000) for _ in range(rng.randint(40, 110))]
+        engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), f"r{i}")
+
+
 def two_long_then_a_burst(engine, prompts) -> None:
     """Two long requests run alone (the adjuster offloads while few run), then a burst."""
     long = engine.max_kv_tokens() // 3
@@ -189,10 +196,7 @@ def test_measured_copies_past_the_budget_stop_evictions_and_admissions(make_engi
     layers, experts = engine.model_config.num_layers, engine.model_config.num_experts
     wrong = [[1.0] * (experts // 2) + [0.0] * (experts - experts // 2)] * layers
     engine.set_ranking(HotnessRanking.from_counts(wrong, source="test: wrong about what is cold"))
-    rng = random.Random(7)
-    for i in range(40):
-        prompt = [rng.randrange(151_000) for _ in range(rng.randint(40, 110))]
-        engine.add_request(prompt, SamplingParams(max_tokens=32, ignore_eos=True), f"r{i}")
+    a_burst_of_40(engine, max_tokens=32)
     held = 0
     while engine.has_unfinished_requests():
         measured, running = engine.copy_control.measured, len(engine.scheduler.running)
@@ -218,10 +222,7 @@ def test_without_every_expert_at_start_up_the_meter_stays_out(make_engine):
         pool_mib=20,
         tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=0.5),
     )
-    rng = random.Random(7)
-    for i in range(40):
-        prompt = [rng.randrange(151_000) for _ in range(rng.randint(40, 110))]
-        engine.add_request(prompt, SamplingParams(max_tokens=16, ignore_eos=True), f"r{i}")
+    a_burst_of_40(engine, max_tokens=16)
     peak = 0
     while engine.has_unfinished_requests():
         engine.step()
