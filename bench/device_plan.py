@@ -52,7 +52,8 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # device-copy, rate-sweep-heavy, check-kernels, heavy-fused, heavy-512: commit a6ba2a8;
     # next-session, piecewise, piecewise-2, copy-sweep, limit10: commit a46513a; 11-30's
     # last next-session and next-session-2 (the ablation, fixed at skew 0): commit 1cfb719;
-    # budget-cap (run at 09:15 and 09:18 UTC): commit 8a2e179).
+    # budget-cap (run at 08:59, 09:12, 09:15 and 09:18 UTC with its changes: the 09:18 run
+    # at commit 8a2e179) and meter (09:30): commit 3de1433).
     # Where a qwen3 step's time goes, and the kernels after any change to them.
     "profile": (
         Job("gpu0", 0, (
@@ -64,27 +65,37 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # This session's last call: the checks as a gate; Fig. 4 at skew 0 with the copy budget
-    # now also counting the copies its decode steps really make (at 09:20 the ranking
-    # expected ~10 per step and the steps made ~54), resident beside it, and skew 1 with the
-    # budget; Experiment 2 at light load on today's defaults (last run before piecewise
-    # graphs, 06:48).
-    "meter": (
+    # The next session's first call: the checks as a gate; then Experiment 2 at overload
+    # and Fig. 4 at skew 1 with both policies side by side, on the graph plan that prices
+    # the driver's memory (a smaller pool than before 09:18, 11-30), elastic with the copy
+    # budget and its measured copies (3de1433 and after: never run on a GPU).
+    "next-session": (
         Job("gpu0", 0, (
             Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
-            Step(f"{FIG4} --router-skew 0 --policies elastic --copy-budget 10 "
-                 "--out $JOB_OUT/skew0_budget10", 220),
-            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 1 "
-                 "--num-prompts 100 --out $JOB_OUT/elastic_light", 240),
+            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
+                 "--num-prompts 1000 --max-num-seqs 512 --copy-budget 10 "
+                 "--out $JOB_OUT/elastic512_budget10", 280),
+            Step(f"{FIG4} --policies elastic --copy-budget 10 --out $JOB_OUT/skew1_budget10",
+                 120),
         )),
         Job("gpu1", 1, (
             Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
-            Step(f"{FIG4} --router-skew 0 --policies resident --out $JOB_OUT/skew0_resident",
-                 150),
-            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 1 "
-                 "--num-prompts 100 --out $JOB_OUT/resident_light", 200),
-            Step(f"{FIG4} --policies elastic --copy-budget 10 --out $JOB_OUT/skew1_budget10",
-                 120),
+            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
+                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/resident512", 280),
+            Step(f"{FIG4} --policies resident --out $JOB_OUT/skew1_resident", 120),
+        )),
+    ),
+    # Its second: the ablation, last run before the fused norms/RoPE; Fig. 4's fixed policy
+    # at skew 0 (its offloaded quarter is copied in nearly every step: 200 requests fit).
+    "next-session-2": (
+        Job("gpu0", 0, (
+            Step("python3 bench/paper_experiments.py ablation --num-prompts 150 "
+                 "--out $JOB_OUT", 520),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/engine_gpu.py --skip-a --expert-offload-limit 30 "
+                 "--num-prompts 200 --router-skew 0 --policies fixed --fixed-expert-share 0.75 "
+                 "--out $JOB_OUT/fig4_fixed_skew0", 400),
         )),
     ),
 }  # fmt: skip

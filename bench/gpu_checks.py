@@ -70,16 +70,16 @@ def engine(device: str, mode: str, kernels: bool, **overrides) -> Engine:
     return Engine(replace(config, **overrides), log_plan=False)
 
 
-def graph_driver_allowance(piecewise: bool) -> int:
+def graph_driver_allowance() -> int:
     """What the graph plan has set aside for the driver since 2026-11-30 09:20 (priced per
-    graph: cuda_graphs.py), added to the budgets these checks were sized with before, so
-    their pools stay as they were (a probe engine's plan, measured at start-up, varies by
-    tens of MiB between engines of one process: 09:15's checks)."""
+    graph: cuda_graphs.py), decode and piecewise graphs, added to the budgets these checks
+    were sized with before, so their pools stay as they were (a probe engine's plan,
+    measured at start-up, varies by tens of MiB between engines of one process: 09:15's
+    checks)."""
     mc = PRESETS["tiny"]
     config = EngineConfig(max_num_batched_tokens=128)
     driver = decode_driver_bytes(len(capture_sizes(config.max_num_seqs)), mc.num_layers)
-    if piecewise:
-        driver += piece_driver_bytes(len(piecewise_sizes(128)), mc.num_layers)
+    driver += piece_driver_bytes(len(piecewise_sizes(128)), mc.num_layers)
     return int(1.1 * driver)
 
 
@@ -197,11 +197,13 @@ def graphs_match_eager(device: str) -> str:
     eager = engine(device, "resident", kernels=True, enforce_eager=True)
     not_pool = eager.plan.budget_bytes - eager.plan.pool_bytes
     for mode in ("resident", "elastic"):
-        budget = 200 * MiB + graph_driver_allowance(piecewise=True)
+        budget = 200 * MiB + graph_driver_allowance()
         batch, params = prompts(12), SamplingParams(max_tokens=16, ignore_eos=True)
         if mode == "elastic":
             # a pool of 25 MiB (experts take 24): 20 requests make it evict and load back
-            probe = engine(device, mode, kernels=True)  # what its graphs plan
+            # what its graphs plan (host copies: decode graphs only, which a 200 MiB
+            # budget holds beside every expert)
+            probe = engine(device, mode, kernels=True)
             budget = not_pool + 25 * MiB + probe.plan.cuda_graph_bytes
             batch, params = prompts(20), SamplingParams(max_tokens=32, ignore_eos=True)
         g = engine(device, mode, kernels=True, memory_budget=budget)
@@ -259,7 +261,7 @@ def device_copy_matches_host(device: str) -> str:
     details = []
     for mode in ("fixed", "elastic"):
         batch, params = prompts(20), SamplingParams(max_tokens=32, ignore_eos=True)
-        budget = 200 * MiB + graph_driver_allowance(piecewise=True)
+        budget = 200 * MiB + graph_driver_allowance()
         if mode == "elastic":
             # A 24 MiB pool, the tiny preset's experts alone: KV must come from evictions,
             # and evicted experts are routed again. (11-30: "25 MiB + the graphs" over the

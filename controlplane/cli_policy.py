@@ -61,8 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     set_parser.add_argument("--online-hotness", action=argparse.BooleanOptionalAction, default=None)
     set_parser.add_argument(
         "--copy-budget", type=float, dest="copy_budget",
-        help="elastic: expected expert copies per decode step the offloaded experts may cost; "
-        "evictions stop and admission is capped there (0 = no budget)",
+        help="elastic: expert copies per decode step the offloaded experts may cost (expected "
+        "or measured, the larger); evictions stop and admission is capped there (0 = no budget)",
     )  # fmt: skip
     watch = verbs.add_parser(
         "watch", parents=[common], help="print each pushed version (ACKs them) until Ctrl-C"

@@ -49,8 +49,9 @@ class Tunables:
     max_grow_per_round: int = 5
     pages_per_expert: int = 3  # w1, w3, w2
     online_hotness: bool = False  # the control plane may replace the ranking from traffic
-    # elastic: expected expert copies per decode step the adjuster's evictions may cost
-    # (it stops evicting and caps admission there); 0 = none
+    # elastic: expert copies per decode step the adjuster's evictions may cost (expected
+    # from the ranking or measured, the larger; it stops evicting and caps admission
+    # there); 0 = none
     copy_budget: float = 0.0
 
     def __post_init__(self) -> None:

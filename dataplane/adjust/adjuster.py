@@ -1,7 +1,8 @@
 """The adjuster: where the boundary between expert pages and KV pages goes next round.
 
 `decide` is a pure function of (shortfall, free expert pages, hotness ranking, current
-residency, expert_offload_limit, tunables) -> which experts to evict and which to load.
+residency, tunables, and for a copy budget the step's shape, the experts it prices and the
+copies measured lately) -> which experts to evict and which to load.
 Rules (the Rimuru paper; ppe = pages per expert = 3 by default):
 
     short by R expert pages          -> evict ceil((R + 1) / ppe) experts
@@ -27,7 +28,8 @@ taken as independent). A shrink stops before an eviction would take that sum pas
 budget: with skewed routing the cold experts cost little and may go; with uniform routing
 each one is needed in nearly every step (on the H200, 2026-11-30, elastic at router skew 0
 ran at 0.52x resident's output rate, copying 5.4 TB). Evictions are taken coldest first, so
-the first refused is the last tried; one that costs nothing (p = 0) is never refused.
+the first refused is the last tried; one that costs nothing (p = 0) is not refused by the
+model (the measured copies below may still stop every eviction).
 Only experts resident at start-up count (`counted`): those that never fit are outside
 the budget, which prices the adjuster's own evictions. A batch that grows after its
 evictions would raise the sum again, so the budget also caps admission
@@ -47,8 +49,6 @@ import heapq
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-
-import torch
 
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
@@ -107,16 +107,16 @@ def max_batch_within_budget(
 ) -> int:
     """The largest decode batch B in [1, limit] whose expected copies stay within `budget`;
     1 even when one token passes it (a request must always be able to run). The sum grows
-    with B, so a bisection, each probe in torch over the offloaded experts (the engine
-    caches the result per residency: engine/copy_budget.py)."""
+    with B, so a bisection over the offloaded experts (the engine caches the result per
+    residency: engine/copy_budget.py)."""
     keep = [
         1.0 - min(1.0, top_k * ranking.share(layer, e))
         for layer, e in _offloaded(ranking, resident, counted)
     ]
-    q = torch.tensor([k for k in keep if k < 1.0], dtype=torch.float64)  # routed ever
+    q = [k for k in keep if k < 1.0]  # ever routed
 
     def within(batch: int) -> bool:  # the epsilon: an eviction may spend the budget exactly
-        return q.numel() - float(q.pow(batch).sum()) <= budget + 1e-9
+        return len(q) - math.fsum(k**batch for k in q) <= budget + 1e-9
 
     if within(limit):
         return limit
@@ -231,7 +231,7 @@ def _coldest(
         expert = queues[layer][pos]
         if budget is not None and (budget[2] is None or expert in budget[2][layer]):
             cost = route_probability(share, budget[1])
-            if cost > 0 and cost > left:  # the rest cost at least as much: none fits either
+            if cost > 0 and cost > left:  # the rest cost as much or are not counted: stop
                 break
             left -= cost
         chosen.append((layer, expert))

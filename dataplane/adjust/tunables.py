@@ -26,9 +26,10 @@ class Tunables:
     max_grow_per_round: int = 5
     pages_per_expert: int = 3  # w1, w3, w2
     # Elastic: the expert copies per decode step that the experts the adjuster offloaded
-    # may cost, as expected from the ranking's routing probabilities at the batch; it stops
-    # evictions and caps admission (adjuster.py). 0 = no budget: offload up to
-    # expert_offload_limit whatever the copies cost.
+    # may cost: the larger of what the ranking's routing probabilities expect at the batch
+    # and what the steps measurably copy; it stops evictions and caps admission
+    # (adjuster.py, engine/copy_budget.py). Experts offloaded at start-up are outside it.
+    # 0 = no budget: offload up to expert_offload_limit whatever the copies cost.
     copy_budget: float = 0.0
 
     def __post_init__(self) -> None:

@@ -58,9 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--copy-budget",
         type=float,
         default=0.0,
-        help="elastic: expected expert copies per decode step the offloaded experts may cost, "
-        "from the hotness ranking at the batch; evictions stop and admission is capped there "
-        "(0 = no budget; adjuster.py)",
+        help="elastic: expert copies per decode step the offloaded experts may cost, as the "
+        "hotness ranking expects at the batch or as measured, the larger; evictions stop and "
+        "admission is capped there (0 = no budget; adjuster.py)",
     )
     p.add_argument("--fixed-expert-share", type=float, default=0.5)
     p.add_argument(

@@ -1,6 +1,8 @@
 """Moving the boundary: the adjuster's decision, reserved in the allocator and applied to the
 expert manager. The engine calls it after every scheduling round (the Rimuru paper's
-adjuster) and, in elastic mode, inside a round before a running request would be preempted.
+adjuster) and, in elastic mode, inside a round before a running request would be preempted
+(`ElasticBoundary`, a mixin of `Engine`: the batch the copy budget prices, and the
+scheduler's two hooks, make_room and admit_limit).
 
 Callers guarantee that the previous forward — the last that could read an evicted expert —
 has completed, so evicted pages are free at once (`last_step` is that forward's step).
@@ -53,3 +55,43 @@ def move_boundary(
     changes = reserve(decision, allocator, tunables)
     experts.apply(changes, last_step=last_step)
     return changes
+
+
+class ElasticBoundary:
+    """The engine's side of moving the boundary; reads the engine's scheduler, allocator,
+    experts, ranking, tunables and copy_control."""
+
+    def _move_boundary(
+        self, kv_pages_short: int, evict_only: bool = False, apply_copy_budget: bool = True
+    ):
+        # The copy budget's decode step: one token per running request, and one more after
+        # a round that left requests waiting (the room is for the next of them, and the
+        # admission cap must then let it in). Not applied with nothing running (else a
+        # waiting request the budget keeps out would wait forever) nor when asked (a lone
+        # request short of pages, scheduler.py).
+        running = len(self.scheduler.running)
+        step = None
+        if apply_copy_budget and running:
+            admitting = not evict_only and bool(self.scheduler.waiting)
+            batch = min(running + admitting, self.config.max_num_seqs)
+            step = StepShape(batch, self.model_config.top_k)
+        return move_boundary(
+            kv_pages_short, self.allocator, self.kv, self.experts, self.ranking, self.tunables,
+            self.step_id - 1, evict_only=evict_only, step=step,
+            counted=self.copy_control.start_resident, measured=self.copy_control.measured,
+        )  # fmt: skip
+
+    def _admit_limit(self) -> int:
+        """Elastic with a copy budget: the batch up to which the experts offloaded now stay
+        within it (copy_budget.py); else max_num_seqs."""
+        return self.copy_control.limit(
+            self.tunables, self.ranking, self.experts, len(self.scheduler.running)
+        )
+
+    def _make_room(self, kv_pages_lacking: int, lone: bool = False) -> int:
+        """Elastic, inside a scheduling round: evict experts now so that a running request
+        is not preempted; returns the KV pages gained (0 once expert_offload_limit or the
+        copy budget binds). `lone`: it is the only one running; the budget yields."""
+        before = self.allocator.num_free(PageType.KV)
+        self._move_boundary(kv_pages_lacking, evict_only=True, apply_copy_budget=not lone)
+        return self.allocator.num_free(PageType.KV) - before

@@ -22,10 +22,9 @@ from dataclasses import replace
 
 import torch
 
-from rimuru.dataplane.adjust.adjuster import StepShape
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
-from rimuru.dataplane.engine.boundary import move_boundary
+from rimuru.dataplane.engine.boundary import ElasticBoundary
 from rimuru.dataplane.engine.budget import (
     MemoryPlan,
     plan_memory,
@@ -61,7 +60,7 @@ from rimuru.dataplane.model.config import parse_dtype
 log = logging.getLogger("rimuru.engine")
 
 
-class Engine(EngineSetup, CudaGraphSetup):
+class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary):
     def __init__(self, config: EngineConfig, *, log_plan: bool = True):
         self.config = config
         self.device = torch.device(config.device)
@@ -191,6 +190,8 @@ class Engine(EngineSetup, CudaGraphSetup):
         if tunables.pages_per_expert != self.tunables.pages_per_expert:
             raise ValueError("pages_per_expert is fixed by the model (w1, w3, w2)")
         self._check_buffer_fits(tunables)
+        if tunables.copy_budget != self.tunables.copy_budget:
+            self.copy_control.meter.value = 0.0  # measured against the old budget's batches
         self.tunables = tunables
 
     # ------------------------------------------------------------------ requests
@@ -305,41 +306,6 @@ class Engine(EngineSetup, CudaGraphSetup):
             self._record(out, step)
             return outputs
 
-    def _move_boundary(
-        self, kv_pages_short: int, evict_only: bool = False, apply_copy_budget: bool = True
-    ):
-        # The copy budget's decode step: one token per running request, and one more after
-        # a round that left requests waiting (the room is for the next of them, and the
-        # admission cap must then let it in). Not applied with nothing running (else a
-        # waiting request the budget keeps out would wait forever) nor when asked (a lone
-        # request short of pages, scheduler.py).
-        running = len(self.scheduler.running)
-        step = None
-        if apply_copy_budget and running:
-            admitting = not evict_only and bool(self.scheduler.waiting)
-            batch = min(running + admitting, self.config.max_num_seqs)
-            step = StepShape(batch, self.model_config.top_k)
-        return move_boundary(
-            kv_pages_short, self.allocator, self.kv, self.experts, self.ranking, self.tunables,
-            self.step_id - 1, evict_only=evict_only, step=step,
-            counted=self.copy_control.start_resident, measured=self.copy_control.measured,
-        )  # fmt: skip
-
-    def _admit_limit(self) -> int:
-        """Elastic with a copy budget: the batch up to which the experts offloaded now stay
-        within it (copy_budget.py); else max_num_seqs."""
-        return self.copy_control.limit(
-            self.tunables, self.ranking, self.experts, len(self.scheduler.running)
-        )
-
-    def _make_room(self, kv_pages_lacking: int, lone: bool = False) -> int:
-        """Elastic, inside a scheduling round: evict experts now so that a running request
-        is not preempted; returns the KV pages gained (0 once expert_offload_limit or the
-        copy budget binds). `lone`: it is the only one running; the budget yields."""
-        before = self.allocator.num_free(PageType.KV)
-        self._move_boundary(kv_pages_lacking, evict_only=True, apply_copy_budget=not lone)
-        return self.allocator.num_free(PageType.KV) - before
-
     def _mark_complete(self, step: int) -> None:
         """Pages released for `step` become free once its forward has finished on the device:
         on CUDA when the event recorded after the forward has fired (the sampled tokens are
@@ -398,7 +364,8 @@ class Engine(EngineSetup, CudaGraphSetup):
     def _record(self, out, step: int) -> None:
         self.experts.sync_counters()  # after the step's forward finished
         decode_only = bool(out.scheduled) and all(s.num_new_tokens == 1 for s in out.scheduled)
-        self.copy_control.end_step(self.experts, decode_only, self.tunables)
+        idle = not self.scheduler.running
+        self.copy_control.end_step(self.experts, decode_only, idle, self.tunables)
         self.stats.append(
             StepStats.capture(
                 step, out.num_tokens, self.scheduler, self.experts, self.allocator, self.pool

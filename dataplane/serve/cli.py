@@ -75,8 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option("--max-grow-per-round", default="5", type=int, help="adjuster: loads per round")
     option("--pages-per-expert", default="3", type=int, help="pool pages per expert (w1, w3, w2)")
     option("--copy-budget", default="0", type=float,
-           help="elastic: expected expert copies per decode step the offloaded experts may "
-           "cost; evictions stop and admission is capped there (0 = no budget)")  # fmt: skip
+           help="elastic: expert copies per decode step the offloaded experts may cost "
+           "(expected or measured, the larger); evictions stop and admission is capped there "
+           "(0 = no budget)")  # fmt: skip
     option("--fixed-expert-share", default="0.5", type=float, help="fixed policy: pool share")
     option(
         "--evict-to-admit",

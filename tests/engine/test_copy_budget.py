@@ -2,6 +2,7 @@
 fewer experts offloaded, fewer copies, preemption instead, and the same tokens."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -229,3 +230,26 @@ def test_without_every_expert_at_start_up_the_meter_stays_out(make_engine):
         peak = max(peak, len(engine.scheduler.running))
         assert engine.copy_control.measured == 0.0
     assert peak > 2 and engine.experts.counters.buffer_copies > 0
+
+
+def test_the_meter_forgets_a_batch_that_is_gone(make_engine):
+    """What one burst measured must not hold the next: the meter reads 0 once nothing runs
+    (a server does not step while idle) and when the budget is changed."""
+    engine = make_engine(
+        "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=1.0)
+    )
+    layers, experts = engine.model_config.num_layers, engine.model_config.num_experts
+    wrong = [[1.0] * (experts // 2) + [0.0] * (experts - experts // 2)] * layers
+    engine.set_ranking(HotnessRanking.from_counts(wrong, source="test: wrong about what is cold"))
+    a_burst_of_40(engine, max_tokens=32)
+    while engine.copy_control.measured < 1.0:
+        engine.step()
+    engine.set_tunables(replace(engine.tunables, copy_budget=2.0))
+    assert engine.copy_control.measured == 0.0
+    while engine.copy_control.measured < 1.0:
+        engine.step()
+    for i in range(40):
+        engine.abort(f"r{i}")
+    engine.step()  # nothing runs: the burst is gone
+    assert engine.copy_control.measured == 0.0
+    assert engine.experts.num_resident() < layers * experts  # experts are still out
