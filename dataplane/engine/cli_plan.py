@@ -114,6 +114,28 @@ def run(args: argparse.Namespace) -> int:
         print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
         for r in rows:
             print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    if rows:
+        print(_graph_line(mc, args))
     for line in failures:
         print(line, file=sys.stderr)
     return 0 if rows else 2
+
+
+def _graph_line(mc, args: argparse.Namespace) -> str:
+    """What the table leaves out on CUDA: the CUDA graphs' memory, set aside before the pool.
+    The driver's part is priced from the shapes (cuda_graphs.py); the graphs' pools are
+    measured by the engine at start-up."""
+    from rimuru.dataplane.engine.cuda_graphs import capture_sizes, decode_driver_bytes
+    from rimuru.dataplane.engine.piecewise_graphs import piece_driver_bytes, piecewise_sizes
+    from rimuru.dataplane.memory.units import format_bytes
+
+    decode = decode_driver_bytes(len(capture_sizes(args.max_num_seqs)), mc.num_layers)
+    pieces = piece_driver_bytes(len(piecewise_sizes(args.max_num_batched_tokens)), mc.num_layers)
+    return (
+        f"on CUDA (unless --enforce-eager) the engine sets the CUDA graphs' memory aside before "
+        f"the pool, and the KV columns above overstate the KV by it: the driver's part "
+        f"{format_bytes(int(1.1 * decode))} "
+        f"for the decode graphs and {format_bytes(int(1.1 * pieces))} for the piecewise graphs "
+        f"(device copy-in or the resident policy), plus their pools, measured at start-up "
+        f"(236-342 MiB held on the H200, 2026-11-30)"
+    )

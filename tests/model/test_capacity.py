@@ -82,7 +82,8 @@ def test_cli_prints_each_policy_and_says_why_one_does_not_fit(capsys):
     code = main(["plan", "--model", "qwen3-30b-a3b", "--memory-budget", "20GiB"])
     out, err = capsys.readouterr()
     assert code == 0  # fixed fits
-    rows = [line.split() for line in out.splitlines()[2:]]
+    *table, graphs = out.splitlines()[2:]
+    rows = [line.split() for line in table]
     fixed = plan_capacity(
         EngineConfig(model="qwen3-30b-a3b", memory_budget=20 * 2**30, max_num_batched_tokens=1024),
         ("fixed",),
@@ -91,6 +92,9 @@ def test_cli_prints_each_policy_and_says_why_one_does_not_fit(capsys):
     assert rows[0][5:7] == [str(fixed.experts_at_start), str(fixed.kv_tokens_at_start)]
     assert "resident: does not fit: the pool" in err and "cannot hold the 6144 experts" in err
     assert "elastic: does not fit" in err and "expert_offload_limit=16" in err
+    # the graphs' driver memory the engine will set aside on CUDA: qwen3's 48 layers, 35
+    # decode graphs (max_num_seqs 256) and 32 piecewise sizes (1024 tokens) at the prices
+    assert "the driver's part 231.0 MiB for the decode graphs and 431.2 MiB" in graphs
 
 
 def test_cli_exits_2_when_nothing_fits_or_input_is_bad(capsys):
