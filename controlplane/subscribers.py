@@ -83,7 +83,10 @@ class Watch:
         self._wake.set()
 
     async def next_push(self) -> tuple[Policy, str] | None:
-        """Wait for a version newer than applied and pushed; None once the watch is closed.
+        """Wait for a version the node neither runs nor was sent; None once the watch is
+        closed. Not only a newer one: a control plane that lost its history numbers from 1
+        again, and a node that applied a higher number must still get the current policy
+        (the store is the source of truth; docs/kubernetes.md).
 
         Returns the policy and the nonce the node must echo; the push is recorded as sent.
         """
@@ -94,8 +97,8 @@ class Watch:
             if record is None:
                 return None
             policy = self._current_policy(self.deployment)
-            newest_seen = max(record.view.applied_version, record.view.pushed_version)
-            if policy is not None and policy.version > newest_seen:
+            seen = (record.view.applied_version, record.view.pushed_version)
+            if policy is not None and policy.version not in seen:
                 nonce = secrets.token_hex(8)
                 record.nonce = nonce
                 record.view = replace(record.view, pushed_version=policy.version)

@@ -13,7 +13,6 @@ The three memory policies run in this one engine on one budget:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -35,6 +34,7 @@ from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, DecodeGraphs
 from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
 from rimuru.dataplane.engine.graph_setup import CudaGraphSetup
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
+from rimuru.dataplane.engine.live_policy import LivePolicy
 from rimuru.dataplane.engine.outputs import RequestOutput, StepStats
 from rimuru.dataplane.engine.paged_attention import (
     PagedAttention,
@@ -60,7 +60,7 @@ from rimuru.dataplane.model.config import parse_dtype
 log = logging.getLogger("rimuru.engine")
 
 
-class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary):
+class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
     def __init__(self, config: EngineConfig, *, log_plan: bool = True):
         self.config = config
         self.device = torch.device(config.device)
@@ -163,41 +163,11 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary):
         config = replace(config or EngineConfig(), **overrides)
         return cls(config)
 
-    def set_ranking(self, ranking: HotnessRanking) -> None:
-        """Adopt a new hotness ranking. When idle, start-up residency is re-chosen from it
-        (every policy); while serving, the elastic adjuster follows it from the next round."""
-        if (ranking.num_layers, ranking.num_experts) != (
-            self.ranking.num_layers,
-            self.ranking.num_experts,
-        ):
-            raise ValueError("ranking shape does not match the model")
-        self.ranking = ranking
-        if not self.scheduler.has_unfinished():
-            # re-placing the start-up set is not serving traffic: counters stay monotonic
-            saved = dataclasses.replace(self.experts.counters)
-            self.experts.release_all()
-            self.reclaim.complete(self.step_id)
-            self._load_initial_experts()
-            self.experts.counters = saved
-
-    def set_tunables(self, tunables: Tunables) -> None:
-        """Apply a new policy version between two steps (mode changes need a restart)."""
-        if tunables.mode != self.tunables.mode:
-            raise ValueError(
-                f"mode {tunables.mode!r} differs from the running mode {self.tunables.mode!r}: "
-                f"changing the memory policy needs a restart"
-            )
-        if tunables.pages_per_expert != self.tunables.pages_per_expert:
-            raise ValueError("pages_per_expert is fixed by the model (w1, w3, w2)")
-        self._check_buffer_fits(tunables)
-        if tunables.copy_budget != self.tunables.copy_budget:
-            self.copy_control.meter.value = 0.0  # measured against the old budget's batches
-        self.tunables = tunables
-
     # ------------------------------------------------------------------ requests
-    def max_kv_tokens(self) -> int:
-        """Tokens one request could hold if every expert the policy may offload were offloaded."""
-        mc, t = self.model_config, self.tunables
+    def max_kv_tokens(self, tunables: Tunables | None = None) -> int:
+        """Tokens one request could hold if every expert the policy (`tunables`, else the
+        engine's) may offload were offloaded."""
+        mc, t = self.model_config, tunables or self.tunables
         total_expert_pages = self.pool.num_pages(PageType.EXPERT)
         if t.mode == "elastic":
             # the adjuster may shrink each layer to E - limit residents (a layer already

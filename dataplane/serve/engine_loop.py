@@ -327,17 +327,7 @@ class EngineLoop:
     def _apply_policy(self, engine: Engine, change: PolicyChange) -> int:
         """Runs on the engine thread. Checks everything before changing anything."""
         ranking = change.ranking
-        if ranking is not None and (ranking.num_layers, ranking.num_experts) != (
-            engine.ranking.num_layers,
-            engine.ranking.num_experts,
-        ):
-            raise ValueError(
-                f"ranking is for {ranking.num_layers} layers x {ranking.num_experts} experts; "
-                f"this model has {engine.ranking.num_layers} x {engine.ranking.num_experts}"
-            )
-        engine.set_tunables(change.tunables)  # raises ValueError before changing anything
-        if ranking is not None:
-            engine.set_ranking(ranking)
+        engine.apply_policy(change.tunables, ranking)  # all or nothing (live_policy.py)
         self._policy_version = change.version
         log.info(
             "policy version %d applied: %s%s",

@@ -165,6 +165,31 @@ async def test_reconnect_pushes_only_when_newer(policy_stub, discovery_stub, aut
         node.call.cancel()
 
 
+async def test_a_node_ahead_of_a_control_plane_that_lost_its_history_gets_its_policy(
+    policy_stub, discovery_stub, auth
+):
+    """A replaced control plane without storage numbers from 1 again; a node still on the
+    old one's version 3 must get the current policy, not wait for version 4. A NACKed
+    version is not pushed again."""
+    await set_policy(policy_stub, auth, expert_offload_limit=2)  # version 1
+    ahead = RawNode(discovery_stub, "pod-e", version=3)
+    update = await ahead.push()
+    assert update.version == 1 and update.policy.tunables.expert_offload_limit == 2
+    ahead.send(3, update.nonce, error="not today")  # NACK: keeps running version 3
+    await ahead.no_push()
+    assert (await subscriber(policy_stub, "pod-e")).applied_version == 3
+    await set_policy(policy_stub, auth, expert_offload_limit=3)  # version 2
+    update = await ahead.push()
+    assert update.version == 2
+    ahead.send(2, update.nonce)
+    await eventually(lambda: _applied(policy_stub, "pod-e", 2))
+    ahead.call.cancel()
+
+
+async def _applied(policy_stub, node_id: str, version: int) -> bool:
+    return (await subscriber(policy_stub, node_id)).applied_version == version
+
+
 async def test_a_reconnect_takes_over_the_old_stream(policy_stub, discovery_stub, auth):
     await set_policy(policy_stub, auth)
     old = RawNode(discovery_stub, "pod-e")
