@@ -3,9 +3,10 @@
 One `Watch` per open WatchPolicy stream. The control plane pushes a version with a fresh
 nonce; the data plane answers with that nonce: an ACK echoes the pushed version, a NACK
 carries its previous version and an error. An answer whose nonce is not the latest one
-sent on the stream is stale and changes nothing. Only newer versions are pushed: newer
-than what the node reported on connect and than what was last pushed to it, so a NACKed
-version is not pushed again on the same stream.
+sent on the stream is stale and changes nothing. The current version is pushed when it is
+neither what the node reported on connect (or applied since) nor what was last pushed to
+it: a NACKed version is not pushed again on the same stream, and a node ahead of a control
+plane that lost its history (numbering from 1 again) still gets the current policy.
 
 The registry keeps one record per (deployment, node id); a reconnecting node takes its
 record over (a higher `generation`), so the old stream's late answers or disconnect

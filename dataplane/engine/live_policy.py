@@ -71,14 +71,18 @@ class LivePolicy:
                 raise ValueError(
                     f"request {request.request_id!r} needs {need} tokens of KV cache, more than "
                     f"the {fits} these tunables leave room for (expert_offload_limit="
-                    f"{tunables.expert_offload_limit}); push it once that request has finished"
+                    f"{tunables.expert_offload_limit}); once it has finished, push them again as "
+                    f"a new version (a NACKed version is not pushed again)"
                 )
 
     def _reload_residency(self) -> None:
         """Idle: start-up residency re-chosen from the tunables and ranking now in force."""
-        # re-placing the start-up set is not serving traffic: counters stay monotonic
+        # re-placing the start-up set is not serving traffic: the counters (exported as
+        # metrics) stay as they were, also when the reload fails and is rolled back
         saved = dataclasses.replace(self.experts.counters)
-        self.experts.release_all()
-        self.reclaim.complete(self.step_id)
-        self._load_initial_experts()
-        self.experts.counters = saved
+        try:
+            self.experts.release_all()
+            self.reclaim.complete(self.step_id)
+            self._load_initial_experts()
+        finally:
+            self.experts.counters = saved

@@ -2,7 +2,7 @@
 
 `PolicyWatcher` keeps one WatchPolicy stream open (xDS semantics, see control.proto):
 on every (re)connect it sends the version it has applied, so the control plane pushes
-only newer ones; each push goes to the `apply` callback (sync or async): returning is an
+only a version it does not run; each push goes to the `apply` callback (sync or async): returning is an
 ACK, a ValueError a NACK with its message (the previous version stays applied), and any
 other exception a NACK marked "internal error" with the trace logged.
 When the control plane is unreachable the last applied policy simply stays in force and

@@ -312,8 +312,10 @@ class PolicyDiscoveryServiceServicer:
     def WatchPolicy(self, request_iterator, context):
         """xDS semantics. The data plane opens the stream with its node id,
         deployment and the version it has applied (0 = none). The server pushes
-        PolicyUpdate{version, nonce} when it holds a newer version, and again for
-        each version accepted later. The data plane answers every push:
+        PolicyUpdate{version, nonce} when its current version is not the one the
+        node runs (a control plane that lost its history may hold a lower one),
+        and again for each version accepted later; a NACKed version is not pushed
+        again on the same stream. The data plane answers every push:
         ACK : version_info = pushed version, response_nonce = pushed nonce;
         NACK: version_info = its previous (still applied) version,
         response_nonce = pushed nonce, error_detail = why.
