@@ -80,11 +80,13 @@ def own_flags_passed_through(passthrough: list[str]) -> list[str]:
 
 def recovery_seconds(result: BenchResult) -> float | None:
     """From the step with the fewest resident experts to the first later step with as many
-    resident as at the start; None if the boundary never moved or never came back."""
+    resident as at the start (before the first step, which may evict already; results
+    written before 2026-11-30 10:40 lack that and use the first step's); None if the
+    boundary never moved or never came back."""
     steps = result.steps
     if not steps:
         return None
-    start = steps[0].num_experts_resident
+    start = result.config.get("experts_resident_at_start", steps[0].num_experts_resident)
     low = min(range(len(steps)), key=lambda i: steps[i].num_experts_resident)
     if steps[low].num_experts_resident >= start:
         return None

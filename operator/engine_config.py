@@ -3,8 +3,11 @@
 Everything that shapes the engine lives here and only here; its hash is stamped on the
 data-plane pod template, so changing it rolls the pods. Two policy fields belong here
 too: the engine cannot change its memory policy (`mode`) or `pagesPerExpert` while it
-runs (it NACKs such a push), so new pods must start with them. Every other policy field
-is live and stays out of this file.
+runs (it NACKs such a push), so new pods must start with them. The live policy fields
+(`LIVE_KEYS`) are here as well, so that a pod starts with the spec's values rather than
+`rimuru serve`'s defaults (which also size its loading buffers: 11-30, a spec with
+`loadingBufferSlots: 4` and `expertOffloadLimit: 2` crashlooped on the default limit 8),
+but they stay out of the hash: changing them is a push, not a rollout.
 """
 
 from __future__ import annotations
@@ -47,9 +50,27 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
     tunables = spec.policy.tunables
     config["RIMURU_POLICY_MODE"] = tunables.mode
     config["RIMURU_PAGES_PER_EXPERT"] = str(tunables.pages_per_expert)
+    config["RIMURU_EXPERT_OFFLOAD_LIMIT"] = str(tunables.expert_offload_limit)
+    config["RIMURU_SHRINK_THRESHOLD"] = str(tunables.shrink_threshold)
+    config["RIMURU_GROW_THRESHOLD"] = str(tunables.grow_threshold)
+    config["RIMURU_MAX_GROW_PER_ROUND"] = str(tunables.max_grow_per_round)
+    config["RIMURU_COPY_BUDGET"] = repr(float(tunables.copy_budget))
     return config
 
 
+# Start-up values of the live policy fields: in the ConfigMap, not in the hash.
+LIVE_KEYS = frozenset(
+    {
+        "RIMURU_EXPERT_OFFLOAD_LIMIT",
+        "RIMURU_SHRINK_THRESHOLD",
+        "RIMURU_GROW_THRESHOLD",
+        "RIMURU_MAX_GROW_PER_ROUND",
+        "RIMURU_COPY_BUDGET",
+    }
+)
+
+
 def engine_config_hash(data: Mapping[str, str]) -> str:
-    canonical = json.dumps(dict(data), sort_keys=True, separators=(",", ":"))
+    shaping = {k: v for k, v in data.items() if k not in LIVE_KEYS}
+    canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

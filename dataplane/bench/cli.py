@@ -191,7 +191,9 @@ def run(args: argparse.Namespace) -> int:
             )
         if ranking is not None:
             engine.set_ranking(ranking)
-        for rate in rates:
+        for i, rate in enumerate(rates):
+            if i:  # the last rate's evictions must not carry over: start-up residency again
+                engine.set_ranking(engine.ranking)
             arrivals = arrival_times(len(trace), rate, args.burstiness, args.seed).tolist()
             result = run_trace(
                 engine,

@@ -34,6 +34,7 @@ def run_trace(
     pending = list(zip(arrivals, trace.requests, strict=True))
     ids: list[str] = []
     first_step = len(engine.stats)
+    resident_at_start = engine.experts.num_resident()  # the first step may already evict
     with RequestProgress(
         len(trace), desc=desc or engine.tunables.mode, disable=None if progress else True
     ) as bar:
@@ -66,6 +67,7 @@ def run_trace(
         for k, v in asdict(engine.config).items()
     }
     config["memory_plan"] = asdict(engine.plan)
+    config["experts_resident_at_start"] = resident_at_start
     return BenchResult.build(engine.tunables.mode, request_rate, config, requests, steps, duration)
 
 

@@ -267,13 +267,14 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
             step = self.step_id
             self.copy_control.begin_step(self.experts)
             out = self.scheduler.schedule(step)
+            running = len(self.scheduler.running)  # before this step's finished leave
             if self.tunables.mode == "elastic":
                 self._move_boundary(out.kv_pages_short)
             outputs: list[RequestOutput] = []
             if out.scheduled:
                 outputs = self._execute(out.scheduled, step)
             self._mark_complete(step)
-            self._record(out, step)
+            self._record(out, step, running)
             return outputs
 
     def _mark_complete(self, step: int) -> None:
@@ -331,14 +332,20 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
             return RequestStatus.FINISHED_LENGTH
         return None
 
-    def _record(self, out, step: int) -> None:
+    def _record(self, out, step: int, running: int) -> None:
         self.experts.sync_counters()  # after the step's forward finished
         decode_only = bool(out.scheduled) and all(s.num_new_tokens == 1 for s in out.scheduled)
         idle = not self.scheduler.running
         self.copy_control.end_step(self.experts, decode_only, idle, self.tunables)
         self.stats.append(
             StepStats.capture(
-                step, out.num_tokens, self.scheduler, self.experts, self.allocator, self.pool
+                step,
+                out.num_tokens,
+                running,
+                self.scheduler,
+                self.experts,
+                self.allocator,
+                self.pool,
             )
         )
 

@@ -40,8 +40,11 @@ class StepStats:
     preemptions: int
 
     @classmethod
-    def capture(cls, step, num_tokens, scheduler, experts, allocator, pool) -> StepStats:
-        """The state after a round: gauges now, counters cumulative since start-up."""
+    def capture(cls, step, num_tokens, running, scheduler, experts, allocator, pool) -> StepStats:
+        """The state after a round: gauges now, counters cumulative since start-up; `running`
+        is the scheduler's running queue right after scheduling (the batch in flight, before
+        the step's finished requests leave it: counted after, a step that finished all four
+        of its requests recorded 0 running)."""
         g, c = pool.geometry, experts.counters
         kv_used = allocator.num_owned(PageType.KV)
         expert_pages = allocator.num_owned(PageType.EXPERT)
@@ -49,7 +52,7 @@ class StepStats:
         return cls(
             step,
             time.monotonic(),
-            len(scheduler.running),
+            running,
             len(scheduler.waiting),
             num_tokens,
             kv_used,

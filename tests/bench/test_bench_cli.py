@@ -48,3 +48,19 @@ def test_bench_budget_too_small_says_what_fits(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "cannot hold the non-pool weights" in err and "give at least" in err
+
+
+def test_each_rate_of_a_sweep_starts_from_start_up_residency(tmp_path, capsys):
+    """One engine serves every rate; the burst's evictions must not carry over into the next
+    rate, or results would depend on the order of the rates."""
+    out = tmp_path / "sweep"
+    code = main(
+        ["bench", "--policies", "elastic", "--request-rate", "inf,50", "--num-prompts", "20",
+         "--output-dir", str(out), "--no-progress", "--profile-prompts", "4"]
+    )  # fmt: skip
+    assert code == 0
+    first, second = json.loads((out / "results.json").read_text())["results"]
+    assert first["step_metrics"]["total_evictions"] > 0, "the burst evicted nothing"
+    start = first["config"]["experts_resident_at_start"]
+    assert second["config"]["experts_resident_at_start"] == start
+    assert first["step_metrics"]["min_experts_resident"] < start

@@ -72,6 +72,12 @@ def test_recovery_is_measured_from_the_deepest_eviction(experiments, make_result
         result, steps=tuple(dataclasses.replace(s, num_experts_resident=128) for s in steps)
     )
     assert experiments.recovery_seconds(flat) is None  # the boundary never moved
+    # a burst evicts in its first step: the start is the residency before it (130 here),
+    # which these steps never reach again
+    evicted_at_once = dataclasses.replace(
+        result, config={**result.config, "experts_resident_at_start": 130}
+    )
+    assert experiments.recovery_seconds(evicted_at_once) is None
 
 
 def test_flags_the_script_sets_itself_are_refused(tmp_path):

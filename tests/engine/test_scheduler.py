@@ -90,3 +90,16 @@ def test_admit_limit_caps_admission_and_claims_no_pages_for_who_waits():
     assert [x.request.request_id for x in out.scheduled] == ["r0", "r1", "r2"]
     assert out.kv_pages_short == 0 and [r.request_id for r in s.waiting] == ["r3"]
     assert asked == [0, 2]  # once per round, before admitting
+
+
+def test_a_steps_running_gauge_counts_the_batch_before_it_finishes(make_engine):
+    """Four one-token requests run in one step and all finish in it: the step's record says
+    4 running (its batch), not the 0 left after it."""
+    from rimuru.dataplane.engine.request import SamplingParams
+
+    engine = make_engine("resident")
+    for i in range(4):
+        engine.add_request([7 + i] * 20, SamplingParams(max_tokens=1, ignore_eos=True), f"r{i}")
+    engine.step()
+    assert not engine.has_unfinished_requests()
+    assert engine.stats[-1].num_running == 4

@@ -20,6 +20,7 @@ from rimuru.operator.builders import (
     build_token_secret,
 )
 from rimuru.operator.config import OperatorConfig
+from rimuru.operator.engine_config import LIVE_KEYS
 from rimuru.operator.spec import SpecError, parse_spec
 
 CONFIG = OperatorConfig(dataplane_image="reg/dp:1", controlplane_image="reg/cp:1")
@@ -152,6 +153,12 @@ def test_engine_config_map(gpu_rd, tiny_rd):
         "RIMURU_LOADING_BUFFER_SLOTS": "16",
         "RIMURU_POLICY_MODE": "elastic",
         "RIMURU_PAGES_PER_EXPERT": "3",
+        # the live fields' start-up values (out of the hash: engine_config.LIVE_KEYS)
+        "RIMURU_EXPERT_OFFLOAD_LIMIT": "16",
+        "RIMURU_SHRINK_THRESHOLD": "2",
+        "RIMURU_GROW_THRESHOLD": "9",
+        "RIMURU_MAX_GROW_PER_ROUND": "5",
+        "RIMURU_COPY_BUDGET": "0.0",
     }
     assert build_engine_config_map(_parse(tiny_rd))["data"] == {
         "RIMURU_DTYPE": "float32",
@@ -164,6 +171,11 @@ def test_engine_config_map(gpu_rd, tiny_rd):
         "RIMURU_LOADING_BUFFER_SLOTS": "16",
         "RIMURU_POLICY_MODE": "elastic",
         "RIMURU_PAGES_PER_EXPERT": "3",
+        "RIMURU_EXPERT_OFFLOAD_LIMIT": "2",
+        "RIMURU_SHRINK_THRESHOLD": "2",
+        "RIMURU_GROW_THRESHOLD": "9",
+        "RIMURU_MAX_GROW_PER_ROUND": "5",
+        "RIMURU_COPY_BUDGET": "0.0",
     }
 
 
@@ -244,11 +256,34 @@ def _changed(rd, path, value):
     ],
 )
 def test_policy_change_leaves_every_child_unchanged(gpu_rd, path, value):
+    """Tuning never rolls the pods. Only the engine ConfigMap's start-up values of the live
+    fields follow the spec (so a new pod starts with them), outside the pods' hash."""
+
+    def without_live_keys(children):
+        return [
+            {**c, "data": {k: v for k, v in c["data"].items() if k not in LIVE_KEYS}}
+            if c["kind"] == "ConfigMap" and "data" in c
+            else c
+            for c in children
+        ]
+
     before = build_children(_parse(gpu_rd), CONFIG)
     after_rd = _changed(gpu_rd, path, value)
     after = build_children(_parse(after_rd), CONFIG)
-    assert after == before  # the pod template above all: tuning never rolls the pods
+    assert without_live_keys(after) == without_live_keys(before)
     assert _parse(after_rd).policy != _parse(gpu_rd).policy
+
+
+def test_a_new_pod_starts_with_the_specs_live_policy(tiny_rd, monkeypatch):
+    """rimuru serve's defaults (limit 8) would size loading buffers the spec does not have:
+    with loadingBufferSlots 4 and expertOffloadLimit 2 the pods crashlooped (11-30)."""
+    rd = _changed(_changed(tiny_rd, "engine.loadingBufferSlots", 4), "policy.copyBudget", 1.5)
+    for key, value in build_engine_config_map(_parse(rd))["data"].items():
+        monkeypatch.setenv(key, value)
+    from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
+
+    tunables = serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).tunables
+    assert (tunables.expert_offload_limit, tunables.copy_budget) == (2, 1.5)
 
 
 @pytest.mark.parametrize(

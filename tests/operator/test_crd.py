@@ -168,6 +168,12 @@ INVALID = {
         "mode resident keeps every expert in the pool",
     ),
     "unknown mode": (_with("policy", {"mode": "dynamic"}), "'dynamic' is not one of"),
+    # the engine has one layout (w1, w3, w2): pods crashlooped on any other
+    "pages per expert 4": (_with("policy", {"pagesPerExpert": 4}), "4 is not one of [3]"),
+    "copy budget outside elastic": (
+        _with("policy", {"mode": "fixed", "copyBudget": 2.0}),
+        "spec.policy.copyBudget applies only to mode elastic",
+    ),
     "negative offload limit": (
         _with("policy", {"expertOffloadLimit": -1}),
         "-1 is less than the minimum of 0",
