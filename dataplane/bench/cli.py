@@ -192,8 +192,8 @@ def run(args: argparse.Namespace) -> int:
         if ranking is not None:
             engine.set_ranking(ranking)
         for i, rate in enumerate(rates):
-            if i:  # the last rate's evictions must not carry over: start-up residency again
-                engine.set_ranking(engine.ranking)
+            if i:  # the last rate's evictions must not carry over
+                engine.reset_residency()
             arrivals = arrival_times(len(trace), rate, args.burstiness, args.seed).tolist()
             result = run_trace(
                 engine,

@@ -1,6 +1,6 @@
 """The elastic copy budget on the engine's side (`CopyControl`): which experts it prices
 (those resident at start-up), the copies decode steps really make (`CopyMeter`), and the
-admission cap (`AdmissionCap`, adjuster.max_batch_within_budget).
+admission cap (adjuster.max_batch_within_budget, cached).
 
 Why measure: the budget's model prices an offloaded expert by its share in the hotness
 ranking. Where the ranking misjudges routing, the model does too: on the H200 (2026-11-30,
@@ -23,6 +23,8 @@ experts with 16 offloaded per layer, on this CPU, against steps of 8-22 ms on th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rimuru.dataplane.adjust.adjuster import Residency, max_batch_within_budget
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
@@ -43,46 +45,22 @@ class CopyMeter:
             self.value += self.alpha * (copies - self.value)
 
 
-class AdmissionCap:
-    """The model's cap, cached per residency, ranking, start-up set and budget."""
-
-    def __init__(self, max_num_seqs: int, top_k: int):
-        self.max_num_seqs = max_num_seqs
-        self.top_k = top_k
-        self._inputs: tuple | None = None  # what the cached cap was computed from
-        self._cap = max_num_seqs
-
-    def model_cap(
-        self, tunables: Tunables, ranking: HotnessRanking, experts: ExpertManager, counted
-    ) -> int:
-        inputs = (experts.residency_version, tunables.copy_budget, ranking, counted)
-        cached = self._inputs
-        if (
-            cached is None
-            or cached[:2] != inputs[:2]
-            or any(a is not b for a, b in zip(cached[2:], inputs[2:], strict=True))
-        ):
-            self._cap = max_batch_within_budget(
-                ranking, experts.resident_sets(), self.top_k, tunables.copy_budget,
-                self.max_num_seqs, counted,
-            )  # fmt: skip
-            self._inputs = inputs
-        return self._cap
-
-
 class CopyControl:
     def __init__(self, max_num_seqs: int, top_k: int):
-        self.cap = AdmissionCap(max_num_seqs, top_k)
+        self.max_num_seqs, self.top_k = max_num_seqs, top_k
         self.meter = CopyMeter()
         self.start_resident: Residency | None = None  # the experts the budget prices
         self._meter_on = False
         self._copies_before = 0
+        self._cap_key: tuple | None = None  # (residency version, budget, ranking) of _cap
+        self._cap = max_num_seqs
 
     def reset(self, start_resident: Residency, num_experts: int) -> None:
         """After start-up residency is (re)chosen."""
         self.start_resident = start_resident
         self._meter_on = all(len(r) == num_experts for r in start_resident)
         self.meter.value = 0.0
+        self._cap_key = None
 
     @property
     def measured(self) -> float:
@@ -93,11 +71,12 @@ class CopyControl:
         self._copies_before = experts.counters.buffer_copies
 
     def end_step(
-        self, experts: ExpertManager, decode_only: bool, idle: bool, tunables: Tunables
+        self, experts: ExpertManager, scheduled: Sequence, idle: bool, tunables: Tunables
     ) -> None:
-        """After the step's forward finished and the device's counters were synced. `idle`:
-        nothing runs now; what was measured belonged to a batch that is gone (a server does
-        not step while idle, so the next burst would start held)."""
+        """After the step's forward finished and the device's counters were synced;
+        `scheduled`: the step's ScheduledRequests. `idle`: nothing runs now; what was
+        measured belonged to a batch that is gone (a server does not step while idle, so the
+        next burst would start held). Without a budget this returns at once (every step)."""
         if tunables.mode != "elastic" or tunables.copy_budget <= 0 or not self._meter_on:
             return
         back = all(
@@ -106,6 +85,7 @@ class CopyControl:
         if idle or back:  # back: every expert (start-up held them all)
             self.meter.value = 0.0
             return
+        decode_only = bool(scheduled) and all(s.num_new_tokens == 1 for s in scheduled)
         self.meter.update(experts.counters.buffer_copies - self._copies_before, decode_only)
 
     def limit(
@@ -116,8 +96,15 @@ class CopyControl:
         least 1: with nothing running one request is let in) while the measured copies are at
         or past the budget."""
         if tunables.mode != "elastic" or tunables.copy_budget <= 0:
-            return self.cap.max_num_seqs
-        cap = self.cap.model_cap(tunables, ranking, experts, self.start_resident)
+            return self.max_num_seqs
+        key = (experts.residency_version, tunables.copy_budget, ranking)
+        cached = self._cap_key
+        if cached is None or cached[:2] != key[:2] or cached[2] is not ranking:
+            self._cap = max_batch_within_budget(
+                ranking, experts.resident_sets(), self.top_k, tunables.copy_budget,
+                self.max_num_seqs, self.start_resident,
+            )  # fmt: skip
+            self._cap_key = key
         if self.measured >= tunables.copy_budget:
-            return max(1, min(cap, running))
-        return cap
+            return max(1, min(self._cap, running))
+        return self._cap

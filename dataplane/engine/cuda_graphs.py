@@ -42,6 +42,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -59,6 +60,8 @@ from rimuru.dataplane.model import MoETransformer
 
 log = logging.getLogger(__name__)
 
+Graphs = TypeVar("Graphs")  # DecodeGraphs or PiecewiseGraphs: capture() and a cost
+
 GRAPH_PADDING = "cuda-graph padding"  # owner of the padding rows' KV pages (one per layer)
 
 
@@ -73,20 +76,23 @@ class CaptureCost:
     free_drop_bytes: int = 0
 
 
-def measure_capture(device: torch.device, capture: Callable[[], None]) -> CaptureCost:
-    """Run `capture` (static inputs made and graphs captured) and measure it. Garbage is
-    collected and the allocator's cache emptied first: an engine dropped earlier in the
-    process, collected mid-capture, moved these figures by -1.8 GiB (GPU checks, 11-30)."""
+def capture_measured(device: torch.device, make: Callable[[], Graphs]) -> Graphs:
+    """Make a set of graphs (static inputs), capture them, and record what that took as
+    their `cost`. Garbage is collected and the allocator's cache emptied first: an engine
+    dropped earlier in the process, collected mid-capture, moved these figures by -1.8 GiB
+    (GPU checks, 11-30). Raises what capture raises."""
     gc.collect()
     torch.cuda.empty_cache()
     held, free = torch.cuda.memory_reserved(device), torch.cuda.mem_get_info(device)[0]
     t0 = time.perf_counter()
-    capture()
-    return CaptureCost(
+    graphs = make()
+    graphs.capture()
+    graphs.cost = CaptureCost(
         time.perf_counter() - t0,
         torch.cuda.memory_reserved(device) - held,
         free - torch.cuda.mem_get_info(device)[0],
     )
+    return graphs
 
 
 def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -280,21 +286,17 @@ def build_decode_graphs(
     pool.view(PageType.KV)[pad] = 0  # padding rows attend over zeros
     if not capture:
         return DecodeGraphs(model, experts, pad, sizes, max_context, block_size, replay=False)
-    made: list[DecodeGraphs] = []
-
-    def capture() -> None:
-        made.append(DecodeGraphs(model, experts, pad, sizes, max_context, block_size))
-        made[0].capture()
-
     try:
-        cost = measure_capture(model.device, capture)
+        graphs = capture_measured(
+            model.device,
+            lambda: DecodeGraphs(model, experts, pad, sizes, max_context, block_size),
+        )
     except Exception:  # serving eagerly beats not serving; the log says why
         log.exception("CUDA graphs: capture failed, every step runs eagerly")
         experts.count_rows = None
         allocator.free(PageType.KV, pad, GRAPH_PADDING)
         return None
-    graphs = made[0]
-    graphs.cost = cost
+    cost = graphs.cost
     log.info(
         "CUDA graphs: %d decode sizes (1..%d seqs, contexts <= %d) captured in %.1f s, "
         "%.1f MiB held (planned %.1f MiB); device free memory fell by %.1f MiB",

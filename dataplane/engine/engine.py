@@ -334,9 +334,8 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
 
     def _record(self, out, step: int, running: int) -> None:
         self.experts.sync_counters()  # after the step's forward finished
-        decode_only = bool(out.scheduled) and all(s.num_new_tokens == 1 for s in out.scheduled)
         idle = not self.scheduler.running
-        self.copy_control.end_step(self.experts, decode_only, idle, self.tunables)
+        self.copy_control.end_step(self.experts, out.scheduled, idle, self.tunables)
         self.stats.append(
             StepStats.capture(
                 step,

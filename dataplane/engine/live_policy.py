@@ -53,6 +53,13 @@ class LivePolicy:
             self._reload_residency()  # what was loaded before loads again
             raise
 
+    def reset_residency(self) -> None:
+        """Start-up residency again, from the policy in force; idle only (a benchmark's next
+        run must not start from the last one's evictions)."""
+        if self.scheduler.has_unfinished():
+            raise RuntimeError("requests are in flight: residency can be reset only when idle")
+        self._reload_residency()
+
     def _check_tunables(self, tunables: Tunables) -> None:
         if tunables.mode != self.tunables.mode:
             raise ValueError(

@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from rimuru.dataplane.engine.cuda_graphs import CaptureCost, measure_capture
+from rimuru.dataplane.engine.cuda_graphs import CaptureCost, capture_measured
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta
 from rimuru.dataplane.model import MoETransformer
 
@@ -222,20 +222,13 @@ def build_piecewise_graphs(
     (what a CPU can test)."""
     if not capture:
         return PiecewiseGraphs(model, experts, sizes, replay=False)
-    made: list[PiecewiseGraphs] = []
-
-    def capture_all() -> None:
-        made.append(PiecewiseGraphs(model, experts, sizes))
-        made[0].capture()
-
     try:
-        cost = measure_capture(model.device, capture_all)
+        graphs = capture_measured(model.device, lambda: PiecewiseGraphs(model, experts, sizes))
     except Exception:  # serving eagerly beats not serving; the log says why
         log.exception("piecewise CUDA graphs: capture failed, those steps run eagerly")
         experts.count_rows = None
         return None
-    graphs = made[0]
-    graphs.cost = cost
+    cost = graphs.cost
     log.info(
         "piecewise CUDA graphs: %d sizes (16..%d tokens) x %d pieces captured in %.1f s, "
         "%.1f MiB held (planned %.1f MiB with the decode graphs); device free memory fell "

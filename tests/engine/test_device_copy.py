@@ -17,6 +17,8 @@ def test_device_copy_gives_the_host_copy_tokens(prompts, make_engine, mode):
     host = make_engine(mode, expert_copy="host")
     want = host.generate(prompts, PARAMS)
     dev = make_engine(mode, expert_copy="device")
+    # one loading buffer, not host mode's two (the pools are equal by make_engine's sizing)
+    assert dev.plan.loading_buffer_bytes * 2 == host.plan.loading_buffer_bytes
     got = dev.generate(prompts, PARAMS)
     assert got == want
     dev.check_invariants()
