@@ -16,7 +16,8 @@ runs in its own CUDA graph, timed like tune_moe.py (median of replays, L2 flushe
 
 Weights are counted for touched experts only. Each stage starts from a cold L2 and pays its own
 graph launch, so the gap can be negative (inside `whole`, down finds part of act in L2).
-pad = num_padded / P: padded rows cost tensor-core work that nobody reads. The bmm row is
+pad = num_padded / P: padded rows cost tensor-core work that nobody reads; rows = the rows
+the up GEMM computes / P (less than pad with tail tiles, GemmTile.tail). The bmm row is
 cuBLAS (torch.bmm) on an equal split of the same work, ceil(P/E) rows for every expert, against
 the same floors: what a dense grouped GEMM achieves here. The table is printed last; the figures
 go to DIR/moe_breakdown.json.
@@ -113,6 +114,8 @@ def time_path(paged: bool, shape: MoeShape, experts: PagedExperts, x: torch.Tens
     down()  # so the timed down reads a real act and the timed sum a real y
     torch.cuda.synchronize()  # num_padded is written on the device
     num_padded = int(align.num_padded.item())
+    # Pairs in each block in use, for the rows each GEMM computes under its tail setting.
+    counts = (align.sorted_pair_ids[:num_padded].view(-1, align.block_m) < P).sum(1).tolist()
     align_again = functools.partial(moe_align_block_size, ids, E, config.block_m, table)
     us = {
         "align": replay_us(align_again, rep_ms),
@@ -131,9 +134,24 @@ def time_path(paged: bool, shape: MoeShape, experts: PagedExperts, x: torch.Tens
         "gap_us": us["whole"] - stages,
         "num_padded": num_padded,
         "padding": num_padded / P,
+        "up_rows": rows_computed(counts, align.block_m, config.gemm1.tail) / P,
+        "down_rows": rows_computed(counts, align.block_m, config.gemm2.tail) / P,
         "align_bytes_per_s": align_bytes / (us["align"] * 1e-6),
         "sum_bytes_per_s": sum_bytes / (us["sum"] * 1e-6),
     }
+
+
+def rows_computed(counts: list[int], block_m: int, tail: int) -> int:
+    """Rows a GEMM's tiles compute over blocks holding these pair counts (moe_gemm.py's tail
+    rule: a block with at most block_m >> h pairs, h <= tail, computes block_m >> h rows)."""
+    total = 0
+    for c in counts:
+        rows = block_m
+        for h in range(1, tail + 1):
+            if c <= block_m >> h:
+                rows = block_m >> h
+        total += rows
+    return total
 
 
 def time_bmm(shape: MoeShape, experts: PagedExperts, pairs: int, rep_ms: float) -> dict:
@@ -180,8 +198,11 @@ def breakdown_model(shape: MoeShape, tokens: list[int], rep_ms: float) -> list[d
 
 
 def summarize(report: dict) -> None:
-    print("\n==== fused MoE stage breakdown (bf16; us, x = over floor; pad = num_padded / P) ====")
-    print(f"{'model':18s} {'T':>5} {'path':6s} {'pad':>5} {'align':>6} {'GB/s':>5} {'up':>7} "
+    print(
+        "\n==== fused MoE stage breakdown (bf16; us, x = over floor; pad = num_padded / P, "
+        "rows = up GEMM rows computed / P) ===="
+    )
+    print(f"{'model':18s} {'T':>5} {'path':6s} {'pad':>5} {'rows':>5} {'align':>6} {'GB/s':>5} {'up':>7} "
           f"{'x':>5} {'down':>7} {'x':>5} {'sum':>6} {'TB/s':>5} {'stages':>7} {'whole':>7} {'gap':>6}")  # fmt: skip
     for name, m in report["models"].items():
         if "error" in m:
@@ -191,15 +212,15 @@ def summarize(report: dict) -> None:
             head = f"{m['shape']['name']:18s} {r['tokens']:5d}"
             for path in ("contiguous", "paged"):
                 s = r[path]
-                print(f"{head} {path[:6]:6s} {s['padding']:5.2f} {s['align_us']:6.1f} "
+                print(f"{head} {path[:6]:6s} {s['padding']:5.2f} {s['up_rows']:5.2f} {s['align_us']:6.1f} "
                       f"{s['align_bytes_per_s'] / 1e9:5.1f} {s['up_us']:7.1f} {s['up_over_floor']:5.2f} "
                       f"{s['down_us']:7.1f} {s['down_over_floor']:5.2f} {s['sum_us']:6.1f} "
                       f"{s['sum_bytes_per_s'] / 1e12:5.2f} {s['stages_us']:7.1f} {s['whole_us']:7.1f} "
                       f"{s['gap_us']:+6.1f}")  # fmt: skip
             b, dash = r["bmm"], "-"
-            print(f"{head} {'bmm':6s} {dash:>5} {dash:>6} {dash:>5} {b['up_us']:7.1f} "
+            print(f"{head} {'bmm':6s} {dash:>5} {dash:>5} {dash:>6} {dash:>5} {b['up_us']:7.1f} "
                   f"{b['up_over_floor']:5.2f} {b['down_us']:7.1f} {b['down_over_floor']:5.2f}")  # fmt: skip
-            print(f"{head} {'floor':6s} {dash:>5} {dash:>6} {dash:>5} {r['up_floor_us']:7.1f} "
+            print(f"{head} {'floor':6s} {dash:>5} {dash:>5} {dash:>6} {dash:>5} {r['up_floor_us']:7.1f} "
                   f"{1:5.2f} {r['down_floor_us']:7.1f} {1:5.2f}")  # fmt: skip
 
 

@@ -20,7 +20,7 @@ import multiprocessing
 import os
 import sys
 import time
-from dataclasses import astuple, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 
 import torch
@@ -89,11 +89,13 @@ def block_ms_for(num_tokens: int, shape: MoeShape) -> list[int]:
 def tiles_for(block_m: int, up: bool) -> list[GemmTile]:
     if block_m <= 32:
         return [GemmTile(n, k, 1, w, s) for n, k, w, s in _SMALL_TILES]
-    # Tensor-core tiles both ways: pointer loads and TMA descriptors (moe_gemm.py).
+    # Tensor-core tiles both ways: pointer loads and TMA descriptors (moe_gemm.py), each
+    # with and without tail tiles (an expert's last block computes 1/2 or 1/4 of its rows).
     return [
-        GemmTile(n, k, 8, w, s, tma)
+        GemmTile(n, k, 8, w, s, tma, tail)
         for n, k, w, s in (_LARGE_UP_TILES if up else _LARGE_DOWN_TILES)
         for tma in (False, True)
+        for tail in (0, 2)
     ]
 
 
@@ -275,7 +277,19 @@ def precompile(shapes: list[MoeShape], tokens: list[int], dtype: torch.dtype, wo
     )
 
 
-def tune_shape(shape: MoeShape, tokens: list[int], dtype: torch.dtype, rep_ms: float) -> dict:
+def tail_ratio(times: dict[GemmTile, float]) -> float | None:
+    """Best time with tail tiles / best without, over one GEMM's candidates (same run)."""
+    with_tail = [t for tile, t in times.items() if tile.tail]
+    without = [t for tile, t in times.items() if not tile.tail]
+    if not with_tail or not without:
+        return None
+    return min(with_tail) / min(without)
+
+
+def tune_shape(
+    shape: MoeShape, tokens: list[int], dtype: torch.dtype, rep_ms: float, log: list[dict]
+) -> dict:
+    """The best config per token count; every candidate's time is appended to ``log``."""
     device = torch.device("cuda")
     experts = make_experts(shape, dtype, device, seed=0)
     table = {}
@@ -285,6 +299,13 @@ def tune_shape(shape: MoeShape, tokens: list[int], dtype: torch.dtype, rep_ms: f
             up, down = _gemm_closures(experts, shape, n, bm, seed=n)
             t_up = {tile: _bench(up(tile), rep_ms) for tile in tiles_for(bm, up=True)}
             t_down = {tile: _bench(down(tile), rep_ms) for tile in tiles_for(bm, up=False)}
+            for gemm, times in (("up", t_up), ("down", t_down)):
+                log.extend({"model": shape.name, "tokens": n, "block_m": bm, "gemm": gemm,
+                            "tile": asdict(tile), "ms": t} for tile, t in times.items())  # fmt: skip
+                ratio = tail_ratio(times)
+                if ratio is not None:
+                    print(f"  {shape.name:18s} T={n:5d} bm={bm:3d} {gemm:4s} best with tail / "
+                          f"without {ratio:.3f}", flush=True)  # fmt: skip
             tile1, tile2 = min(t_up, key=t_up.get), min(t_down, key=t_down.get)
             total = t_up[tile1] + t_down[tile2]
             if best is None or total < best[0]:
@@ -306,6 +327,7 @@ def main() -> int:
     parser.add_argument("--rep-ms", type=float, default=10.0, help="do_bench repetition time")
     parser.add_argument("--workers", type=int, default=min(15, os.cpu_count() or 1))
     parser.add_argument("--out", type=Path, default=None, help="also copy the table here")
+    parser.add_argument("--log", type=Path, default=None, help="every candidate's time, as JSON")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("tune_moe.py needs a CUDA GPU", file=sys.stderr)
@@ -323,10 +345,12 @@ def main() -> int:
     doc = json.loads(path.read_text()) if path.exists() else {"shapes": {}}
     precompile(shapes, tokens, dtype, args.workers)
     t0 = time.time()
+    log: list[dict] = []
     for shape in shapes:
         key = shape_key(shape.num_experts, shape.inter_size, shape.hidden_size, dtype)
         # Buckets not tuned in this run keep their entries.
-        doc["shapes"].setdefault(key, {}).update(tune_shape(shape, tokens, dtype, args.rep_ms))
+        tuned = tune_shape(shape, tokens, dtype, args.rep_ms, log)
+        doc["shapes"].setdefault(key, {}).update(tuned)
     run = {**run_info(), "tuned": datetime.date.today().isoformat(), "models": names,
            "tokens": tokens}  # fmt: skip
     # A partial run re-tunes some buckets and keeps the rest: every run is listed, so each
@@ -340,6 +364,8 @@ def main() -> int:
     tmp.replace(path)  # atomic: an engine loading the table meanwhile sees old or new, whole
     if args.out:
         args.out.write_text(text)
+    if args.log:
+        args.log.write_text(json.dumps({**run, "candidates": log}, indent=0) + "\n")
     print(f"tuned in {time.time() - t0:.1f} s; wrote {path}", flush=True)
     return 0
 

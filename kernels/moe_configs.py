@@ -8,7 +8,7 @@ Tables live in ``configs/fused_moe_<device name>.json`` (spaces -> '_'), written
 
     <config> = {"block_m": 16,
                 "gemm1": {"block_n": 64, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4,
-                          "tma": false},   # tma may be left out (false)
+                          "tma": false, "tail": 0},   # tma, tail may be left out (false, 0)
                 "gemm2": {...}}
 
 The two GEMMs share block_m (it is the alignment of the sorted pairs) and are tuned apart
@@ -34,6 +34,9 @@ class GemmTile:
     num_warps: int = 4
     num_stages: int = 3
     tma: bool = False  # weights (and the down GEMM's intermediate) through TMA descriptors
+    # Halvings of block_m an expert's last, partly filled block may take (0, 1 or 2;
+    # block_m >> tail >= 16): its tile then computes only that many rows (moe_gemm.py).
+    tail: int = 0
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,14 @@ BM/BN/BK = tile.
 where p = sorted_pair_ids[r]. The intermediate lives in *sorted* row order: the up GEMM
 writes its tile's rows where they are (padding rows get zeros, since their x rows load as
 0), so the down GEMM reads a plain [BM, BK] block per step instead of gathering rows; only
-its store scatters rows back to pair order for the top-k sum.
+its store scatters rows back to pair order for the top-k sum. What a padding row of the
+intermediate holds (zeros, or nothing written under a tail tile) never reaches the output:
+a product's row depends only on its own input row, and the down GEMM masks padding rows at
+its store.
+
+Tail tiles (GemmTile.tail): an expert's last block is padded up to BM, on average half a
+block per expert. A block whose pairs fit in BM/2 (or BM/4) rows computes a tile of that
+many rows, in the same launch (the kernel branches per program on the block's pair count).
 
 The up GEMM's output is the 2I-wide [gate | up] product, and a program's tile is column
 block n..n+BN of it in *both* halves: the gate half reads the w1 page, the up half reads
@@ -52,65 +59,17 @@ def _page_base(pool_ptr, buffer_ptr, page, page_elems):
     return base
 
 
-# Ints that vary with the batch are not specialised: one compiled variant serves every batch
-# (the engine compiles each variant once at start-up, dataplane/engine/warmup.py).
-@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_m_blocks", "a_num_rows"])
-def _moe_gemm_kernel(
-    a_ptr,  # up: x [T, D]; down: act [R, I] in sorted row order
-    pool_ptr,  # PAGED: pool pages [*, page_elems]; else the expert stack
-    buffer_ptr,  # PAGED: loading-buffer slots [*, page_elems]
-    out_ptr,  # up: act [R, I] in sorted row order; down: y [P, D]
-    topk_weights_ptr,  # [P] fp32
-    sorted_ptr,
-    block_expert_ptr,
-    block_pages_ptr,  # [NB, 3] int32 (PAGED)
-    num_padded_ptr,
-    num_pairs,
-    top_k,
-    N,  # output columns
-    K,  # reduction length
-    stride_am,
-    stride_om,
-    page_elems,
-    expert_stride,
-    num_m_blocks,
-    a_num_rows,  # rows of a (for the down GEMM's descriptor)
-    PAGE_COLUMN: tl.constexpr,  # 0 for the up GEMM (w1, and w3 next to it), 2 for down (w2)
-    PAGED: tl.constexpr,
-    UP: tl.constexpr,  # gather x rows by token, two accumulators, SiLU(gate)*up epilogue
-    EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BLOCK_N)
-    # Grouped order: GROUP_M row blocks sweep the same weight columns while they sit in L2.
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    group_size = tl.minimum(num_m_blocks - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_size
-    pid_n = (pid % group) // group_size
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
-    if PAGED:
-        w_ptr = _page_base(
-            pool_ptr, buffer_ptr, tl.load(block_pages_ptr + pid_m * 3 + PAGE_COLUMN), page_elems
-        )
-        if UP:
-            w3_ptr = _page_base(
-                pool_ptr, buffer_ptr, tl.load(block_pages_ptr + pid_m * 3 + 1), page_elems
-            )
-    else:
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-        w_ptr = pool_ptr + expert * expert_stride
-        if UP:
-            w3_ptr = w_ptr + N * K  # w13 [E, 2I, D]: the up rows follow the gate rows
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] sorted rows of this tile
-    pair = tl.load(sorted_ptr + rows)  # [BM]; num_pairs marks padding
+@triton.jit
+def _gemm_tile(
+    a_ptr, out_ptr, topk_weights_ptr, sorted_ptr, w_ptr, w3_ptr,
+    num_pairs, top_k, N, K, stride_am, stride_om, a_num_rows, pid_m, pid_n,
+    UP: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, SUB_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One output tile: the first SUB_M rows of row block pid_m (the rest are padding) by
+    column block pid_n."""
+    rows = pid_m * BLOCK_M + tl.arange(0, SUB_M)  # [SUB_M] sorted rows of this tile
+    pair = tl.load(sorted_ptr + rows)  # [SUB_M]; num_pairs marks padding
     row_mask = pair < num_pairs
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     col_mask = cols < N
@@ -129,16 +88,16 @@ def _moe_gemm_kernel(
             )
         else:
             a_desc = tl.make_tensor_descriptor(
-                a_ptr, shape=[a_num_rows, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K]
+                a_ptr, shape=[a_num_rows, K], strides=[stride_am, 1], block_shape=[SUB_M, BLOCK_K]
             )
     else:
         b_offs = cols.to(tl.int64)[None, :] * K + k_offs[:, None]  # [BK, BN] of an [N, K] matrix
         b_ptrs = w_ptr + b_offs
         if UP:
             b3_ptrs = w3_ptr + b_offs
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((SUB_M, BLOCK_N), dtype=tl.float32)
     if UP:
-        acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc3 = tl.zeros((SUB_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a_mask = row_mask[:, None]
@@ -178,6 +137,92 @@ def _moe_gemm_kernel(
         tl.store(
             out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :]
         )
+
+
+# Ints that vary with the batch are not specialised: one compiled variant serves every batch
+# (the engine compiles each variant once at start-up, dataplane/engine/warmup.py).
+@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_m_blocks", "a_num_rows"])
+def _moe_gemm_kernel(
+    a_ptr,  # up: x [T, D]; down: act [R, I] in sorted row order
+    pool_ptr,  # PAGED: pool pages [*, page_elems]; else the expert stack
+    buffer_ptr,  # PAGED: loading-buffer slots [*, page_elems]
+    out_ptr,  # up: act [R, I] in sorted row order; down: y [P, D]
+    topk_weights_ptr,  # [P] fp32
+    sorted_ptr,
+    block_expert_ptr,
+    block_pages_ptr,  # [NB, 3] int32 (PAGED)
+    num_padded_ptr,
+    num_pairs,
+    top_k,
+    N,  # output columns
+    K,  # reduction length
+    stride_am,
+    stride_om,
+    page_elems,
+    expert_stride,
+    num_m_blocks,
+    a_num_rows,  # rows of a (for the down GEMM's descriptor)
+    PAGE_COLUMN: tl.constexpr,  # 0 for the up GEMM (w1, and w3 next to it), 2 for down (w2)
+    PAGED: tl.constexpr,
+    UP: tl.constexpr,  # gather x rows by token, two accumulators, SiLU(gate)*up epilogue
+    EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    TAIL: tl.constexpr,  # halvings of BLOCK_M a block with few pairs may take (0, 1 or 2)
+):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # Grouped order: GROUP_M row blocks sweep the same weight columns while they sit in L2.
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    group_size = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_size
+    pid_n = (pid % group) // group_size
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    if PAGED:
+        w_ptr = _page_base(
+            pool_ptr, buffer_ptr, tl.load(block_pages_ptr + pid_m * 3 + PAGE_COLUMN), page_elems
+        )
+        w3_ptr = w_ptr
+        if UP:
+            w3_ptr = _page_base(
+                pool_ptr, buffer_ptr, tl.load(block_pages_ptr + pid_m * 3 + 1), page_elems
+            )
+    else:
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        w_ptr = pool_ptr + expert * expert_stride
+        w3_ptr = w_ptr + N * K  # up: w13 [E, 2I, D], the up rows follow the gate rows
+    # Tail tiles: an expert's pairs fill its blocks from the first row and pad the last
+    # one, so a last block holding at most BLOCK_M / 2 (or / 4) pairs computes only that
+    # many rows. Padding is compute the GEMM throws away (1.24x the pairs at BLOCK_M = 128
+    # for Qwen3 at 4096 tokens, 1.06x with both halvings), while the weights are read once
+    # per block either way. Rows past the tile are left unwritten in the up GEMM's output;
+    # the down GEMM may read them (with its own tail setting) but a product's row depends
+    # only on its own input row, and padding rows are masked at the down GEMM's store.
+    n_rows = BLOCK_M
+    if TAIL > 0:
+        first = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        n_rows = tl.sum((tl.load(sorted_ptr + first) < num_pairs).to(tl.int32))
+    if TAIL >= 2:  # noqa: SIM102 (a compile-time guard: the branch below must not be built)
+        if n_rows <= BLOCK_M // 4:
+            _gemm_tile(a_ptr, out_ptr, topk_weights_ptr, sorted_ptr, w_ptr, w3_ptr, num_pairs, top_k,
+                       N, K, stride_am, stride_om, a_num_rows, pid_m, pid_n, UP, EVEN_K,
+                       DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_M // 4, BLOCK_N, BLOCK_K)  # fmt: skip
+            return
+    if TAIL >= 1:  # noqa: SIM102
+        if n_rows <= BLOCK_M // 2:
+            _gemm_tile(a_ptr, out_ptr, topk_weights_ptr, sorted_ptr, w_ptr, w3_ptr, num_pairs, top_k,
+                       N, K, stride_am, stride_om, a_num_rows, pid_m, pid_n, UP, EVEN_K,
+                       DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_M // 2, BLOCK_N, BLOCK_K)  # fmt: skip
+            return
+    _gemm_tile(a_ptr, out_ptr, topk_weights_ptr, sorted_ptr, w_ptr, w3_ptr, num_pairs, top_k,
+               N, K, stride_am, stride_om, a_num_rows, pid_m, pid_n, UP, EVEN_K,
+               DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -222,6 +267,10 @@ def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, til
             *, n: int, k: int, top_k: int, up: bool) -> None:  # fmt: skip
     if source.paged and align.block_pages is None:
         raise ValueError("a paged GEMM needs the alignment built with expert_table")
+    if tile.tail and align.block_m >> tile.tail < 16:
+        raise ValueError(
+            f"tail={tile.tail} halves block_m={align.block_m} below 16 rows, the smallest dot tile"
+        )
     use_tma = tile.tma and _tma_ok(a, source, n=n, k=k, up=up)
     if use_tma:
         triton.set_allocator(_tma_scratch)
@@ -235,6 +284,7 @@ def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, til
         PAGE_COLUMN=0 if up else 2, PAGED=source.paged, UP=up, EVEN_K=k % tile.block_k == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", USE_TMA=use_tma,
         BLOCK_M=align.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+        TAIL=tile.tail,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 

@@ -28,6 +28,10 @@ LARGE = MoeConfig(64, GemmTile(64, 64), GemmTile(64, 32))
 # Weights (and the down GEMM's intermediate) through device-made TMA descriptors.
 SMALL_TMA = MoeConfig(16, GemmTile(32, 32, tma=True), GemmTile(32, 32, tma=True))
 LARGE_TMA = MoeConfig(64, GemmTile(64, 64, tma=True), GemmTile(64, 32, tma=True))
+# Tail tiles: a last block of up to 16 (32) pairs computes 16 (32) rows; the down GEMM on
+# its own setting reads the up GEMM's unwritten rows through TMA.
+LARGE_TAIL = MoeConfig(64, GemmTile(64, 64, tail=2), GemmTile(64, 32, tail=1))
+LARGE_TAIL_TMA = MoeConfig(64, GemmTile(64, 64, tma=True, tail=2), GemmTile(64, 32, tma=True))
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3}
 
 
@@ -52,6 +56,9 @@ def _cases() -> list[Case]:
         Case(torch.float16, 300, 8, 16, 48, 40, LARGE_TMA),
         Case(torch.float32, 37, 2, 6, 40, 24, SMALL_TMA),  # K not a multiple of BK: zero fill
         Case(torch.float16, 9, 3, 5, 33, 17, SMALL_TMA),  # rows of 66 bytes: pointer fallback
+        Case(torch.float16, 300, 8, 16, 48, 40, LARGE_TAIL),
+        Case(torch.float32, 150, 5, 12, 32, 24, LARGE_TAIL_TMA),  # 62 pairs per expert
+        Case(torch.float16, 37, 2, 6, 40, 24, LARGE_TAIL),  # every block a tail
     ]
     rng = random.Random(4)
     for dtype in (torch.float32, torch.float16):
@@ -93,6 +100,7 @@ def _paged_layout(w1, w3, w2, routed: set[int], seed: int):
     ids=lambda c: (
         f"{str(c.dtype)[6:]}-T{c.num_tokens}-K{c.top_k}-E{c.num_experts}-D{c.hidden}-I{c.inter}"
         + ("-tma" if c.config.gemm1.tma else "")
+        + ("-tail" if c.config.gemm1.tail else "")
     ),
 )
 def test_paged_equals_contiguous_equals_reference(case: Case):
