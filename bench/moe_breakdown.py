@@ -11,7 +11,7 @@ runs in its own CUDA graph, timed like tune_moe.py (median of replays, L2 flushe
     align  moe_align_block_size              bytes/s: ids in; sorted ids, block ids (+ pages) out
     up     launch_up_gemm, alignment ready   floor max(2*P*D*2I / 755e12, w1+w3 + x + act / 4.17e12)
     down   launch_down_gemm                  floor max(2*P*I*D / 755e12, w2 + act + y / 4.17e12)
-    sum    torch.sum over the top-k          bytes/s: y read + out written
+    sum    moe_sum over the top-k            bytes/s: y read + out written (torch.sum beside it)
     whole  fused_moe_contiguous / fused_moe_paged in one graph; gap = whole - (sum of stages)
 
 Weights are counted for touched experts only. Each stage starts from a cold L2 and pays its own
@@ -52,6 +52,7 @@ from rimuru.kernels import fused_moe_contiguous, fused_moe_paged, get_moe_config
 from rimuru.kernels.moe_align import moe_align_block_size
 from rimuru.kernels.moe_configs import MoeConfig
 from rimuru.kernels.moe_gemm import WeightSource, launch_down_gemm, launch_up_gemm
+from rimuru.kernels.moe_sum import moe_sum
 
 ELEM = 2  # bytes of a bf16 element
 DEVICE = torch.device("cuda")
@@ -121,7 +122,9 @@ def time_path(paged: bool, shape: MoeShape, experts: PagedExperts, x: torch.Tens
         "align": replay_us(align_again, rep_ms),
         "up": replay_us(up, rep_ms),
         "down": replay_us(down, rep_ms),
-        "sum": replay_us(lambda: torch.sum(y.view(T, k, D), dim=1, out=out), rep_ms),
+        "sum": replay_us(lambda: moe_sum(y, out, k), rep_ms),
+        # torch.sum, what _run used before moe_sum (11-30): the same-run A/B of the two
+        "torch_sum": replay_us(lambda: torch.sum(y.view(T, k, D), dim=1, out=out), rep_ms),
         "whole": replay_us(whole, rep_ms),
     }  # fmt: skip
     stages = us["align"] + us["up"] + us["down"] + us["sum"]
@@ -200,10 +203,10 @@ def breakdown_model(shape: MoeShape, tokens: list[int], rep_ms: float) -> list[d
 def summarize(report: dict) -> None:
     print(
         "\n==== fused MoE stage breakdown (bf16; us, x = over floor; pad = num_padded / P, "
-        "rows = up GEMM rows computed / P) ===="
+        "rows = up GEMM rows computed / P; t.sum = torch.sum in place of moe_sum) ===="
     )
     print(f"{'model':18s} {'T':>5} {'path':6s} {'pad':>5} {'rows':>5} {'align':>6} {'GB/s':>5} {'up':>7} "
-          f"{'x':>5} {'down':>7} {'x':>5} {'sum':>6} {'TB/s':>5} {'stages':>7} {'whole':>7} {'gap':>6}")  # fmt: skip
+          f"{'x':>5} {'down':>7} {'x':>5} {'sum':>6} {'TB/s':>5} {'t.sum':>6} {'stages':>7} {'whole':>7} {'gap':>6}")  # fmt: skip
     for name, m in report["models"].items():
         if "error" in m:
             print(f"{name}: FAILED {m['error']}")
@@ -215,7 +218,7 @@ def summarize(report: dict) -> None:
                 print(f"{head} {path[:6]:6s} {s['padding']:5.2f} {s['up_rows']:5.2f} {s['align_us']:6.1f} "
                       f"{s['align_bytes_per_s'] / 1e9:5.1f} {s['up_us']:7.1f} {s['up_over_floor']:5.2f} "
                       f"{s['down_us']:7.1f} {s['down_over_floor']:5.2f} {s['sum_us']:6.1f} "
-                      f"{s['sum_bytes_per_s'] / 1e12:5.2f} {s['stages_us']:7.1f} {s['whole_us']:7.1f} "
+                      f"{s['sum_bytes_per_s'] / 1e12:5.2f} {s['torch_sum_us']:6.1f} {s['stages_us']:7.1f} {s['whole_us']:7.1f} "
                       f"{s['gap_us']:+6.1f}")  # fmt: skip
             b, dash = r["bmm"], "-"
             print(f"{head} {'bmm':6s} {dash:>5} {dash:>5} {dash:>6} {dash:>5} {b['up_us']:7.1f} "

@@ -6,6 +6,7 @@ Imports only torch and triton. Launchers (signatures in each module's docstring)
   fused_moe_contiguous (its twin over [E, 2I, D] / [E, D, I] stacks), torch references.
 - moe_align.py: moe_align_block_size, the sort-by-expert step both use.
 - moe_configs.py: tuned block configurations (configs/*.json), get_moe_config.
+- moe_gemm.py / moe_sum.py: the fused MoE's two grouped GEMMs and its top-k sum.
 - expert_copy.py: copy_routed_experts (routed, offloaded experts from pinned host memory into
   loading-buffer slots, decided on the device), torch reference.
 - kv_write.py: write_kv_pages (slot mapping into the paged KV view).

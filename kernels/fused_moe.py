@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from rimuru.kernels.moe_align import align_variant, moe_align_block_size
 from rimuru.kernels.moe_configs import MoeConfig, get_moe_config
 from rimuru.kernels.moe_gemm import WeightSource, launch_down_gemm, launch_up_gemm
+from rimuru.kernels.moe_sum import moe_sum
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -124,7 +125,7 @@ def _run(
         act, y, down_source, align, weights, config.gemm2, inter_size=inter_size, top_k=top_k
     )
     if top_k > 1:
-        torch.sum(y.view(T, top_k, D), dim=1, out=out)
+        moe_sum(y, out, top_k)
     return out
 
 
