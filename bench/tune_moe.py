@@ -57,7 +57,10 @@ _SMALL_TILES = [  # (block_n, block_k, num_warps, num_stages): weight streaming,
     (64, 64, 4, 5),
 ]
 # Tensor-core bound tiles. The up GEMM keeps two accumulators (gate and up), so its
-# tiles are half as wide as the down GEMM's.
+# tiles are half as wide as the down GEMM's. The last four of each list fit two or more
+# programs on one SM at block_m = 128 (shared memory <= ~100 KB, accumulators <= 128
+# registers a thread): while one program stores its tile, another keeps the tensor cores
+# busy. Most earlier tiles hold the SM alone (up to 196 KB of shared memory).
 _LARGE_UP_TILES = [
     (64, 64, 4, 4),
     (128, 64, 4, 3),
@@ -65,6 +68,10 @@ _LARGE_UP_TILES = [
     (128, 64, 8, 4),
     (64, 128, 4, 3),
     (64, 64, 8, 5),
+    (64, 64, 8, 3),
+    (64, 64, 4, 3),
+    (32, 64, 4, 4),
+    (64, 32, 4, 4),
 ]
 _LARGE_DOWN_TILES = [
     (64, 64, 4, 4),
@@ -73,6 +80,10 @@ _LARGE_DOWN_TILES = [
     (256, 64, 8, 3),
     (128, 128, 8, 3),
     (64, 128, 4, 3),
+    (128, 64, 8, 3),
+    (128, 32, 4, 4),
+    (128, 64, 4, 2),
+    (64, 64, 4, 3),
 ]
 
 
