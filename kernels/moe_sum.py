@@ -4,9 +4,11 @@ Shape key: T = tokens, K = top-k, D = hidden.
 
     moe_sum(y [T*K, D], out [T, D], top_k) -> out      out[t] = sum_k y[t*K + k]
 
-Rows are added in fp32 (a tree over k) and rounded once, as torch.sum accumulates a bf16 sum
-in fp32. Why a kernel: torch.sum over the middle dim of [T, K, D] ran at 2.63 TB/s on the H200 (Qwen3, T =
-4096: 57 µs of an 824 µs layer); this reads each token's K rows as one [K, BLOCK_D] block.
+Rows are added in fp32 in the order k = 0..K-1 and rounded once (torch.sum also accumulates
+a bf16 sum in fp32). Why a kernel: torch.sum over the middle dim of [T, K, D] ran at
+1.1-2.6 TB/s on the H200 (11-30 11:16; Mixtral's K = 2: 23.3 µs at T = 1024, where a
+first version of this kernel took 11.7). Each program adds one token's K rows over a
+block of columns, in registers.
 """
 
 import torch
@@ -16,34 +18,27 @@ import triton.language as tl
 
 # T varies with the batch: one compiled variant serves every batch (dataplane/engine/warmup.py).
 @triton.jit(do_not_specialize=["num_tokens"])
-def _moe_sum_kernel(
-    y_ptr,
-    out_ptr,
-    num_tokens,
-    D,
-    TOP_K: tl.constexpr,
-    K_POW2: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
+def _moe_sum_kernel(y_ptr, out_ptr, num_tokens, D, TOP_K: tl.constexpr, BLOCK_D: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    ks = tl.arange(0, K_POW2)
-    mask = (ks[:, None] < TOP_K) & (cols[None, :] < D)
-    rows = token * TOP_K + ks
-    y = tl.load(y_ptr + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
-    total = tl.sum(y.to(tl.float32), axis=0)
-    tl.store(out_ptr + token * D + cols, total.to(out_ptr.dtype.element_ty), mask=cols < D)
+    mask = cols < D
+    # One row at a time into a 1-D fp32 accumulator: each thread adds its own columns, so
+    # nothing crosses threads (the first version summed a [K, BLOCK_D] block over K: for
+    # K = 8 it ran at 1.2-1.6 TB/s on the H200, slower than torch.sum, 11-30 11:16).
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + (token * TOP_K + k) * D + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * D + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def moe_sum(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
     """out [T, D] = y [T*K, D] summed over each token's K rows. Callers check tensors (both
     contiguous, one dtype, y.shape[0] == T * top_k)."""
     num_tokens, hidden = out.shape
-    block_d = min(triton.next_power_of_2(hidden), max(128, 4096 // triton.next_power_of_2(top_k)))
+    block_d = min(triton.next_power_of_2(hidden), 1024)
     grid = (num_tokens, triton.cdiv(hidden, block_d))
     _moe_sum_kernel[grid](
-        y, out, num_tokens, hidden,
-        TOP_K=top_k, K_POW2=triton.next_power_of_2(top_k), BLOCK_D=block_d, num_warps=4,
+        y, out, num_tokens, hidden, TOP_K=top_k, BLOCK_D=block_d, num_warps=4
     )  # fmt: skip
     return out
 
