@@ -65,6 +65,23 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
+    # block_m = 256 (one block per expert at ~128-256 pairs each) as a tuning candidate:
+    # re-tune the large buckets, then the kernel table and the stage breakdown on the new
+    # table. gpu1 checks the engine first, then waits for gpu0's marker.
+    "huge-blocks": (
+        Job("gpu0", 0, (
+            Step("python3 bench/tune_moe.py --tokens 1024,2048,4096 --log $JOB_OUT/tune_log.json "
+                 "--out $JOB_OUT/fused_moe_NVIDIA_H200.json", 250, gate=True),
+            Step("touch /tmp/huge-blocks.tuned", 5),
+            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
+                 "--out-dir $JOB_OUT", 240),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
+            Step("until [ -f /tmp/huge-blocks.tuned ]; do sleep 5; done", 240, gate=True),
+            Step("python3 bench/moe_breakdown.py --out $JOB_OUT", 220),
+        )),
+    ),
     # The next session's first call: the checks as a gate; then Experiment 2 at overload
     # and Fig. 4 at skew 1 with both policies side by side, on the graph plan that prices
     # the driver's memory (a smaller pool than before 09:18, 11-30), elastic with the copy
