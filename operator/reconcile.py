@@ -136,6 +136,16 @@ def _replicas(deployment: dict[str, Any] | None, key: str) -> int:
     return int(((deployment or {}).get("status") or {}).get(key) or 0)
 
 
+def _generation_observed(deployment: dict[str, Any] | None) -> bool:
+    """Whether the Deployment controller has seen the latest spec, so that the status
+    counts describe it: kubectl rollout status's first check. Not found = not rolled."""
+    if deployment is None:
+        return False
+    generation = int((deployment.get("metadata") or {}).get("generation") or 0)
+    observed = int((deployment.get("status") or {}).get("observedGeneration") or 0)
+    return observed >= generation
+
+
 async def observe(
     kube: KubeClient, spec: DeploymentSpec, policy: PolicyState | None, problem: Problem | None
 ) -> Observation:
@@ -149,6 +159,8 @@ async def observe(
         ready_replicas=_replicas(dataplane, "readyReplicas"),
         updated_replicas=_replicas(dataplane, "updatedReplicas"),
         controlplane_ready=_replicas(controlplane, "readyReplicas") >= 1,
+        dataplane_generation_observed=_generation_observed(dataplane),
+        controlplane_generation_observed=_generation_observed(controlplane),
         policy=policy,
         problem=problem,
     )

@@ -47,6 +47,11 @@ class Observation:
     ready_replicas: int  # data-plane pods ready (Deployment status)
     updated_replicas: int  # data-plane pods on the current template
     controlplane_ready: bool
+    # Whether each child Deployment's controller has seen its latest spec
+    # (status.observedGeneration >= metadata.generation; False when it does not exist).
+    # Until it has, the replica counts above describe the previous template.
+    dataplane_generation_observed: bool
+    controlplane_generation_observed: bool
     policy: PolicyState | None  # None = control plane not asked / unreachable
     problem: Problem | None = None
 
@@ -110,7 +115,26 @@ def _policy_synced(obs: Observation) -> dict[str, Any]:
 def _progressing(obs: Observation) -> dict[str, Any]:
     if obs.problem is not None and not obs.problem.blocker.permanent:
         return _condition("Progressing", True, obs.problem.blocker.reason, obs.problem.message)
-    rolled = obs.updated_replicas >= obs.desired_replicas
+    stale = [
+        child
+        for child, observed in (
+            ("data-plane", obs.dataplane_generation_observed),
+            ("control-plane", obs.controlplane_generation_observed),
+        )
+        if not observed
+    ]
+    if stale:
+        # The replica counts still describe the previous template: not complete, whatever
+        # they say (kubectl rollout status waits on the same check).
+        return _condition(
+            "Progressing",
+            True,
+            "RollingOut",
+            f"{' and '.join(stale)} Deployment: latest spec not observed yet",
+        )
+    # kubectl rollout status's other checks: every pod on the new template, none of the
+    # old ones left (status.replicas counts both while a rolling update surges).
+    rolled = obs.current_replicas <= obs.updated_replicas >= obs.desired_replicas
     if rolled and obs.ready_replicas >= obs.desired_replicas and obs.controlplane_ready:
         return _condition("Progressing", False, "RolloutComplete", "all children are up to date")
     return _condition(
@@ -143,6 +167,10 @@ def _phase(conditions: Mapping[str, Mapping[str, Any]], obs: Observation) -> str
         and conditions["Progressing"]["status"] == "False"
     ):
         return "Available"
+    if obs.desired_replicas == 0 and conditions["Progressing"]["status"] == "False":
+        # Available is False by design at zero replicas: without this steady phase a
+        # scaled-down resource would read "Progressing" for ever.
+        return "ScaledToZero"
     if obs.ready_replicas == 0 and not obs.controlplane_ready and obs.policy is None:
         return "Pending"
     return "Progressing"

@@ -174,13 +174,28 @@ def kube_api(kmock, tmp_path, monkeypatch):
     return kmock
 
 
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (what kmock applies to a dict body)."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge_patch(result.get(key), value)
+    return result
+
+
 @attrs.define(kw_only=True)
 class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus what the API server does with resource versions: every
-    write gets a new metadata.resourceVersion (and a create a uid), a list reports the
-    latest, a watch from version X sends only later events, and a JSON patch whose
-    `test` of the version fails is a 422. kopf relies on these to tell its own fresh
-    writes from stale events."""
+    """kmock's emulator plus what the API server does with versions: every write gets a
+    new metadata.resourceVersion (and a create a uid), a list reports the latest, a
+    watch from version X sends only later events, and a JSON patch whose `test` of the
+    version fails is a 422. kopf relies on these to tell its own fresh writes from stale
+    events. metadata.generation starts at 1 and a write that changes the spec (not one
+    to the status subresource) increments it, so a Deployment's status is stale until
+    the test, playing its controller, sets status.observedGeneration."""
 
     _versions: itertools.count = attrs.field(factory=lambda: itertools.count(100), init=False)
     _latest: int = attrs.field(default=0, init=False)
@@ -192,16 +207,45 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
         ):
             self._latest = next(self._versions)
             version = str(self._latest)
+            generation = self._next_generation(request)
             if isinstance(request.data, dict):
                 meta = request.data.setdefault("metadata", {})
                 meta["resourceVersion"] = version
                 if request.action == kmock.action.CREATE:
                     meta.setdefault("uid", f"uid-{version}")
+                if generation is not None:
+                    meta["generation"] = generation
             elif isinstance(request.data, list):  # a JSON patch
                 request.data.append(
                     {"op": "add", "path": "/metadata/resourceVersion", "value": version}
                 )
+                if generation is not None:
+                    request.data.append(
+                        {"op": "add", "path": "/metadata/generation", "value": generation}
+                    )
         return await super()._handle(request)
+
+    def _next_generation(self, request) -> int | None:
+        """The generation this write leaves; None = unchanged (or not the emulator's
+        to decide: the write fails anyway)."""
+        if request.action == kmock.action.CREATE:
+            return 1  # whatever the client sent, as the API server does
+        if request.subresource is not None:
+            return None
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        current = copy.deepcopy(self.objects[key].raw)
+        try:
+            if isinstance(request.data, list):
+                updated = jsonpatch.apply_patch(current, request.data)
+            else:
+                updated = _merge_patch(current, request.data)
+        except jsonpatch.JsonPatchException:
+            return None
+        if updated.get("spec") == current.get("spec"):
+            return None
+        return int(current.get("metadata", {}).get("generation") or 0) + 1
 
     async def _serve_list(self, request):
         payload = await super()._serve_list(request)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rimuru.operator.apply import manifest_hash, patch_operations, with_applied_hash
 from rimuru.operator.builders import build_dataplane_service
 from rimuru.operator.policy_sync import PolicyState
@@ -54,6 +56,8 @@ def _obs(**kw) -> Observation:
         ready_replicas=2,
         updated_replicas=2,
         controlplane_ready=True,
+        dataplane_generation_observed=True,
+        controlplane_generation_observed=True,
         policy=PolicyState(
             desired_version=7,
             applied_version=7,
@@ -119,6 +123,13 @@ def test_rollout_in_progress():
     assert _conditions(status)["Available"] == ("True", "ReplicasReady")
 
 
+def test_old_pods_left_over_are_still_a_rollout():
+    # A surging rolling update: both new pods ready, one old pod not yet gone.
+    status = _status(_obs(current_replicas=3))
+    assert status["phase"] == "Progressing"
+    assert _conditions(status)["Progressing"] == ("True", "RollingOut")
+
+
 def test_waiting_on_the_control_plane():
     problem = Problem(Blocker.CONTROL_PLANE_UNAVAILABLE, "control plane at cp:50052: deadline")
     status = _status(_obs(policy=None, problem=problem, ready_replicas=0, controlplane_ready=False))
@@ -135,19 +146,65 @@ def test_permanent_problem_fails():
     assert _conditions(status)["Degraded"] == ("True", "PolicyRejected")
 
 
-def test_scaled_to_zero():
+@pytest.mark.parametrize(
+    ("stale", "message"),
+    [
+        ({"dataplane_generation_observed": False}, "data-plane Deployment"),
+        ({"controlplane_generation_observed": False}, "control-plane Deployment"),
+        (
+            {"dataplane_generation_observed": False, "controlplane_generation_observed": False},
+            "data-plane and control-plane Deployment",
+        ),
+    ],
+)
+def test_counts_of_an_unobserved_generation_are_not_a_complete_rollout(stale, message):
+    # Just after a new template is applied, the counts still say "all updated and ready"
+    # for the previous generation.
+    status = _status(_obs(**stale))
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut")
+    assert progressing["message"] == f"{message}: latest spec not observed yet"
+    assert status["phase"] == "Progressing"
+    assert _conditions(status)["Available"] == ("True", "ReplicasReady")  # old pods serve
+
+
+def _scaled_to_zero(**kw) -> Observation:
     policy = PolicyState(7, 0, 0, 0, "", "")
-    status = _status(
-        _obs(
-            desired_replicas=0,
-            current_replicas=0,
-            ready_replicas=0,
-            updated_replicas=0,
-            policy=policy,
-        )
+    return _obs(
+        desired_replicas=0,
+        current_replicas=0,
+        ready_replicas=0,
+        updated_replicas=0,
+        policy=policy,
+        **kw,
     )
-    assert _conditions(status)["Available"] == ("False", "ScaledToZero")
-    assert _conditions(status)["PolicySynced"] == ("False", "NoSubscribers")
+
+
+def test_scaled_to_zero_settles():
+    status = _status(_scaled_to_zero())
+    assert status["phase"] == "ScaledToZero"
+    assert _conditions(status) == {
+        "Available": ("False", "ScaledToZero"),
+        "Progressing": ("False", "RolloutComplete"),
+        "PolicySynced": ("False", "NoSubscribers"),
+        "Degraded": ("False", "AsExpected"),
+    }
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"dataplane_generation_observed": False},  # the scale-down not yet seen
+        {"controlplane_generation_observed": False},
+        {"controlplane_ready": False},
+        {"problem": Problem(Blocker.RANKING_MISSING, "ConfigMap r not found")},
+    ],
+    ids=["dataplane-generation", "controlplane-generation", "controlplane-down", "blocked"],
+)
+def test_scaled_to_zero_is_not_steady_while_something_is_in_progress(kw):
+    status = _status(_scaled_to_zero(**kw))
+    assert status["phase"] == "Progressing"
+    assert _conditions(status)["Progressing"][0] == "True"
 
 
 def test_transition_time_moves_only_on_a_change():
@@ -169,7 +226,12 @@ def test_every_status_the_operator_writes_fits_the_crd(api, tiny_rd):
     # be silently lost (and, for rankingDigest, re-upload the ranking every period).
     policy = PolicyState(7, 6, 2, 1, "mode change needs a restart", "ab12")
     problem = Problem(Blocker.SECRET_MISSING, "Secret x not found")
-    for obs in (_obs(), _obs(policy=policy), _obs(policy=None, problem=problem)):
+    for obs in (
+        _obs(),
+        _obs(policy=policy),
+        _obs(policy=None, problem=problem),
+        _scaled_to_zero(),  # its phase is in the CRD's enum
+    ):
         rd = {**tiny_rd, "status": _status(obs)}
         _, errors = api.admit(rd)
         assert errors == []

@@ -5,13 +5,17 @@ server, configured from the pod spec and ConfigMap the operator wrote) that foll
     kubectl apply  -> children with the expected specs and owner references
     kubectl patch spec.policy -> new version on the control plane, applied by the engine,
                                  status PolicySynced, data-plane pod template untouched
-    kubectl patch spec.engine -> the pod template rolls (config hash), the policy does not
+    kubectl patch spec.engine -> the pod template rolls (config hash), the policy does not;
+                                 Progressing until the Deployment observes the new template
     kubectl patch spec.policy.mode -> rolls too (the engine cannot switch it live); the
                                  running data plane NACKs it: status Degraded
     kubectl delete -> children deleted, finalizer released
+    (another test) replicas 0 -> Progressing until the data-plane Deployment observes
+                                 it, then phase ScaledToZero
 
 The emulator runs no controllers: the test plays the Deployment controller by writing
-the Deployments' status, as kubelet and kube-controller-manager would.
+the Deployments' status (observedGeneration included), as kubelet and
+kube-controller-manager would.
 """
 
 from __future__ import annotations
@@ -164,10 +168,17 @@ async def _call(http, method: str, path: str, body=None, content_type="applicati
 
 
 async def emulate_rollout(http, name: str, replicas: int) -> None:
-    """What the Deployment controller and kubelet report once the pods are ready."""
-    status = {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas}
-    path = f"/apis/apps/v1/namespaces/{NS}/deployments/{name}/status"
-    await _call(http, "PATCH", path, {"status": status}, "application/merge-patch+json")
+    """What the Deployment controller and kubelet report once the pods of the
+    Deployment's current spec (its metadata.generation) are ready."""
+    path = f"/apis/apps/v1/namespaces/{NS}/deployments/{name}"
+    generation = (await _call(http, "GET", path))["metadata"]["generation"]
+    status = {
+        "observedGeneration": generation,
+        "replicas": replicas,
+        "readyReplicas": replicas,
+        "updatedReplicas": replicas,
+    }
+    await _call(http, "PATCH", f"{path}/status", {"status": status}, "application/merge-patch+json")
 
 
 async def get_policy(target: str, deployment: str):
@@ -183,10 +194,15 @@ def condition(rd: dict, type_: str) -> dict:
     return next(c for c in rd["status"]["conditions"] if c["type"] == type_)
 
 
-@pytest.mark.slow
-async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
-    http = env
-    # The user's token Secret (authSecretRef); the control plane was started with it.
+def rollout_state(kmock, name: str = "tiny") -> tuple[str, str, str]:
+    """(phase, Progressing status, Progressing reason) of a RimuruDeployment."""
+    rd = obj(kmock, RD, name)
+    progressing = condition(rd, "Progressing")
+    return rd["status"]["phase"], progressing["status"], progressing["reason"]
+
+
+async def create_token_secret(http) -> dict:
+    """The user's token Secret (authSecretRef); the control plane was started with it."""
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -194,8 +210,14 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
         "data": {"token": base64.b64encode(TOKEN.encode()).decode()},
     }
     await _call(http, "POST", f"/api/v1/namespaces/{NS}/secrets", secret)
+    return {"name": "tiny-auth", "key": "token"}
+
+
+@pytest.mark.slow
+async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
+    http = env
     rd = copy.deepcopy(tiny_rd)
-    rd["spec"]["authSecretRef"] = {"name": "tiny-auth", "key": "token"}
+    rd["spec"]["authSecretRef"] = await create_token_secret(http)
     data_plane = None
     try:
         async with operator_running() as runner:
@@ -291,6 +313,20 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
             engine_config = obj(kmock, "v1/configmaps", "tiny-engine")["data"]
             assert engine_config["RIMURU_MAX_NUM_SEQS"] == "8"
             assert (await get_policy(control_plane, "tiny")).version == 2
+            # The Deployment's counts (all updated, all ready) are the old pods' until its
+            # controller observes the new template: not a complete rollout until then.
+            await eventually(
+                lambda: rollout_state(kmock) == ("Progressing", "True", "RollingOut"),
+                what="RollingOut on the new template",
+            )
+            assert condition(obj(kmock, RD, "tiny"), "Progressing")["message"] == (
+                "data-plane Deployment: latest spec not observed yet"
+            )
+            await emulate_rollout(http, "tiny-dataplane", 1)
+            await eventually(
+                lambda: rollout_state(kmock) == ("Available", "False", "RolloutComplete"),
+                what="the new template rolled out",
+            )
 
             # 5. A mode change: the engine cannot switch its memory policy while running,
             # so the template rolls (new pods start in the new mode) and the running
@@ -334,6 +370,50 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
     finally:
         if data_plane is not None:
             await data_plane.stop()
+
+
+@pytest.mark.slow
+async def test_scale_to_zero_settles_once_the_data_plane_has_scaled(kmock, env, tiny_rd):
+    http = env
+    rd = copy.deepcopy(tiny_rd)
+    rd["spec"]["authSecretRef"] = await create_token_secret(http)
+    async with operator_running() as runner:
+        await _call(http, "POST", RD_PATH, rd)
+        for name in ("tiny-controlplane", "tiny-dataplane"):
+            await eventually(lambda n=name: obj(kmock, DEPLOYMENTS, n), what=name)
+        await emulate_rollout(http, "tiny-controlplane", 1)
+        await emulate_rollout(http, "tiny-dataplane", 1)
+        await eventually(
+            lambda: rollout_state(kmock) == ("Available", "False", "RolloutComplete"),
+            what="Available at one replica",
+        )
+
+        # kubectl patch rd tiny --type merge -p '{"spec":{"dataPlane":{"replicas":0}}}'
+        scale = {"spec": {"dataPlane": {"replicas": 0}}}
+        await _call(http, "PATCH", f"{RD_PATH}/tiny", scale, "application/merge-patch+json")
+        await eventually(
+            lambda: obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"]["replicas"] == 0,
+            what="data plane scaled",
+        )
+        # Its pod still runs: the counts say 1 >= 0, but of the previous generation.
+        await eventually(
+            lambda: rollout_state(kmock) == ("Progressing", "True", "RollingOut"),
+            what="RollingOut to zero",
+        )
+
+        await emulate_rollout(http, "tiny-dataplane", 0)
+        await eventually(
+            lambda: rollout_state(kmock) == ("ScaledToZero", "False", "RolloutComplete"),
+            what="phase ScaledToZero",
+        )
+        rd_now = obj(kmock, RD, "tiny")
+        available = condition(rd_now, "Available")
+        assert (available["status"], available["reason"]) == ("False", "ScaledToZero")
+        assert (rd_now["status"]["replicas"], rd_now["status"]["readyReplicas"]) == (0, 0)
+
+        await _call(http, "DELETE", f"{RD_PATH}/tiny")
+        await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+    assert runner.exception is None
 
 
 @pytest.mark.slow

@@ -1,0 +1,73 @@
+"""observe(): what the operator reads back from its children, against the emulated API
+server (which starts metadata.generation at 1 and increments it on a spec change, as a
+real one does). The test plays the Deployment controller by writing the status."""
+
+from __future__ import annotations
+
+import copy
+
+import kopf
+import pytest
+
+from rimuru.operator import reconcile
+from rimuru.operator.config import OperatorConfig
+from rimuru.operator.kube import KubeClient
+from rimuru.operator.spec import parse_spec
+from rimuru.operator.status import compute_status
+
+CONFIG = OperatorConfig(dataplane_image="reg/dp:test", controlplane_image="reg/cp:test")
+
+
+@pytest.fixture
+async def kube(kmock):
+    client = KubeClient(kopf.ConnectionInfo(server=str(kmock.url).rstrip("/")))
+    yield client
+    await client.close()
+
+
+async def controller_reports(kube: KubeClient, name: str, replicas: int) -> None:
+    """The Deployment controller's status once it has acted on the current spec."""
+    generation = (await kube.get("Deployment", "default", name))["metadata"]["generation"]
+    status = {
+        "observedGeneration": generation,
+        "replicas": replicas,
+        "readyReplicas": replicas,
+        "updatedReplicas": replicas,
+    }
+    await kube.patch_status("Deployment", "default", name, status)
+
+
+def _observed(obs) -> tuple[bool, bool]:
+    return obs.dataplane_generation_observed, obs.controlplane_generation_observed
+
+
+async def test_a_deployment_is_rolled_only_once_it_observed_its_latest_spec(kube, tiny_rd):
+    spec = parse_spec(tiny_rd["metadata"], tiny_rd["spec"])
+    assert _observed(await reconcile.observe(kube, spec, None, None)) == (False, False)
+
+    await reconcile.apply_children(kube, spec, CONFIG)
+    # Created (generation 1), no controller has acted on it yet.
+    assert _observed(await reconcile.observe(kube, spec, None, None)) == (False, False)
+
+    await controller_reports(kube, "tiny-controlplane", 1)
+    await controller_reports(kube, "tiny-dataplane", 1)
+    obs = await reconcile.observe(kube, spec, None, None)
+    assert _observed(obs) == (True, True)
+    assert (obs.ready_replicas, obs.updated_replicas) == (1, 1)
+
+    # A new data-plane template: the counts are the same, but they are the old pods'.
+    rolled = copy.deepcopy(tiny_rd)
+    rolled["spec"]["engine"]["maxNumSeqs"] = 8
+    spec = parse_spec(rolled["metadata"], rolled["spec"])
+    await reconcile.apply_children(kube, spec, CONFIG)
+    obs = await reconcile.observe(kube, spec, None, None)
+    assert _observed(obs) == (False, True)
+    assert (obs.ready_replicas, obs.updated_replicas) == (1, 1)
+    status = compute_status(
+        obs, [], now="2026-01-02T03:04:05Z", selector="", controlplane_endpoint=""
+    )
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut")
+
+    await controller_reports(kube, "tiny-dataplane", 1)
+    assert _observed(await reconcile.observe(kube, spec, None, None)) == (True, True)
