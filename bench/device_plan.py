@@ -53,7 +53,10 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # next-session, piecewise, piecewise-2, copy-sweep, limit10: commit a46513a; 11-30's
     # last next-session and next-session-2 (the ablation, fixed at skew 0): commit 1cfb719;
     # budget-cap (run at 08:59, 09:12, 09:15 and 09:18 UTC with its changes: the 09:18 run
-    # at commit 8a2e179) and meter (09:30): commit 3de1433; tail-tiles (11-30 11:13): commit cd3ddfe; occupancy (11:18): commit 490b485).
+    # at commit 8a2e179) and meter (09:30): commit 3de1433; tail-tiles (11:13): commit
+    # cd3ddfe; occupancy (11:18): commit 490b485; next-session with the kernels after its
+    # checks (11:20; the resident sweep ran past its 280 s): commit 87bcb49; huge-blocks
+    # (11:31): commit 66ee080).
     # Where a qwen3 step's time goes, and the kernels after any change to them.
     "profile": (
         Job("gpu0", 0, (
@@ -65,46 +68,20 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # block_m = 256 (one block per expert at ~128-256 pairs each) as a tuning candidate:
-    # re-tune the large buckets, then the kernel table and the stage breakdown on the new
-    # table. gpu1 checks the engine first, then waits for gpu0's marker.
-    "huge-blocks": (
-        Job("gpu0", 0, (
-            Step("python3 bench/tune_moe.py --tokens 1024,2048,4096 --log $JOB_OUT/tune_log.json "
-                 "--out $JOB_OUT/fused_moe_NVIDIA_H200.json", 250, gate=True),
-            Step("touch /tmp/huge-blocks.tuned", 5),
-            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
-                 "--out-dir $JOB_OUT", 240),
-        )),
-        Job("gpu1", 1, (
-            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
-            Step("until [ -f /tmp/huge-blocks.tuned ]; do sleep 5; done", 240, gate=True),
-            Step("python3 bench/moe_breakdown.py --out $JOB_OUT", 220),
-        )),
-    ),
-    # The next session's first call: the checks as a gate; then Experiment 2 at overload
-    # and Fig. 4 at skew 1 with both policies side by side, on the graph plan that prices
-    # the driver's memory (a smaller pool than before 09:18, 11-30), elastic with the copy
-    # budget and its measured copies (3de1433 and after: never run on a GPU).
-    # Each GPU also times the kernels once after its checks: the stage breakdown (moe_sum
-    # rewritten after 11:18, when it ran slower than torch.sum for top-8) and the kernel table.
+    # The next session's first call: Experiment 2 at overload, elastic with the copy budget
+    # beside resident in one call (11-30 11:20 ran both, but resident ran past its 280 s:
+    # its engine start-up and 1,000 requests need more), the checks as a gate.
     "next-session": (
         Job("gpu0", 0, (
             Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
-            Step("python3 bench/moe_breakdown.py --out $JOB_OUT", 70),
             Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
                  "--num-prompts 1000 --max-num-seqs 512 --copy-budget 10 "
-                 "--out $JOB_OUT/elastic512_budget10", 280),
-            Step(f"{FIG4} --policies elastic --copy-budget 10 --out $JOB_OUT/skew1_budget10",
-                 120),
+                 "--out $JOB_OUT/elastic512_budget10", 400),
         )),
         Job("gpu1", 1, (
             Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
-            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
-                 "--out-dir $JOB_OUT", 70),
             Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
-                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/resident512", 280),
-            Step(f"{FIG4} --policies resident --out $JOB_OUT/skew1_resident", 120),
+                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/resident512", 400),
         )),
     ),
     # Its second: the ablation, last run before the fused norms/RoPE; Fig. 4's fixed policy

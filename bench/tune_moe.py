@@ -87,25 +87,11 @@ _LARGE_DOWN_TILES = [
 ]
 
 
-# block_m = 256: one block holds all of an expert's pairs at ~128-256 rows per expert, so
-# each expert's weights stream through one program per column block (with tail tiles the
-# last block computes 64, 128 or 256 rows). Accumulators of 256 rows need 8 warps, and
-# narrower tiles to stay within 128 registers a thread.
-_HUGE_UP_TILES = [(64, 64, 8, 3), (64, 64, 8, 4), (32, 64, 8, 4), (64, 32, 8, 4)]
-_HUGE_DOWN_TILES = [(128, 64, 8, 3), (64, 64, 8, 4), (128, 32, 8, 4), (64, 64, 4, 4)]
-
-
 def block_ms_for(num_tokens: int, shape: MoeShape) -> list[int]:
     rows = num_tokens * shape.top_k / shape.num_experts  # mean rows per expert
     ms = [
         bm
-        for bm, lo, hi in (
-            (16, 0, 64),
-            (32, 8, 256),
-            (64, 16, 1e9),
-            (128, 64, 1e9),
-            (256, 100, 1e9),
-        )
+        for bm, lo, hi in ((16, 0, 64), (32, 8, 256), (64, 16, 1e9), (128, 64, 1e9))
         if lo < rows <= hi
     ]
     return ms or [16]
@@ -114,10 +100,10 @@ def block_ms_for(num_tokens: int, shape: MoeShape) -> list[int]:
 def tiles_for(block_m: int, up: bool) -> list[GemmTile]:
     if block_m <= 32:
         return [GemmTile(n, k, 1, w, s) for n, k, w, s in _SMALL_TILES]
-    if block_m >= 256:
-        shapes = _HUGE_UP_TILES if up else _HUGE_DOWN_TILES
-    else:
-        shapes = _LARGE_UP_TILES if up else _LARGE_DOWN_TILES
+    # block_m = 256 (one block per expert at ~128-256 pairs, 256-row tiles) was tried on
+    # 11-30 (11:31, docs/figures/tune_log_h200_huge_1133.json): its best tile was 11-27%
+    # slower than block_m = 128's for every GEMM at 1024-4096 tokens, so it is not offered.
+    shapes = _LARGE_UP_TILES if up else _LARGE_DOWN_TILES
     # Tensor-core tiles both ways: pointer loads and TMA descriptors (moe_gemm.py), each
     # with and without tail tiles (an expert's last block computes 1/2 or 1/4 of its rows).
     return [
