@@ -161,24 +161,33 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class StepMetrics:
-    forward_steps: int
-    peak_running: int
-    mean_running: float
-    peak_waiting: int
-    total_preemptions: int
-    total_evictions: int
-    total_loads: int
-    total_bytes_h2d: int
-    predictor_hit_rate: float | None  # None when nothing was predicted
-    peak_kv_bytes: int
-    min_experts_resident: int
-    max_experts_resident: int
-    mean_experts_resident: float
+    """Summaries of a run's step records. None = not measured: a run with no step records
+    (`rimuru bench --target`, through gRPC) has none of these, except the totals its server
+    counters give (dataplane/bench/remote.py); a 0 would read as a measured zero."""
+
+    forward_steps: int | None
+    peak_running: int | None
+    mean_running: float | None
+    peak_waiting: int | None
+    total_preemptions: int | None
+    total_evictions: int | None
+    total_loads: int | None
+    total_bytes_h2d: int | None
+    predictor_hit_rate: float | None  # also None when nothing was predicted
+    peak_kv_bytes: int | None
+    min_experts_resident: int | None
+    max_experts_resident: int | None
+    mean_experts_resident: float | None
+
+    @classmethod
+    def not_measured(cls, **totals: int) -> StepMetrics:
+        """Every figure None but the given ones (e.g. total_loads from server counters)."""
+        return cls(**{**dict.fromkeys(cls.__dataclass_fields__), **totals})
 
 
 def summarize_steps(steps: Sequence[StepRecord]) -> StepMetrics:
     if not steps:
-        return StepMetrics(0, 0, 0.0, 0, 0, 0, 0, 0, None, 0, 0, 0, 0.0)
+        return StepMetrics.not_measured()
     running = [s.num_running for s in steps]
     resident = [s.num_experts_resident for s in steps]
     predicted = sum(s.predictor_total for s in steps)

@@ -5,20 +5,22 @@ exactly its trace output length (`ignore_eos`, as in-process). Latencies are mea
 client, from the scheduled arrival, so they include gRPC and the server's queue. The
 server's policy and engine counters (evictions, loads, preemptions) come from EngineStats
 before and after each run; per-step records exist only in-process, so the remote results
-have no steps and those counters are reported beside the table instead.
+have no steps: their step summaries are None ("-" in the table, null in JSON) except the
+totals the counters give (preemptions, evictions, loads, bytes copied in).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import time
 
 import grpc
 
 from rimuru.dataplane.bench.arrivals import arrival_times
-from rimuru.dataplane.bench.metrics import RequestRecord
+from rimuru.dataplane.bench.metrics import RequestRecord, StepMetrics
 from rimuru.dataplane.bench.progress import RequestProgress
 from rimuru.dataplane.bench.results import BenchResult, write_results
 from rimuru.dataplane.bench.trace import Trace
@@ -73,9 +75,16 @@ async def _run_all(
                 "policy_version": after.policy_version,
                 "server_counters": delta,
             }
-            results.append(
-                BenchResult.build(before.policy_mode, rate, config, result[0], [], result[1])
+            built = BenchResult.build(before.policy_mode, rate, config, result[0], [], result[1])
+            # No step records through gRPC: the totals come from the server's counters and
+            # every per-step figure stays "not measured" (None, "-" in the table).
+            measured = StepMetrics.not_measured(
+                total_preemptions=delta["num_preemptions"],
+                total_evictions=delta["num_expert_evictions"],
+                total_loads=delta["num_expert_loads"],
+                total_bytes_h2d=delta["bytes_host_to_device"],
             )
+            results.append(dataclasses.replace(built, step_metrics=measured))
             counters.append(delta)
     return results, counters
 
