@@ -56,7 +56,8 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # at commit 8a2e179) and meter (09:30): commit 3de1433; tail-tiles (11:13): commit
     # cd3ddfe; occupancy (11:18): commit 490b485; next-session with the kernels after its
     # checks (11:20; the resident sweep ran past its 280 s): commit 87bcb49; huge-blocks
-    # (11:31): commit 66ee080).
+    # (11:31): commit 66ee080; next-session-2 (the ablation, fixed at skew 0; 11:35): commit
+    # c77aee2).
     # Where a qwen3 step's time goes, and the kernels after any change to them.
     "profile": (
         Job("gpu0", 0, (
@@ -82,19 +83,6 @@ PLANS: dict[str, tuple[Job, ...]] = {
             Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
             Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
                  "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/resident512", 400),
-        )),
-    ),
-    # Its second: the ablation, last run before the fused norms/RoPE; Fig. 4's fixed policy
-    # at skew 0 (its offloaded quarter is copied in nearly every step: 200 requests fit).
-    "next-session-2": (
-        Job("gpu0", 0, (
-            Step("python3 bench/paper_experiments.py ablation --num-prompts 150 "
-                 "--out $JOB_OUT", 520),
-        )),
-        Job("gpu1", 1, (
-            Step("python3 bench/engine_gpu.py --skip-a --expert-offload-limit 30 "
-                 "--num-prompts 200 --router-skew 0 --policies fixed --fixed-expert-share 0.75 "
-                 "--out $JOB_OUT/fig4_fixed_skew0", 400),
         )),
     ),
 }  # fmt: skip
