@@ -38,12 +38,24 @@ class GemmTile:
     # block_m >> tail >= 16): its tile then computes only that many rows (moe_gemm.py).
     tail: int = 0
 
+    def __post_init__(self) -> None:
+        if self.tail not in (0, 1, 2):
+            raise ValueError(f"tail must be 0, 1 or 2 (halvings of block_m); got {self.tail}")
+
 
 @dataclass(frozen=True)
 class MoeConfig:
     block_m: int
     gemm1: GemmTile
     gemm2: GemmTile
+
+    def __post_init__(self) -> None:
+        for name, tile in (("gemm1", self.gemm1), ("gemm2", self.gemm2)):
+            if tile.tail and self.block_m >> tile.tail < 16:
+                raise ValueError(
+                    f"{name} tail={tile.tail} halves block_m={self.block_m} below 16 rows, "
+                    "the smallest dot tile"
+                )
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -32,6 +32,8 @@ LARGE_TMA = MoeConfig(64, GemmTile(64, 64, tma=True), GemmTile(64, 32, tma=True)
 # its own setting reads the up GEMM's unwritten rows through TMA.
 LARGE_TAIL = MoeConfig(64, GemmTile(64, 64, tail=2), GemmTile(64, 32, tail=1))
 LARGE_TAIL_TMA = MoeConfig(64, GemmTile(64, 64, tma=True, tail=2), GemmTile(64, 32, tma=True))
+# The down GEMM's TMA descriptor is SUB_M rows tall under a tail (the H200 table uses it).
+DOWN_TAIL_TMA = MoeConfig(64, GemmTile(64, 64, tail=2), GemmTile(64, 32, tma=True, tail=2))
 HUGE_TAIL = MoeConfig(256, GemmTile(16, 16, tail=2), GemmTile(32, 16, tail=1))
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3}
 
@@ -58,7 +60,8 @@ def _cases() -> list[Case]:
         Case(torch.float32, 37, 2, 6, 40, 24, SMALL_TMA),  # K not a multiple of BK: zero fill
         Case(torch.float16, 9, 3, 5, 33, 17, SMALL_TMA),  # rows of 66 bytes: pointer fallback
         Case(torch.float16, 300, 8, 16, 48, 40, LARGE_TAIL),
-        Case(torch.float32, 150, 5, 12, 32, 24, LARGE_TAIL_TMA),  # 62 pairs per expert
+        Case(torch.float32, 150, 5, 12, 32, 24, LARGE_TAIL_TMA),  # ~75 pairs per routed expert
+        Case(torch.float32, 150, 5, 12, 32, 24, DOWN_TAIL_TMA),
         Case(torch.float16, 37, 2, 6, 40, 24, LARGE_TAIL),  # every block a tail
         # block_m 256: one block per expert (64- or 128-row tiles), or a full block and a tail
         Case(torch.float16, 70, 4, 5, 32, 24, HUGE_TAIL),

@@ -37,6 +37,16 @@ def test_every_entry_is_a_valid_config(name):
             for tile in (config.gemm1, config.gemm2):
                 assert _power_of_two(tile.block_n) and _power_of_two(tile.block_k)
                 assert tile.num_warps in (2, 4, 8) and 1 <= tile.num_stages <= 6
+                assert tile.tail in (0, 1, 2) and config.block_m >> tile.tail >= 16
+
+
+@pytest.mark.parametrize(
+    ("block_m", "tail", "match"),
+    [(64, 3, "tail must be 0, 1 or 2"), (64, -1, "tail must be"), (32, 2, "below 16 rows")],
+)
+def test_a_tail_that_cannot_launch_is_refused(block_m, tail, match):
+    with pytest.raises(ValueError, match=match):
+        MoeConfig(block_m, GemmTile(64, 64), GemmTile(64, 64, tail=tail))
 
 
 def test_nearest_bucket_prefers_the_closest_token_count():
