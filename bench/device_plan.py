@@ -69,6 +69,19 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
+    # Experiment 2's overload with both policies in one call on today's graph plan (the
+    # driver-priced plan gives resident 126 huge pages of KV here, against 417 at 11-30
+    # 06:55), halved to 500 requests so that both fit this session's last device seconds.
+    "overload-pair": (
+        Job("gpu0", 0, (
+            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
+                 "--num-prompts 500 --max-num-seqs 512 --out $JOB_OUT/resident512_500", 250),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
+                 "--num-prompts 500 --max-num-seqs 512 --out $JOB_OUT/elastic512_500", 250),
+        )),
+    ),
     # The next session's first call: Experiment 2 at overload, elastic with the copy budget
     # beside resident in one call (11-30 11:20 ran both, but resident ran past its 280 s:
     # its engine start-up and 1,000 requests need more), the checks as a gate.
