@@ -57,7 +57,7 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # cd3ddfe; occupancy (11:18): commit 490b485; next-session with the kernels after its
     # checks (11:20; the resident sweep ran past its 280 s): commit 87bcb49; huge-blocks
     # (11:31): commit 66ee080; next-session-2 (the ablation, fixed at skew 0; 11:35): commit
-    # c77aee2).
+    # c77aee2; overload-pair (12:10): commit d494226).
     # Where a qwen3 step's time goes, and the kernels after any change to them.
     "profile": (
         Job("gpu0", 0, (
@@ -69,33 +69,19 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # Experiment 2's overload with both policies in one call on today's graph plan (the
-    # driver-priced plan gives resident 126 huge pages of KV here, against 417 at 11-30
-    # 06:55), halved to 500 requests so that both fit this session's last device seconds.
-    "overload-pair": (
-        Job("gpu0", 0, (
-            Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
-                 "--num-prompts 500 --max-num-seqs 512 --out $JOB_OUT/resident512_500", 250),
-        )),
-        Job("gpu1", 1, (
-            Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
-                 "--num-prompts 500 --max-num-seqs 512 --out $JOB_OUT/elastic512_500", 250),
-        )),
-    ),
-    # The next session's first call: Experiment 2 at overload, elastic with the copy budget
-    # beside resident in one call (11-30 11:20 ran both, but resident ran past its 280 s:
-    # its engine start-up and 1,000 requests need more), the checks as a gate.
+    # The next session's first call: Experiment 2 at overload with both policies in one
+    # call. Resident's KV is 3.3x smaller than at 11-30 06:55 since the graph plan prices the
+    # driver's memory, and it did not finish 1,000 requests in 280 s (11:20) nor 500 in 250 s
+    # (12:10, where elastic served them in 60 s): 500 requests, and all the time a call has.
     "next-session": (
         Job("gpu0", 0, (
             Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
             Step("python3 bench/paper_experiments.py rate-sweep --policy elastic --rates 16 "
-                 "--num-prompts 1000 --max-num-seqs 512 --copy-budget 10 "
-                 "--out $JOB_OUT/elastic512_budget10", 400),
+                 "--num-prompts 500 --max-num-seqs 512 --out $JOB_OUT/elastic512_500", 300),
         )),
         Job("gpu1", 1, (
-            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
             Step("python3 bench/paper_experiments.py rate-sweep --policy resident --rates 16 "
-                 "--num-prompts 1000 --max-num-seqs 512 --out $JOB_OUT/resident512", 400),
+                 "--num-prompts 500 --max-num-seqs 512 --out $JOB_OUT/resident512_500", 530),
         )),
     ),
 }  # fmt: skip
