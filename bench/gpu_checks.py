@@ -43,9 +43,8 @@ import torch
 from rimuru.dataplane.adjust.tunables import MODES, Tunables
 from rimuru.dataplane.engine.budget import estimate_activation_bytes
 from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.cuda_graphs import capture_sizes, decode_driver_bytes
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.piecewise_graphs import piece_driver_bytes, piecewise_sizes
+from rimuru.dataplane.engine.piecewise_graphs import graph_driver_bytes
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.model import PRESETS
 
@@ -76,11 +75,10 @@ def graph_driver_allowance() -> int:
     were sized with before, so their pools stay as they were (a probe engine's plan,
     measured at start-up, varies by tens of MiB between engines of one process: 09:15's
     checks)."""
-    mc = PRESETS["tiny"]
-    config = EngineConfig(max_num_batched_tokens=128)
-    driver = decode_driver_bytes(len(capture_sizes(config.max_num_seqs)), mc.num_layers)
-    driver += piece_driver_bytes(len(piecewise_sizes(128)), mc.num_layers)
-    return int(1.1 * driver)
+    decode, pieces = graph_driver_bytes(
+        PRESETS["tiny"].num_layers, EngineConfig().max_num_seqs, 128
+    )
+    return int(1.1 * (decode + pieces))
 
 
 def prompts(n: int) -> list[list[int]]:

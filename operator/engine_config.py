@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
+from rimuru.controlplane.policy import Tunables
 from rimuru.operator.naming import MODEL_MOUNT
 from rimuru.operator.spec import GPU_RESOURCE, DeploymentSpec
 
@@ -50,24 +51,22 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
     tunables = spec.policy.tunables
     config["RIMURU_POLICY_MODE"] = tunables.mode
     config["RIMURU_PAGES_PER_EXPERT"] = str(tunables.pages_per_expert)
-    config["RIMURU_EXPERT_OFFLOAD_LIMIT"] = str(tunables.expert_offload_limit)
-    config["RIMURU_SHRINK_THRESHOLD"] = str(tunables.shrink_threshold)
-    config["RIMURU_GROW_THRESHOLD"] = str(tunables.grow_threshold)
-    config["RIMURU_MAX_GROW_PER_ROUND"] = str(tunables.max_grow_per_round)
-    config["RIMURU_COPY_BUDGET"] = repr(float(tunables.copy_budget))
+    config.update(_live_policy(tunables))
     return config
 
 
-# Start-up values of the live policy fields: in the ConfigMap, not in the hash.
-LIVE_KEYS = frozenset(
-    {
-        "RIMURU_EXPERT_OFFLOAD_LIMIT",
-        "RIMURU_SHRINK_THRESHOLD",
-        "RIMURU_GROW_THRESHOLD",
-        "RIMURU_MAX_GROW_PER_ROUND",
-        "RIMURU_COPY_BUDGET",
+def _live_policy(tunables: Tunables) -> dict[str, str]:
+    """Start-up values of the live policy fields: in the ConfigMap, not in the hash."""
+    return {
+        "RIMURU_EXPERT_OFFLOAD_LIMIT": str(tunables.expert_offload_limit),
+        "RIMURU_SHRINK_THRESHOLD": str(tunables.shrink_threshold),
+        "RIMURU_GROW_THRESHOLD": str(tunables.grow_threshold),
+        "RIMURU_MAX_GROW_PER_ROUND": str(tunables.max_grow_per_round),
+        "RIMURU_COPY_BUDGET": repr(float(tunables.copy_budget)),
     }
-)
+
+
+LIVE_KEYS = frozenset(_live_policy(Tunables()))
 
 
 def engine_config_hash(data: Mapping[str, str]) -> str:

@@ -125,12 +125,12 @@ def _graph_line(mc, args: argparse.Namespace) -> str:
     """What the table leaves out on CUDA: the CUDA graphs' memory, set aside before the pool.
     The driver's part is priced from the shapes (cuda_graphs.py); the graphs' pools are
     measured by the engine at start-up."""
-    from rimuru.dataplane.engine.cuda_graphs import capture_sizes, decode_driver_bytes
-    from rimuru.dataplane.engine.piecewise_graphs import piece_driver_bytes, piecewise_sizes
+    from rimuru.dataplane.engine.piecewise_graphs import graph_driver_bytes
     from rimuru.dataplane.memory.units import format_bytes
 
-    decode = decode_driver_bytes(len(capture_sizes(args.max_num_seqs)), mc.num_layers)
-    pieces = piece_driver_bytes(len(piecewise_sizes(args.max_num_batched_tokens)), mc.num_layers)
+    decode, pieces = graph_driver_bytes(
+        mc.num_layers, args.max_num_seqs, args.max_num_batched_tokens
+    )
     return (
         f"on CUDA (unless --enforce-eager) the engine sets the CUDA graphs' memory aside before "
         f"the pool, and the KV columns above overstate the KV by it: the driver's part "

@@ -62,6 +62,10 @@ class CopyControl:
         self.meter.value = 0.0
         self._cap_key = None
 
+    def budget_changed(self) -> None:
+        """What was measured belongs to batches the old budget admitted."""
+        self.meter.value = 0.0
+
     @property
     def measured(self) -> float:
         return self.meter.value if self._meter_on else 0.0

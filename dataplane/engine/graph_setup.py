@@ -20,12 +20,11 @@ from rimuru.dataplane.engine.cuda_graphs import (
     DecodeGraphs,
     build_decode_graphs,
     capture_sizes,
-    decode_driver_bytes,
     graph_memory_bytes,
 )
 from rimuru.dataplane.engine.piecewise_graphs import (
     build_piecewise_graphs,
-    piece_driver_bytes,
+    graph_driver_bytes,
     piecewise_memory_bytes,
     piecewise_sizes,
 )
@@ -122,18 +121,20 @@ class CudaGraphSetup:
             self._attention_kernels(),
         )  # fmt: skip
         largest = graph_memory_bytes(scratch, sizes[-1], bs, self._graph_max_context())
+        driver, piece_driver = graph_driver_bytes(
+            mc.num_layers, c.max_num_seqs, c.max_num_batched_tokens
+        )
         pieces = 0
         if self._uses_piecewise():
             # in a pool of their own beside the decode graphs' (piecewise_graphs.py)
-            piece_sizes = self._piecewise_sizes()
-            pool = piecewise_memory_bytes(scratch.runner, scratch.runner.experts, piece_sizes[-1])
-            pieces = int(1.1 * (pool + piece_driver_bytes(len(piece_sizes), mc.num_layers)))
+            size = self._piecewise_sizes()[-1]
+            pool = piecewise_memory_bytes(scratch.runner, scratch.runner.experts, size)
+            pieces = int(1.1 * (pool + piece_driver))
         del scratch
         torch.cuda.empty_cache()
         width = -(-self._graph_max_context() // bs)
         static = sizes[-1] * (mc.num_layers * (4 * width + 8) + 8 * 4 + 4)
         outputs = sum(sizes[:-1]) * mc.hidden_size * self.geometry.shape.dtype_bytes
-        driver = decode_driver_bytes(len(sizes), mc.num_layers)
         decode = int(1.1 * (largest + static + outputs + driver))
         fits = None
         if not device_copy:

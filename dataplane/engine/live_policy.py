@@ -39,7 +39,7 @@ class LivePolicy:
             )
         before = (self.tunables, self.ranking)
         if tunables.copy_budget != self.tunables.copy_budget:
-            self.copy_control.meter.value = 0.0  # measured against the old budget's batches
+            self.copy_control.budget_changed()
         self.tunables = tunables
         if ranking is None:
             return

@@ -52,7 +52,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from rimuru.dataplane.engine.cuda_graphs import CaptureCost, capture_measured
+from rimuru.dataplane.engine.cuda_graphs import (
+    CaptureCost,
+    capture_measured,
+    capture_sizes,
+    decode_driver_bytes,
+)
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta
 from rimuru.dataplane.model import MoETransformer
 
@@ -193,6 +198,16 @@ DRIVER_BYTES_PER_PIECE = 256 * 1024
 def piece_driver_bytes(num_sizes: int, num_layers: int) -> int:
     """The driver's memory the plan sets aside for the pieces (L + 1 per size)."""
     return num_sizes * (num_layers + 1) * DRIVER_BYTES_PER_PIECE
+
+
+def graph_driver_bytes(
+    num_layers: int, max_num_seqs: int, max_num_batched_tokens: int
+) -> tuple[int, int]:
+    """The driver's memory priced for an engine's decode graphs and its pieces, before the
+    plan's 10% headroom (graph_setup.py adds it, with the graphs' pools)."""
+    decode = decode_driver_bytes(len(capture_sizes(max_num_seqs)), num_layers)
+    pieces = piece_driver_bytes(len(piecewise_sizes(max_num_batched_tokens)), num_layers)
+    return decode, pieces
 
 
 def piecewise_memory_bytes(model: MoETransformer, experts, size: int) -> int:
