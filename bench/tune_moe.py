@@ -26,7 +26,14 @@ from pathlib import Path
 import torch
 
 from rimuru.kernels.moe_align import moe_align_block_size
-from rimuru.kernels.moe_configs import CONFIG_DIR, GemmTile, MoeConfig, config_file_name, shape_key
+from rimuru.kernels.moe_configs import (
+    CONFIG_DIR,
+    SCHEDULES,
+    GemmTile,
+    MoeConfig,
+    config_file_name,
+    shape_key,
+)
 from rimuru.kernels.moe_gemm import WeightSource, launch_down_gemm, launch_up_gemm
 
 # Shape key: E = experts, I = expert intermediate, D = hidden, K = top-k, T = tokens.
@@ -97,6 +104,18 @@ def block_ms_for(num_tokens: int, shape: MoeShape) -> list[int]:
     return ms or [16]
 
 
+# Down GEMM tiles for Triton's warp specialization (4 warps a partition, TMA, no tail).
+_SPECIALIZED_DOWN_TILES = [
+    (64, 64, 4, 4),
+    (128, 64, 4, 3),
+    (128, 64, 4, 4),
+    (64, 128, 4, 3),
+    (128, 128, 4, 3),
+    (256, 64, 4, 3),
+    (256, 64, 4, 4),
+]
+
+
 def tiles_for(block_m: int, up: bool) -> list[GemmTile]:
     if block_m <= 32:
         return [GemmTile(n, k, 1, w, s) for n, k, w, s in _SMALL_TILES]
@@ -105,13 +124,21 @@ def tiles_for(block_m: int, up: bool) -> list[GemmTile]:
     # slower than block_m = 128's for every GEMM at 1024-4096 tokens, so it is not offered.
     shapes = _LARGE_UP_TILES if up else _LARGE_DOWN_TILES
     # Tensor-core tiles both ways: pointer loads and TMA descriptors (moe_gemm.py), each
-    # with and without tail tiles (an expert's last block computes 1/2 or 1/4 of its rows).
-    return [
-        GemmTile(n, k, 8, w, s, tma, tail)
+    # with and without tail tiles (an expert's last block computes 1/2 or 1/4 of its rows),
+    # one tile a program; and persistent programs (moe_configs.SCHEDULES): with tails, or
+    # flattened (which a tail's branch would undo).
+    tiles = [
+        GemmTile(n, k, 8, w, s, tma, tail, schedule)
         for n, k, w, s in shapes
         for tma in (False, True)
-        for tail in (0, 2)
+        for tail, schedule in ((0, "grid"), (2, "grid"), (2, "persistent"), (0, "flattened"))
     ]
+    if not up:
+        tiles += [
+            GemmTile(n, k, 8, w, s, True, 0, "warp_specialized")
+            for n, k, w, s in _SPECIALIZED_DOWN_TILES
+        ]
+    return tiles
 
 
 @dataclass(frozen=True)
@@ -292,13 +319,21 @@ def precompile(shapes: list[MoeShape], tokens: list[int], dtype: torch.dtype, wo
     )
 
 
-def tail_ratio(times: dict[GemmTile, float]) -> float | None:
-    """Best time with tail tiles / best without, over one GEMM's candidates (same run)."""
-    with_tail = [t for tile, t in times.items() if tile.tail]
-    without = [t for tile, t in times.items() if not tile.tail]
-    if not with_tail or not without:
-        return None
-    return min(with_tail) / min(without)
+def variant_ratios(times: dict[GemmTile, float]) -> dict[str, float]:
+    """One GEMM's candidates, same run: best with tail tiles / best without (one tile a
+    program both), and best of each persistent schedule / best one-tile-a-program tile."""
+
+    def best(keep) -> float:
+        return min((t for tile, t in times.items() if keep(tile)), default=float("nan"))
+
+    grid = best(lambda tile: tile.schedule == "grid")
+    ratios = {
+        "tail": best(lambda tile: tile.schedule == "grid" and tile.tail > 0)
+        / best(lambda tile: tile.schedule == "grid" and tile.tail == 0)
+    }
+    for schedule in SCHEDULES[1:]:
+        ratios[schedule] = best(lambda tile, s=schedule: tile.schedule == s) / grid
+    return {name: r for name, r in ratios.items() if r == r}  # drop NaN: nothing to compare
 
 
 def tune_shape(
@@ -317,10 +352,9 @@ def tune_shape(
             for gemm, times in (("up", t_up), ("down", t_down)):
                 log.extend({"model": shape.name, "tokens": n, "block_m": bm, "gemm": gemm,
                             "tile": asdict(tile), "ms": t} for tile, t in times.items())  # fmt: skip
-                ratio = tail_ratio(times)
-                if ratio is not None:
-                    print(f"  {shape.name:18s} T={n:5d} bm={bm:3d} {gemm:4s} best with tail / "
-                          f"without {ratio:.3f}", flush=True)  # fmt: skip
+                ratios = " ".join(f"{k} {r:.3f}" for k, r in variant_ratios(times).items())
+                print(f"  {shape.name:18s} T={n:5d} bm={bm:3d} {gemm:4s} best of variant / "
+                      f"baseline: {ratios}", flush=True)  # fmt: skip
             tile1, tile2 = min(t_up, key=t_up.get), min(t_down, key=t_down.get)
             total = t_up[tile1] + t_down[tile2]
             if best is None or total < best[0]:

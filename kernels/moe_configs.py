@@ -8,7 +8,8 @@ Tables live in ``configs/fused_moe_<device name>.json`` (spaces -> '_'), written
 
     <config> = {"block_m": 16,
                 "gemm1": {"block_n": 64, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4,
-                          "tma": false, "tail": 0},   # tma, tail may be left out (false, 0)
+                          "tma": false, "tail": 0, "schedule": "grid"},
+                                          # tma, tail, schedule may be left out (false, 0, grid)
                 "gemm2": {...}}
 
 The two GEMMs share block_m (it is the alignment of the sorted pairs) and are tuned apart
@@ -26,6 +27,17 @@ import torch
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
+# grid:             one program per output tile; the hardware schedules the programs.
+# persistent:       one program per SM walks the tiles (grouped order, stride = programs).
+# flattened:        persistent, with the tile loop and the k loop fused into one loop that
+#                   Triton pipelines: the next tile's first loads are issued before this
+#                   tile's epilogue. A tail tile's branch keeps the loops apart (= persistent).
+# warp_specialized: persistent, with Triton's warp specialization of the tile loop (a load
+#                   partition feeding the MMA warps). Down GEMM only: the up GEMM gathers x
+#                   rows with pointer loads, which the specialization does not take.
+SCHEDULES = ("grid", "persistent", "flattened", "warp_specialized")
+
+
 @dataclass(frozen=True)
 class GemmTile:
     block_n: int
@@ -37,10 +49,20 @@ class GemmTile:
     # Halvings of block_m an expert's last, partly filled block may take (0, 1 or 2;
     # block_m >> tail >= 16): its tile then computes only that many rows (moe_gemm.py).
     tail: int = 0
+    # How programs map to output tiles (SCHEDULES; may be left out of a table entry: "grid").
+    schedule: str = "grid"
 
     def __post_init__(self) -> None:
         if self.tail not in (0, 1, 2):
             raise ValueError(f"tail must be 0, 1 or 2 (halvings of block_m); got {self.tail}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {list(SCHEDULES)}; got {self.schedule!r}")
+        if self.schedule == "warp_specialized" and (
+            not self.tma or self.tail or self.num_warps != 4
+        ):
+            # What Triton 3.6's Hopper warp specialization compiles (checked for sm_90):
+            # descriptor loads only, no branch in the tile loop, 4 warps a partition.
+            raise ValueError("schedule 'warp_specialized' needs tma=True, tail=0 and num_warps=4")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ once per program, for the weights and for the down GEMM's intermediate. TMA need
 aligned bases and row strides; the launcher falls back to pointer loads where they are not.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -52,11 +53,10 @@ from rimuru.kernels.moe_configs import GemmTile
 
 @triton.jit
 def _page_base(pool_ptr, buffer_ptr, page, page_elems):
-    if page >= 0:
-        base = pool_ptr + page.to(tl.int64) * page_elems
-    else:
-        base = buffer_ptr + (-1 - page).to(tl.int64) * page_elems
-    return base
+    # A select, not a branch: Triton's Hopper warp specialization gives up on a tile loop
+    # whose body branches.
+    slot = tl.where(page >= 0, page, -1 - page).to(tl.int64) * page_elems
+    return tl.where(page >= 0, pool_ptr + slot, buffer_ptr + slot)
 
 
 @triton.jit
@@ -139,51 +139,28 @@ def _gemm_tile(
         )
 
 
-# Ints that vary with the batch are not specialised: one compiled variant serves every batch
-# (the engine compiles each variant once at start-up, dataplane/engine/warmup.py).
-@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_m_blocks", "a_num_rows"])
-def _moe_gemm_kernel(
-    a_ptr,  # up: x [T, D]; down: act [R, I] in sorted row order
-    pool_ptr,  # PAGED: pool pages [*, page_elems]; else the expert stack
-    buffer_ptr,  # PAGED: loading-buffer slots [*, page_elems]
-    out_ptr,  # up: act [R, I] in sorted row order; down: y [P, D]
-    topk_weights_ptr,  # [P] fp32
-    sorted_ptr,
-    block_expert_ptr,
-    block_pages_ptr,  # [NB, 3] int32 (PAGED)
-    num_padded_ptr,
-    num_pairs,
-    top_k,
-    N,  # output columns
-    K,  # reduction length
-    stride_am,
-    stride_om,
-    page_elems,
-    expert_stride,
-    num_m_blocks,
-    a_num_rows,  # rows of a (for the down GEMM's descriptor)
-    PAGE_COLUMN: tl.constexpr,  # 0 for the up GEMM (w1, and w3 next to it), 2 for down (w2)
-    PAGED: tl.constexpr,
-    UP: tl.constexpr,  # gather x rows by token, two accumulators, SiLU(gate)*up epilogue
-    EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    TAIL: tl.constexpr,  # halvings of BLOCK_M a block with few pairs may take (0, 1 or 2)
-):
-    pid = tl.program_id(0)
+@triton.jit
+def _grouped_tile(tile, num_m_blocks, N, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column block) of output tile number `tile`, in grouped order: GROUP_M
+    row blocks sweep the same weight columns while they sit in L2."""
     num_n = tl.cdiv(N, BLOCK_N)
-    # Grouped order: GROUP_M row blocks sweep the same weight columns while they sit in L2.
     group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
+    first_m = (tile // group) * GROUP_M
     group_size = tl.minimum(num_m_blocks - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_size
-    pid_n = (pid % group) // group_size
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
+    return first_m + (tile % group) % group_size, (tile % group) // group_size
+
+
+@triton.jit
+def _output_tile(
+    pid_m, pid_n, a_ptr, pool_ptr, buffer_ptr, out_ptr, topk_weights_ptr, sorted_ptr,
+    block_expert_ptr, block_pages_ptr, num_pairs, top_k, N, K, stride_am, stride_om, page_elems,
+    expert_stride, a_num_rows,
+    PAGE_COLUMN: tl.constexpr, PAGED: tl.constexpr, UP: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL: tl.constexpr,
+):  # fmt: skip
+    """The output tile of row block pid_m (one expert's, filled by the alignment) by column
+    block pid_n: find the expert's matrices, then compute as many rows as the tail allows."""
     if PAGED:
         w_ptr = _page_base(
             pool_ptr, buffer_ptr, tl.load(block_pages_ptr + pid_m * 3 + PAGE_COLUMN), page_elems
@@ -225,6 +202,72 @@ def _moe_gemm_kernel(
                DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
 
 
+# Ints that vary with the batch are not specialised: one compiled variant serves every batch
+# (the engine compiles each variant once at start-up, dataplane/engine/warmup.py).
+@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_m_blocks", "a_num_rows"])
+def _moe_gemm_kernel(
+    a_ptr,  # up: x [T, D]; down: act [R, I] in sorted row order
+    pool_ptr,  # PAGED: pool pages [*, page_elems]; else the expert stack
+    buffer_ptr,  # PAGED: loading-buffer slots [*, page_elems]
+    out_ptr,  # up: act [R, I] in sorted row order; down: y [P, D]
+    topk_weights_ptr,  # [P] fp32
+    sorted_ptr,
+    block_expert_ptr,
+    block_pages_ptr,  # [NB, 3] int32 (PAGED)
+    num_padded_ptr,
+    num_pairs,
+    top_k,
+    N,  # output columns
+    K,  # reduction length
+    stride_am,
+    stride_om,
+    page_elems,
+    expert_stride,
+    num_m_blocks,  # row blocks the grid was sized for (align.max_blocks)
+    a_num_rows,  # rows of a (for the down GEMM's descriptor)
+    PAGE_COLUMN: tl.constexpr,  # 0 for the up GEMM (w1, and w3 next to it), 2 for down (w2)
+    PAGED: tl.constexpr,
+    UP: tl.constexpr,  # gather x rows by token, two accumulators, SiLU(gate)*up epilogue
+    EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    TAIL: tl.constexpr,  # halvings of BLOCK_M a block with few pairs may take (0, 1 or 2)
+    PERSISTENT: tl.constexpr,  # one program per SM walks the tiles (else one tile a program)
+    FLATTEN: tl.constexpr,  # PERSISTENT: fuse the tile loop with the k loop (moe_configs.py)
+    WARP_SPECIALIZE: tl.constexpr,  # PERSISTENT: a load partition feeds the MMA warps
+):
+    if PERSISTENT:
+        # Only the blocks the alignment filled, read on the device: the grid was sized
+        # without knowing them.
+        num_m = tl.load(num_padded_ptr) // BLOCK_M
+        num_tiles = num_m * tl.cdiv(N, BLOCK_N)
+        for tile in tl.range(
+            tl.program_id(0),
+            num_tiles,
+            tl.num_programs(0),
+            flatten=FLATTEN,
+            warp_specialize=WARP_SPECIALIZE,
+        ):
+            pid_m, pid_n = _grouped_tile(tile, num_m, N, BLOCK_N, GROUP_M)
+            _output_tile(pid_m, pid_n, a_ptr, pool_ptr, buffer_ptr, out_ptr, topk_weights_ptr,
+                         sorted_ptr, block_expert_ptr, block_pages_ptr, num_pairs, top_k, N, K,
+                         stride_am, stride_om, page_elems, expert_stride, a_num_rows, PAGE_COLUMN,
+                         PAGED, UP, EVEN_K, DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K,
+                         TAIL)  # fmt: skip
+    else:
+        pid_m, pid_n = _grouped_tile(tl.program_id(0), num_m_blocks, N, BLOCK_N, GROUP_M)
+        if pid_m * BLOCK_M < tl.load(num_padded_ptr):
+            _output_tile(pid_m, pid_n, a_ptr, pool_ptr, buffer_ptr, out_ptr, topk_weights_ptr,
+                         sorted_ptr, block_expert_ptr, block_pages_ptr, num_pairs, top_k, N, K,
+                         stride_am, stride_om, page_elems, expert_stride, a_num_rows, PAGE_COLUMN,
+                         PAGED, UP, EVEN_K, DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K,
+                         TAIL)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class WeightSource:
     """Where the GEMMs find the expert matrices.
@@ -263,6 +306,19 @@ def _tma_ok(a: torch.Tensor, source: WeightSource, *, n: int, k: int, up: bool) 
     return all(t.data_ptr() % 16 == 0 for t in bases) and all(s * size % 16 == 0 for s in steps)
 
 
+def _num_programs(device: torch.device) -> int:
+    """Programs of a persistent launch: one per SM. The interpreter (CPU) takes 3, so tests
+    walk several tiles per program, including programs that get one tile fewer."""
+    if device.type != "cuda":
+        return 3
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, tile: GemmTile,
             *, n: int, k: int, top_k: int, up: bool) -> None:  # fmt: skip
     if source.paged and align.block_pages is None:
@@ -271,10 +327,19 @@ def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, til
         raise ValueError(
             f"tail={tile.tail} halves block_m={align.block_m} below 16 rows, the smallest dot tile"
         )
+    if up and tile.schedule == "warp_specialized":
+        raise ValueError(
+            "schedule 'warp_specialized' is for the down GEMM: the up GEMM gathers x rows with "
+            "pointer loads, which Triton's Hopper warp specialization does not take"
+        )
     use_tma = tile.tma and _tma_ok(a, source, n=n, k=k, up=up)
+    # Warp specialization takes descriptor loads only: where TMA falls back, so does it.
+    schedule = "flattened" if tile.schedule == "warp_specialized" and not use_tma else tile.schedule
     if use_tma:
         triton.set_allocator(_tma_scratch)
-    grid = (align.max_blocks * triton.cdiv(n, tile.block_n),)
+    num_tiles = align.max_blocks * triton.cdiv(n, tile.block_n)
+    persistent = schedule != "grid"
+    grid = (min(num_tiles, _num_programs(a.device)) if persistent else num_tiles,)
     pages = align.block_pages if source.paged else align.block_expert_ids
     _moe_gemm_kernel[grid](
         a, source.primary, source.buffer, out, topk_weights,
@@ -284,7 +349,8 @@ def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, til
         PAGE_COLUMN=0 if up else 2, PAGED=source.paged, UP=up, EVEN_K=k % tile.block_k == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", USE_TMA=use_tma,
         BLOCK_M=align.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        TAIL=tile.tail,
+        TAIL=tile.tail, PERSISTENT=persistent, FLATTEN=schedule == "flattened",
+        WARP_SPECIALIZE=schedule == "warp_specialized",
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 

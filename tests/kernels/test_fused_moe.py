@@ -35,6 +35,16 @@ LARGE_TAIL_TMA = MoeConfig(64, GemmTile(64, 64, tma=True, tail=2), GemmTile(64, 
 # The down GEMM's TMA descriptor is SUB_M rows tall under a tail (the H200 table uses it).
 DOWN_TAIL_TMA = MoeConfig(64, GemmTile(64, 64, tail=2), GemmTile(64, 32, tma=True, tail=2))
 HUGE_TAIL = MoeConfig(256, GemmTile(16, 16, tail=2), GemmTile(32, 16, tail=1))
+# Persistent programs (3 under the interpreter) walking many tiles each, with and without
+# tails and TMA; warp specialization on the down GEMM (the interpreter runs its loop as is).
+PERSISTENT = MoeConfig(
+    64, GemmTile(64, 64, tail=2, schedule="persistent"), GemmTile(64, 32, schedule="flattened")
+)
+SPECIALIZED = MoeConfig(
+    64,
+    GemmTile(64, 64, tma=True, schedule="flattened"),
+    GemmTile(64, 32, tma=True, num_warps=4, schedule="warp_specialized"),
+)
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3}
 
 
@@ -66,6 +76,10 @@ def _cases() -> list[Case]:
         # block_m 256: one block per expert (64- or 128-row tiles), or a full block and a tail
         Case(torch.float16, 70, 4, 5, 32, 24, HUGE_TAIL),
         Case(torch.float32, 300, 2, 2, 40, 24, HUGE_TAIL),
+        Case(torch.float16, 300, 8, 16, 48, 40, PERSISTENT),
+        Case(torch.float32, 150, 5, 12, 32, 24, SPECIALIZED),
+        Case(torch.float32, 37, 2, 6, 40, 24, SPECIALIZED),  # K not a multiple of BK
+        Case(torch.float16, 9, 3, 5, 33, 17, SPECIALIZED),  # pointer fallback: flattened
     ]
     rng = random.Random(4)
     for dtype in (torch.float32, torch.float16):
@@ -108,6 +122,7 @@ def _paged_layout(w1, w3, w2, routed: set[int], seed: int):
         f"{str(c.dtype)[6:]}-T{c.num_tokens}-K{c.top_k}-E{c.num_experts}-D{c.hidden}-I{c.inter}"
         + ("-tma" if c.config.gemm1.tma else "")
         + ("-tail" if c.config.gemm1.tail else "")
+        + (f"-{c.config.gemm2.schedule}" if c.config.gemm2.schedule != "grid" else "")
     ),
 )
 def test_paged_equals_contiguous_equals_reference(case: Case):
