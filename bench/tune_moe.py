@@ -247,16 +247,16 @@ def _bench(fn, rep_ms: float) -> float:
         return float("inf")
 
 
-def _gemm_closures(
-    experts: PagedExperts, shape: MoeShape, num_tokens: int, block_m: int, seed: int
-):
+def gemm_closures(experts: PagedExperts, shape: MoeShape, num_tokens: int, block_m: int, seed: int):
+    """up(tile), down(tile): launchers of the paged GEMMs on random routing, and the tensors
+    they write (act_out: the up GEMM's sorted rows; y: the down GEMM's pairs)."""
     device = experts.pool_pages.device
     ids, weights = random_routing(num_tokens, shape, device, seed)
     x = torch.randn(num_tokens, shape.hidden_size, device=device).to(experts.pool_pages.dtype)
     align = moe_align_block_size(ids, shape.num_experts, block_m, experts.expert_table)
     P, inter = ids.numel(), shape.inter_size
     act = torch.randn(align.max_blocks * block_m, inter, device=device).to(x.dtype)  # sorted rows
-    act_out = torch.empty_like(act)
+    act_out = torch.zeros_like(act)  # rows a tail tile leaves unwritten stay 0, comparable
     y = torch.empty(P, shape.hidden_size, device=device, dtype=x.dtype)
     w = weights.reshape(-1).float()
     src = experts.paged_source()
@@ -268,7 +268,7 @@ def _gemm_closures(
     def down(tile):
         return lambda: launch_down_gemm(act, y, src, align, w, tile, inter_size=inter, top_k=k)
 
-    return up, down
+    return up, down, act_out, y
 
 
 def _all_block_configs(
@@ -295,7 +295,7 @@ def _precompile_worker(args) -> int:
         small = MoeShape(shape.name, 4, shape.inter_size, shape.hidden_size, min(2, shape.top_k))
         experts = make_experts(small, dtype, device, seed=0, buffered_share=0.25)
         for bm, tile, is_up in work:
-            up, down = _gemm_closures(experts, small, 64, bm, seed=1)
+            up, down, _, _ = gemm_closures(experts, small, 64, bm, seed=1)
             try:
                 (up if is_up else down)(tile)()
                 done += 1
@@ -346,7 +346,7 @@ def tune_shape(
     for n in tokens:
         best = None
         for bm in block_ms_for(n, shape):
-            up, down = _gemm_closures(experts, shape, n, bm, seed=n)
+            up, down, _, _ = gemm_closures(experts, shape, n, bm, seed=n)
             t_up = {tile: _bench(up(tile), rep_ms) for tile in tiles_for(bm, up=True)}
             t_down = {tile: _bench(down(tile), rep_ms) for tile in tiles_for(bm, up=False)}
             for gemm, times in (("up", t_up), ("down", t_down)):
