@@ -1,14 +1,14 @@
-"""Each persistent schedule of the MoE GEMMs against one tile a program, same run: output and time.
+"""Each schedule and the presort of the MoE GEMMs against one tile a program, same run: output and time.
 
 Usage (GPU):  python bench/schedule_check.py [--tokens 2048] [--out DIR]
 
 Per model (tune_moe.py's paged experts and routing, seed = T) and GEMM, the committed table's
-tile for T runs with each schedule of moe_configs.SCHEDULES (the down GEMM's
-warp-specialized one on a tile it compiles with: TMA, no tail, 4 warps). Each output is
-compared bit for bit with the grid schedule's (the same tile computes the same sums in the
-same order, so they should be equal) and timed like tune_moe.py. Run before the tuner: a
-schedule that hangs or corrupts shows here in seconds, under its own step limit. The table
-is printed last; the figures go to DIR/schedule_check.json.
+tile for T runs with each schedule of moe_configs.SCHEDULES, and the up GEMM's also with x's
+rows presorted (through TMA; its time includes the sort). Each output is compared with the
+grid schedule's (the same tile computes the same sums in the same order, so they should be
+equal) and timed like tune_moe.py. A variant that faults or corrupts shows here in seconds,
+under its own step limit. The table is printed last; the figures go to
+DIR/schedule_check.json.
 """
 
 import argparse
@@ -28,18 +28,14 @@ from rimuru.kernels.moe_configs import SCHEDULES, GemmTile
 DEVICE = torch.device("cuda")
 
 
-def schedule_tiles(tile: GemmTile, up: bool) -> dict[str, GemmTile]:
-    """The tile under every schedule it can take."""
-    tiles = {}
-    for schedule in SCHEDULES:
-        if schedule == "warp_specialized":
-            if up:
-                continue  # the up GEMM gathers rows with pointer loads (moe_configs.py)
-            tiles[schedule] = dataclasses.replace(
-                tile, tma=True, tail=0, num_warps=4, schedule=schedule
-            )
-        else:
-            tiles[schedule] = dataclasses.replace(tile, schedule=schedule)
+def variant_tiles(tile: GemmTile, up: bool) -> dict[str, GemmTile]:
+    """The tile under every schedule, and (up GEMM) with x's rows presorted through TMA."""
+    tiles = {s: dataclasses.replace(tile, schedule=s) for s in SCHEDULES}
+    if up:
+        tiles["presort"] = dataclasses.replace(tile, tma=True, presort=True)
+        tiles["presort persistent"] = dataclasses.replace(
+            tile, tma=True, presort=True, schedule="persistent"
+        )
     return tiles
 
 
@@ -50,29 +46,33 @@ def check_model(name: str, num_tokens: int, rep_ms: float) -> list[dict]:
         shape.num_experts, shape.inter_size, shape.hidden_size, num_tokens, shape.top_k,
         torch.bfloat16, DEVICE,
     )  # fmt: skip
-    up, down, act_out, y = gemm_closures(
+    up, down, act_out, y, align = gemm_closures(
         experts, shape, num_tokens, config.block_m, seed=num_tokens
     )
+    # The up GEMM's rows that hold a pair: what padding rows hold differs by design (zeros
+    # from gathered rows, anything from presorted ones) and never reaches the output.
+    pair_rows = (align.sorted_pair_ids[: int(align.num_padded)] < align.num_pairs).nonzero()[:, 0]
     rows = []
     for gemm, make, out, tile in (
         ("up", up, act_out, config.gemm1),
         ("down", down, y, config.gemm2),
     ):
         grid_out = grid_ms = None
-        for schedule, variant in schedule_tiles(tile, gemm == "up").items():
+        for name, variant in variant_tiles(tile, gemm == "up").items():
             fn = make(variant)
             out.fill_(float("nan"))  # what a schedule leaves unwritten stays NaN
             fn()
             torch.cuda.synchronize()
-            result = out.float().nan_to_num(nan=12345.0)  # NaN == NaN where both left it
+            result = out[pair_rows] if gemm == "up" else out
+            result = result.float().nan_to_num(nan=12345.0)  # NaN == NaN where both left it
             ms = replay_ms(fn, rep_ms)
-            if schedule == "grid":
+            if name == "grid":
                 grid_out, grid_ms = result, ms
             diff = float((result - grid_out).abs().max() / grid_out.abs().max())
             rows.append({"model": shape.name, "tokens": num_tokens, "gemm": gemm,
-                         "schedule": schedule, "tile": dataclasses.asdict(variant),
+                         "variant": name, "tile": dataclasses.asdict(variant),
                          "us": ms * 1e3, "over_grid": ms / grid_ms, "max_rel_diff": diff})  # fmt: skip
-            print(f"  {shape.name:18s} {gemm:4s} {schedule:17s} {ms * 1e3:8.1f} us "
+            print(f"  {shape.name:18s} {gemm:4s} {name:18s} {ms * 1e3:8.1f} us "
                   f"{ms / grid_ms:6.3f}x  max rel diff {diff:.3g}", flush=True)  # fmt: skip
     del experts
     torch.cuda.empty_cache()
@@ -82,7 +82,7 @@ def check_model(name: str, num_tokens: int, rep_ms: float) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="all", help=f"comma list of {sorted(MODELS)} or 'all'")
-    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--tokens", default="2048", help="comma list of token counts")
     parser.add_argument("--rep-ms", type=float, default=20.0)
     parser.add_argument("--out", type=Path, default=None, help="write schedule_check.json here")
     args = parser.parse_args()
@@ -90,16 +90,15 @@ def main() -> int:
         print("schedule_check.py needs a CUDA GPU", file=sys.stderr)
         return 2
     names = sorted(MODELS) if args.models == "all" else args.models.split(",")
-    rows = [r for name in names for r in check_model(name, args.tokens, args.rep_ms)]
+    tokens = [int(t) for t in args.tokens.split(",")]
+    rows = [r for name in names for n in tokens for r in check_model(name, n, args.rep_ms)]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         report = {**run_info(), "rows": rows}
         (args.out / "schedule_check.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(
-        f"\n{'model':18s} {'gemm':4s} {'schedule':17s} {'us':>8s} {'x grid':>7s} {'rel diff':>9s}"
-    )
+    print(f"\n{'model':18s} {'gemm':4s} {'variant':18s} {'us':>8s} {'x grid':>7s} {'rel diff':>9s}")
     for r in rows:
-        print(f"{r['model']:18s} {r['gemm']:4s} {r['schedule']:17s} {r['us']:8.1f} "
+        print(f"{r['model']:18s} {r['gemm']:4s} {r['variant']:18s} {r['us']:8.1f} "
               f"{r['over_grid']:7.3f} {r['max_rel_diff']:9.3g}")  # fmt: skip
     # A schedule is a different walk over the same tiles: any difference beyond a bf16
     # rounding of the largest output (warp_specialized drops the tail) is a bug.

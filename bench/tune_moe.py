@@ -104,18 +104,6 @@ def block_ms_for(num_tokens: int, shape: MoeShape) -> list[int]:
     return ms or [16]
 
 
-# Down GEMM tiles for Triton's warp specialization (4 warps a partition, TMA, no tail).
-_SPECIALIZED_DOWN_TILES = [
-    (64, 64, 4, 4),
-    (128, 64, 4, 3),
-    (128, 64, 4, 4),
-    (64, 128, 4, 3),
-    (128, 128, 4, 3),
-    (256, 64, 4, 3),
-    (256, 64, 4, 4),
-]
-
-
 def tiles_for(block_m: int, up: bool) -> list[GemmTile]:
     if block_m <= 32:
         return [GemmTile(n, k, 1, w, s) for n, k, w, s in _SMALL_TILES]
@@ -126,17 +114,19 @@ def tiles_for(block_m: int, up: bool) -> list[GemmTile]:
     # Tensor-core tiles both ways: pointer loads and TMA descriptors (moe_gemm.py), each
     # with and without tail tiles (an expert's last block computes 1/2 or 1/4 of its rows),
     # one tile a program; and persistent programs (moe_configs.SCHEDULES): with tails, or
-    # flattened (which a tail's branch would undo).
+    # flattened (which a tail's branch would undo). The up GEMM also with x's rows sorted
+    # first (presort), read through TMA.
     tiles = [
         GemmTile(n, k, 8, w, s, tma, tail, schedule)
         for n, k, w, s in shapes
         for tma in (False, True)
         for tail, schedule in ((0, "grid"), (2, "grid"), (2, "persistent"), (0, "flattened"))
     ]
-    if not up:
+    if up:
         tiles += [
-            GemmTile(n, k, 8, w, s, True, 0, "warp_specialized")
-            for n, k, w, s in _SPECIALIZED_DOWN_TILES
+            GemmTile(n, k, 8, w, s, True, tail, schedule, presort=True)
+            for n, k, w, s in shapes
+            for tail, schedule in ((0, "grid"), (2, "grid"), (2, "persistent"))
         ]
     return tiles
 
@@ -248,8 +238,8 @@ def _bench(fn, rep_ms: float) -> float:
 
 
 def gemm_closures(experts: PagedExperts, shape: MoeShape, num_tokens: int, block_m: int, seed: int):
-    """up(tile), down(tile): launchers of the paged GEMMs on random routing, and the tensors
-    they write (act_out: the up GEMM's sorted rows; y: the down GEMM's pairs)."""
+    """up(tile), down(tile): launchers of the paged GEMMs on random routing; the tensors they
+    write (act_out: the up GEMM's sorted rows; y: the down GEMM's pairs); the alignment."""
     device = experts.pool_pages.device
     ids, weights = random_routing(num_tokens, shape, device, seed)
     x = torch.randn(num_tokens, shape.hidden_size, device=device).to(experts.pool_pages.dtype)
@@ -268,7 +258,7 @@ def gemm_closures(experts: PagedExperts, shape: MoeShape, num_tokens: int, block
     def down(tile):
         return lambda: launch_down_gemm(act, y, src, align, w, tile, inter_size=inter, top_k=k)
 
-    return up, down, act_out, y
+    return up, down, act_out, y, align
 
 
 def _all_block_configs(
@@ -295,7 +285,7 @@ def _precompile_worker(args) -> int:
         small = MoeShape(shape.name, 4, shape.inter_size, shape.hidden_size, min(2, shape.top_k))
         experts = make_experts(small, dtype, device, seed=0, buffered_share=0.25)
         for bm, tile, is_up in work:
-            up, down, _, _ = gemm_closures(experts, small, 64, bm, seed=1)
+            up, down, *_ = gemm_closures(experts, small, 64, bm, seed=1)
             try:
                 (up if is_up else down)(tile)()
                 done += 1
@@ -321,15 +311,17 @@ def precompile(shapes: list[MoeShape], tokens: list[int], dtype: torch.dtype, wo
 
 def variant_ratios(times: dict[GemmTile, float]) -> dict[str, float]:
     """One GEMM's candidates, same run: best with tail tiles / best without (one tile a
-    program both), and best of each persistent schedule / best one-tile-a-program tile."""
+    program, gathered rows, both), best of each persistent schedule / best one tile a
+    program, and best with presorted rows / best gathering them."""
 
     def best(keep) -> float:
         return min((t for tile, t in times.items() if keep(tile)), default=float("nan"))
 
-    grid = best(lambda tile: tile.schedule == "grid")
+    grid = best(lambda tile: tile.schedule == "grid" and not tile.presort)
     ratios = {
-        "tail": best(lambda tile: tile.schedule == "grid" and tile.tail > 0)
-        / best(lambda tile: tile.schedule == "grid" and tile.tail == 0)
+        "tail": best(lambda tile: tile.schedule == "grid" and not tile.presort and tile.tail)
+        / best(lambda tile: tile.schedule == "grid" and not tile.presort and not tile.tail),
+        "presort": best(lambda tile: tile.presort) / best(lambda tile: not tile.presort),
     }
     for schedule in SCHEDULES[1:]:
         ratios[schedule] = best(lambda tile, s=schedule: tile.schedule == s) / grid
@@ -346,7 +338,7 @@ def tune_shape(
     for n in tokens:
         best = None
         for bm in block_ms_for(n, shape):
-            up, down, _, _ = gemm_closures(experts, shape, n, bm, seed=n)
+            up, down, *_ = gemm_closures(experts, shape, n, bm, seed=n)
             t_up = {tile: _bench(up(tile), rep_ms) for tile in tiles_for(bm, up=True)}
             t_down = {tile: _bench(down(tile), rep_ms) for tile in tiles_for(bm, up=False)}
             for gemm, times in (("up", t_up), ("down", t_down)):

@@ -8,8 +8,8 @@ Tables live in ``configs/fused_moe_<device name>.json`` (spaces -> '_'), written
 
     <config> = {"block_m": 16,
                 "gemm1": {"block_n": 64, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4,
-                          "tma": false, "tail": 0, "schedule": "grid"},
-                                          # tma, tail, schedule may be left out (false, 0, grid)
+                          "tma": false, "tail": 0, "schedule": "grid", "presort": false},
+                          # tma, tail, schedule, presort may be left out (false, 0, grid, false)
                 "gemm2": {...}}
 
 The two GEMMs share block_m (it is the alignment of the sorted pairs) and are tuned apart
@@ -32,10 +32,10 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 # flattened:        persistent, with the tile loop and the k loop fused into one loop that
 #                   Triton pipelines: the next tile's first loads are issued before this
 #                   tile's epilogue. A tail tile's branch keeps the loops apart (= persistent).
-# warp_specialized: persistent, with Triton's warp specialization of the tile loop (a load
-#                   partition feeding the MMA warps). Down GEMM only: the up GEMM gathers x
-#                   rows with pointer loads, which the specialization does not take.
-SCHEDULES = ("grid", "persistent", "flattened", "warp_specialized")
+# Triton 3.6's Hopper warp specialization of the tile loop compiled for sm_90 (TMA, no tail,
+# 4 warps) but its down GEMM faulted on the H200 (illegal memory access, 11-30 13:07): not
+# offered.
+SCHEDULES = ("grid", "persistent", "flattened")
 
 
 @dataclass(frozen=True)
@@ -51,18 +51,16 @@ class GemmTile:
     tail: int = 0
     # How programs map to output tiles (SCHEDULES; may be left out of a table entry: "grid").
     schedule: str = "grid"
+    # Up GEMM only: copy x's rows into the alignment's sorted order first (moe_sort_rows.py)
+    # and read A as a plain block, through TMA where tma is set, instead of gathering x's
+    # rows by token with pointer loads (Hopper's TMA has no gather).
+    presort: bool = False
 
     def __post_init__(self) -> None:
         if self.tail not in (0, 1, 2):
             raise ValueError(f"tail must be 0, 1 or 2 (halvings of block_m); got {self.tail}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {list(SCHEDULES)}; got {self.schedule!r}")
-        if self.schedule == "warp_specialized" and (
-            not self.tma or self.tail or self.num_warps != 4
-        ):
-            # What Triton 3.6's Hopper warp specialization compiles (checked for sm_90):
-            # descriptor loads only, no branch in the tile loop, 4 warps a partition.
-            raise ValueError("schedule 'warp_specialized' needs tma=True, tail=0 and num_warps=4")
 
 
 @dataclass(frozen=True)
@@ -72,6 +70,8 @@ class MoeConfig:
     gemm2: GemmTile
 
     def __post_init__(self) -> None:
+        if self.gemm2.presort:
+            raise ValueError("presort is for gemm1 (the up GEMM); gemm2 reads sorted rows anyway")
         for name, tile in (("gemm1", self.gemm1), ("gemm2", self.gemm2)):
             if tile.tail and self.block_m >> tile.tail < 16:
                 raise ValueError(

@@ -49,22 +49,25 @@ import triton.language as tl
 
 from rimuru.kernels.moe_align import MoeAlignment
 from rimuru.kernels.moe_configs import GemmTile
+from rimuru.kernels.moe_sort_rows import sort_rows
 
 
 @triton.jit
 def _page_base(pool_ptr, buffer_ptr, page, page_elems):
-    # A select, not a branch: Triton's Hopper warp specialization gives up on a tile loop
-    # whose body branches.
-    slot = tl.where(page >= 0, page, -1 - page).to(tl.int64) * page_elems
-    return tl.where(page >= 0, pool_ptr + slot, buffer_ptr + slot)
+    if page >= 0:
+        base = pool_ptr + page.to(tl.int64) * page_elems
+    else:
+        base = buffer_ptr + (-1 - page).to(tl.int64) * page_elems
+    return base
 
 
 @triton.jit
 def _gemm_tile(
     a_ptr, out_ptr, topk_weights_ptr, sorted_ptr, w_ptr, w3_ptr,
     num_pairs, top_k, N, K, stride_am, stride_om, a_num_rows, pid_m, pid_n,
-    UP: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, SUB_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UP: tl.constexpr, GATHER: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, SUB_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One output tile: the first SUB_M rows of row block pid_m (the rest are padding) by
     column block pid_n."""
@@ -74,9 +77,9 @@ def _gemm_tile(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     col_mask = cols < N
     k_offs = tl.arange(0, BLOCK_K)
-    if UP:  # gather the x row of each pair's token
+    if GATHER:  # gather the x row of each pair's token
         a_ptrs = a_ptr + (pair // top_k).to(tl.int64)[:, None] * stride_am + k_offs[None, :]
-    else:  # the intermediate is already in sorted order: a plain block
+    else:  # a is already in sorted row order (the intermediate, or sorted x): a plain block
         a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + k_offs[None, :]
     if USE_TMA:
         b_desc = tl.make_tensor_descriptor(
@@ -86,7 +89,7 @@ def _gemm_tile(
             b3_desc = tl.make_tensor_descriptor(
                 w3_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K]
             )
-        else:
+        if not GATHER:
             a_desc = tl.make_tensor_descriptor(
                 a_ptr, shape=[a_num_rows, K], strides=[stride_am, 1], block_shape=[SUB_M, BLOCK_K]
             )
@@ -106,7 +109,7 @@ def _gemm_tile(
             k_left = K - k * BLOCK_K
             a_mask = row_mask[:, None] & (k_offs[None, :] < k_left)
             b_mask = col_mask[None, :] & (k_offs[:, None] < k_left)
-        if USE_TMA and not UP:
+        if USE_TMA and not GATHER:
             a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
         else:
             a = tl.load(a_ptrs, mask=a_mask, other=0.0)
@@ -155,9 +158,9 @@ def _output_tile(
     pid_m, pid_n, a_ptr, pool_ptr, buffer_ptr, out_ptr, topk_weights_ptr, sorted_ptr,
     block_expert_ptr, block_pages_ptr, num_pairs, top_k, N, K, stride_am, stride_om, page_elems,
     expert_stride, a_num_rows,
-    PAGE_COLUMN: tl.constexpr, PAGED: tl.constexpr, UP: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL: tl.constexpr,
+    PAGE_COLUMN: tl.constexpr, PAGED: tl.constexpr, UP: tl.constexpr, GATHER: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL: tl.constexpr,
 ):  # fmt: skip
     """The output tile of row block pid_m (one expert's, filled by the alignment) by column
     block pid_n: find the expert's matrices, then compute as many rows as the tail allows."""
@@ -188,17 +191,17 @@ def _output_tile(
     if TAIL >= 2:  # noqa: SIM102 (a compile-time guard: the branch below must not be built)
         if n_rows <= BLOCK_M // 4:
             _gemm_tile(a_ptr, out_ptr, topk_weights_ptr, sorted_ptr, w_ptr, w3_ptr, num_pairs, top_k,
-                       N, K, stride_am, stride_om, a_num_rows, pid_m, pid_n, UP, EVEN_K,
+                       N, K, stride_am, stride_om, a_num_rows, pid_m, pid_n, UP, GATHER, EVEN_K,
                        DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_M // 4, BLOCK_N, BLOCK_K)  # fmt: skip
             return
     if TAIL >= 1:  # noqa: SIM102
         if n_rows <= BLOCK_M // 2:
             _gemm_tile(a_ptr, out_ptr, topk_weights_ptr, sorted_ptr, w_ptr, w3_ptr, num_pairs, top_k,
-                       N, K, stride_am, stride_om, a_num_rows, pid_m, pid_n, UP, EVEN_K,
+                       N, K, stride_am, stride_om, a_num_rows, pid_m, pid_n, UP, GATHER, EVEN_K,
                        DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_M // 2, BLOCK_N, BLOCK_K)  # fmt: skip
             return
     _gemm_tile(a_ptr, out_ptr, topk_weights_ptr, sorted_ptr, w_ptr, w3_ptr, num_pairs, top_k,
-               N, K, stride_am, stride_om, a_num_rows, pid_m, pid_n, UP, EVEN_K,
+               N, K, stride_am, stride_om, a_num_rows, pid_m, pid_n, UP, GATHER, EVEN_K,
                DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
 
 
@@ -227,7 +230,8 @@ def _moe_gemm_kernel(
     a_num_rows,  # rows of a (for the down GEMM's descriptor)
     PAGE_COLUMN: tl.constexpr,  # 0 for the up GEMM (w1, and w3 next to it), 2 for down (w2)
     PAGED: tl.constexpr,
-    UP: tl.constexpr,  # gather x rows by token, two accumulators, SiLU(gate)*up epilogue
+    UP: tl.constexpr,  # two accumulators (w1 and w3), SiLU(gate)*up epilogue
+    GATHER: tl.constexpr,  # UP: a is x [T, D], rows gathered by token (else sorted rows)
     EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr,
@@ -238,25 +242,18 @@ def _moe_gemm_kernel(
     TAIL: tl.constexpr,  # halvings of BLOCK_M a block with few pairs may take (0, 1 or 2)
     PERSISTENT: tl.constexpr,  # one program per SM walks the tiles (else one tile a program)
     FLATTEN: tl.constexpr,  # PERSISTENT: fuse the tile loop with the k loop (moe_configs.py)
-    WARP_SPECIALIZE: tl.constexpr,  # PERSISTENT: a load partition feeds the MMA warps
 ):
     if PERSISTENT:
         # Only the blocks the alignment filled, read on the device: the grid was sized
         # without knowing them.
         num_m = tl.load(num_padded_ptr) // BLOCK_M
         num_tiles = num_m * tl.cdiv(N, BLOCK_N)
-        for tile in tl.range(
-            tl.program_id(0),
-            num_tiles,
-            tl.num_programs(0),
-            flatten=FLATTEN,
-            warp_specialize=WARP_SPECIALIZE,
-        ):
+        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
             pid_m, pid_n = _grouped_tile(tile, num_m, N, BLOCK_N, GROUP_M)
             _output_tile(pid_m, pid_n, a_ptr, pool_ptr, buffer_ptr, out_ptr, topk_weights_ptr,
                          sorted_ptr, block_expert_ptr, block_pages_ptr, num_pairs, top_k, N, K,
                          stride_am, stride_om, page_elems, expert_stride, a_num_rows, PAGE_COLUMN,
-                         PAGED, UP, EVEN_K, DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K,
+                         PAGED, UP, GATHER, EVEN_K, DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K,
                          TAIL)  # fmt: skip
     else:
         pid_m, pid_n = _grouped_tile(tl.program_id(0), num_m_blocks, N, BLOCK_N, GROUP_M)
@@ -264,7 +261,7 @@ def _moe_gemm_kernel(
             _output_tile(pid_m, pid_n, a_ptr, pool_ptr, buffer_ptr, out_ptr, topk_weights_ptr,
                          sorted_ptr, block_expert_ptr, block_pages_ptr, num_pairs, top_k, N, K,
                          stride_am, stride_om, page_elems, expert_stride, a_num_rows, PAGE_COLUMN,
-                         PAGED, UP, EVEN_K, DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K,
+                         PAGED, UP, GATHER, EVEN_K, DOT_PRECISION, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K,
                          TAIL)  # fmt: skip
 
 
@@ -294,14 +291,16 @@ def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device=device)
 
 
-def _tma_ok(a: torch.Tensor, source: WeightSource, *, n: int, k: int, up: bool) -> bool:
+def _tma_ok(
+    a: torch.Tensor, source: WeightSource, *, n: int, k: int, up: bool, gather: bool
+) -> bool:
     """Whether every descriptor base and row stride is 16-byte aligned (TMA's rule)."""
     size = a.element_size()
-    bases = [source.primary, source.buffer] + ([] if up else [a])
+    bases = [source.primary, source.buffer] + ([] if gather else [a])
     steps = [k, source.page_elems if source.paged else source.expert_stride]
     if up and not source.paged:
         steps.append(n * k)  # the up half of w13 starts I*D elements after the gate half
-    if not up:
+    if not gather:
         steps.append(a.stride(0))
     return all(t.data_ptr() % 16 == 0 for t in bases) and all(s * size % 16 == 0 for s in steps)
 
@@ -327,18 +326,16 @@ def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, til
         raise ValueError(
             f"tail={tile.tail} halves block_m={align.block_m} below 16 rows, the smallest dot tile"
         )
-    if up and tile.schedule == "warp_specialized":
-        raise ValueError(
-            "schedule 'warp_specialized' is for the down GEMM: the up GEMM gathers x rows with "
-            "pointer loads, which Triton's Hopper warp specialization does not take"
-        )
-    use_tma = tile.tma and _tma_ok(a, source, n=n, k=k, up=up)
-    # Warp specialization takes descriptor loads only: where TMA falls back, so does it.
-    schedule = "flattened" if tile.schedule == "warp_specialized" and not use_tma else tile.schedule
+    if tile.presort and not up:
+        raise ValueError("presort is for the up GEMM; the down GEMM reads sorted rows anyway")
+    gather = up and not tile.presort
+    if up and tile.presort:
+        a = sort_rows(a, align, top_k)  # [R, D] in sorted row order
+    use_tma = tile.tma and _tma_ok(a, source, n=n, k=k, up=up, gather=gather)
     if use_tma:
         triton.set_allocator(_tma_scratch)
     num_tiles = align.max_blocks * triton.cdiv(n, tile.block_n)
-    persistent = schedule != "grid"
+    persistent = tile.schedule != "grid"
     grid = (min(num_tiles, _num_programs(a.device)) if persistent else num_tiles,)
     pages = align.block_pages if source.paged else align.block_expert_ids
     _moe_gemm_kernel[grid](
@@ -346,11 +343,10 @@ def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, til
         align.sorted_pair_ids, align.block_expert_ids, pages, align.num_padded,
         align.num_pairs, top_k, n, k, a.stride(0), out.stride(0),
         source.page_elems, source.expert_stride, align.max_blocks, a.shape[0],
-        PAGE_COLUMN=0 if up else 2, PAGED=source.paged, UP=up, EVEN_K=k % tile.block_k == 0,
+        PAGE_COLUMN=0 if up else 2, PAGED=source.paged, UP=up, GATHER=gather, EVEN_K=k % tile.block_k == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", USE_TMA=use_tma,
         BLOCK_M=align.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        TAIL=tile.tail, PERSISTENT=persistent, FLATTEN=schedule == "flattened",
-        WARP_SPECIALIZE=schedule == "warp_specialized",
+        TAIL=tile.tail, PERSISTENT=persistent, FLATTEN=tile.schedule == "flattened",
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 

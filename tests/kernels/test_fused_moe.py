@@ -36,14 +36,20 @@ LARGE_TAIL_TMA = MoeConfig(64, GemmTile(64, 64, tma=True, tail=2), GemmTile(64, 
 DOWN_TAIL_TMA = MoeConfig(64, GemmTile(64, 64, tail=2), GemmTile(64, 32, tma=True, tail=2))
 HUGE_TAIL = MoeConfig(256, GemmTile(16, 16, tail=2), GemmTile(32, 16, tail=1))
 # Persistent programs (3 under the interpreter) walking many tiles each, with and without
-# tails and TMA; warp specialization on the down GEMM (the interpreter runs its loop as is).
+# tails and TMA.
 PERSISTENT = MoeConfig(
     64, GemmTile(64, 64, tail=2, schedule="persistent"), GemmTile(64, 32, schedule="flattened")
 )
-SPECIALIZED = MoeConfig(
+FLATTENED_TMA = MoeConfig(
     64,
     GemmTile(64, 64, tma=True, schedule="flattened"),
-    GemmTile(64, 32, tma=True, num_warps=4, schedule="warp_specialized"),
+    GemmTile(64, 32, tma=True, schedule="persistent"),
+)
+# x's rows copied into sorted order before the up GEMM (A then a plain block, through TMA),
+# with pointer loads and tails too.
+PRESORT_TMA = MoeConfig(64, GemmTile(64, 64, tma=True, presort=True), GemmTile(64, 32, tma=True))
+PRESORT_TAIL = MoeConfig(
+    64, GemmTile(64, 64, tail=2, presort=True, schedule="persistent"), GemmTile(64, 32, tail=1)
 )
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3}
 
@@ -77,9 +83,12 @@ def _cases() -> list[Case]:
         Case(torch.float16, 70, 4, 5, 32, 24, HUGE_TAIL),
         Case(torch.float32, 300, 2, 2, 40, 24, HUGE_TAIL),
         Case(torch.float16, 300, 8, 16, 48, 40, PERSISTENT),
-        Case(torch.float32, 150, 5, 12, 32, 24, SPECIALIZED),
-        Case(torch.float32, 37, 2, 6, 40, 24, SPECIALIZED),  # K not a multiple of BK
-        Case(torch.float16, 9, 3, 5, 33, 17, SPECIALIZED),  # pointer fallback: flattened
+        Case(torch.float32, 150, 5, 12, 32, 24, FLATTENED_TMA),
+        Case(torch.float32, 37, 2, 6, 40, 24, FLATTENED_TMA),  # K not a multiple of BK
+        Case(torch.float16, 300, 8, 16, 48, 40, PRESORT_TMA),
+        Case(torch.float32, 37, 2, 6, 40, 24, PRESORT_TMA),
+        Case(torch.float16, 9, 3, 5, 33, 17, PRESORT_TMA),  # rows of 66 bytes: pointer fallback
+        Case(torch.float32, 150, 5, 12, 32, 24, PRESORT_TAIL),
     ]
     rng = random.Random(4)
     for dtype in (torch.float32, torch.float16):
@@ -122,7 +131,8 @@ def _paged_layout(w1, w3, w2, routed: set[int], seed: int):
         f"{str(c.dtype)[6:]}-T{c.num_tokens}-K{c.top_k}-E{c.num_experts}-D{c.hidden}-I{c.inter}"
         + ("-tma" if c.config.gemm1.tma else "")
         + ("-tail" if c.config.gemm1.tail else "")
-        + (f"-{c.config.gemm2.schedule}" if c.config.gemm2.schedule != "grid" else "")
+        + (f"-{c.config.gemm1.schedule}" if c.config.gemm1.schedule != "grid" else "")
+        + ("-presort" if c.config.gemm1.presort else "")
     ),
 )
 def test_paged_equals_contiguous_equals_reference(case: Case):
@@ -234,13 +244,18 @@ def test_tma_needs_16_byte_aligned_bases_and_strides():
     stack = torch.zeros(4, 2 * 40, 48, dtype=torch.float16)  # w13 [E, 2I, D], rows of 96 bytes
     source = WeightSource(stack, stack, False, 0, stack.stride(0))
     x = torch.zeros(8, 48, dtype=torch.float16)
-    assert _tma_ok(x, source, n=40, k=48, up=True)
+    assert _tma_ok(x, source, n=40, k=48, up=True, gather=True)
+    # Sorted x rows (presort) go through a descriptor too: their base must be aligned.
+    assert not _tma_ok(x.view(-1)[1:].view(-1)[: 7 * 48].view(7, 48), source, n=40, k=48,
+                       up=True, gather=False)  # fmt: skip
+    assert _tma_ok(x, source, n=40, k=48, up=True, gather=False)
     odd = torch.zeros(4, 2 * 17, 33, dtype=torch.float16)  # rows of 66 bytes
     assert not _tma_ok(
-        x[:, :33], WeightSource(odd, odd, False, 0, odd.stride(0)), n=17, k=33, up=True
-    )
+        x[:, :33], WeightSource(odd, odd, False, 0, odd.stride(0)), n=17, k=33, up=True,
+        gather=True,
+    )  # fmt: skip
     shifted = stack.view(-1)[1:].view(-1)  # base 2 bytes past an aligned address
     pages = WeightSource(
         shifted[: 3 * 40 * 48].view(3, -1), stack.view(-1, 40 * 48), True, 40 * 48, 0
     )
-    assert not _tma_ok(x, pages, n=40, k=48, up=True)
+    assert not _tma_ok(x, pages, n=40, k=48, up=True, gather=True)
