@@ -69,6 +69,20 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
+    # The committed table measured on both GPUs at once (two independent kernel tables of
+    # one commit: the spread between GPUs and calls), then the breakdown and the checks.
+    "confirm": (
+        Job("gpu0", 0, (
+            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
+                 "--out-dir $JOB_OUT", 150),
+            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
+                 "--out-dir $JOB_OUT", 150),
+            Step("python3 bench/moe_breakdown.py --out $JOB_OUT", 100),
+        )),
+    ),
     # Persistent schedules (moe_configs.SCHEDULES) and the up GEMM's presorted rows: first
     # each on the committed tiles against one tile a program (output and time), then as
     # tuner candidates, then the kernel table and the breakdown on the new table. Its first

@@ -100,7 +100,8 @@ def estimate_activation_bytes(
     """Peak transient memory of one forward of `num_tokens` tokens (upper estimate).
 
     Live at once inside a layer: the residual stream, its norm, q/k/v/o, the router's fp32
-    logits and top-k, the MoE's per-expert [n, I] intermediates (K per token) and output,
+    logits and top-k, the MoE's per-expert [n, I] intermediates (K per token), its copy of
+    x's rows in expert order where the tuned table presorts them (K per token) and output,
     plus the fp32 logits of the sampled rows (at most max_num_seqs of them)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     t = num_tokens
@@ -110,6 +111,7 @@ def estimate_activation_bytes(
         + config.kv_size * 2
         + config.num_experts * 2  # fp32 router logits
         + 3 * config.top_k * config.moe_intermediate_size
+        + config.top_k * config.hidden_size  # presorted x rows (GemmTile.presort)
         + 3 * config.shared_expert_intermediate_size
     ) * itemsize
     attention_scores = 4 * config.num_heads * min(t, 8192) * 16  # chunked SDPA scratch, fp32
