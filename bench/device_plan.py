@@ -69,6 +69,13 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
+    # Triton's warp specialization on the smallest grouped down GEMM (host-made descriptors,
+    # bench/ws_probe.py), each variant in its own process.
+    "ws-probe": (
+        Job("gpu0", 0, (
+            Step("python3 bench/ws_probe.py --out $JOB_OUT", 400),
+        )),
+    ),
     # The committed table measured on both GPUs at once (two independent kernel tables of
     # one commit: the spread between GPUs and calls), then the breakdown and the checks.
     "confirm": (

@@ -36,8 +36,15 @@ id in place of one load of an expert id.
 
 Two ways to load the tiles (GemmTile.tma): pointer loads (cp.async; any shape), or Hopper's
 tensor-memory accelerator through tensor descriptors made on the device from that base,
-once per program, for the weights and for the down GEMM's intermediate. TMA needs 16-byte
+once per tile, for the weights and for the down GEMM's intermediate. TMA needs 16-byte
 aligned bases and row strides; the launcher falls back to pointer loads where they are not.
+The up GEMM gathers x's rows by token, which TMA cannot (no gather on sm_90), unless the
+tile presorts them (GemmTile.presort: one copy of x into sorted rows, moe_sort_rows.py).
+
+Programs and tiles (GemmTile.schedule, moe_configs.SCHEDULES): one program per output tile
+(grid), or one program per SM walking the tiles in the same grouped order (persistent),
+optionally with the tile and k loops fused so the next tile's loads overlap this one's
+epilogue (flattened).
 """
 
 import functools
