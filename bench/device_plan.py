@@ -73,7 +73,7 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # bench/ws_probe.py), each variant in its own process.
     "ws-probe": (
         Job("gpu0", 0, (
-            Step("python3 bench/ws_probe.py --out $JOB_OUT", 400),
+            Step("python3 bench/ws_probe.py --out $JOB_OUT", 200),
         )),
     ),
     # The committed table measured on both GPUs at once (two independent kernel tables of
