@@ -33,8 +33,8 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 #                   Triton pipelines: the next tile's first loads are issued before this
 #                   tile's epilogue. A tail tile's branch keeps the loops apart (= persistent).
 # Triton 3.6's Hopper warp specialization of the tile loop compiled for sm_90 (TMA, no tail,
-# 4 warps) but its down GEMM faulted on the H200 (illegal memory access, 11-30 13:07): not
-# offered.
+# 4 warps) but its down GEMM faulted on the H200 (illegal memory access, 11-30 13:07), and
+# bench/ws_probe.py's smallest form of it (host-made descriptors) hung (13:40): not offered.
 SCHEDULES = ("grid", "persistent", "flattened")
 
 
