@@ -163,6 +163,11 @@ async def observe(
         controlplane_generation_observed=_generation_observed(controlplane),
         policy=policy,
         problem=problem,
+        missing_children=tuple(
+            name
+            for name, child in (("data-plane", dataplane), ("control-plane", controlplane))
+            if child is None
+        ),
     )
 
 

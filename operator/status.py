@@ -54,6 +54,9 @@ class Observation:
     controlplane_generation_observed: bool
     policy: PolicyState | None  # None = control plane not asked / unreachable
     problem: Problem | None = None
+    # Child Deployments that do not exist ("data-plane", "control-plane"); their
+    # *_generation_observed is False too, but the status says why differently.
+    missing_children: tuple[str, ...] = ()
 
 
 def _condition(type_: str, status: bool | None, reason: str, message: str) -> dict[str, Any]:
@@ -124,14 +127,15 @@ def _progressing(obs: Observation) -> dict[str, Any]:
         if not observed
     ]
     if stale:
-        # The replica counts still describe the previous template: not complete, whatever
-        # they say (kubectl rollout status waits on the same check).
-        return _condition(
-            "Progressing",
-            True,
-            "RollingOut",
-            f"{' and '.join(stale)} Deployment: latest spec not observed yet",
-        )
+        # The replica counts still describe the previous template (or no Deployment at
+        # all): not complete, whatever they say (kubectl rollout status waits on the same
+        # check).
+        missing = [child for child in stale if child in obs.missing_children]
+        unobserved = [child for child in stale if child not in obs.missing_children]
+        parts = [f"{' and '.join(missing)} Deployment: not created yet"] if missing else []
+        if unobserved:
+            parts.append(f"{' and '.join(unobserved)} Deployment: latest spec not observed yet")
+        return _condition("Progressing", True, "RollingOut", "; ".join(parts))
     # kubectl rollout status's other checks: every pod on the new template, none of the
     # old ones left (status.replicas counts both while a rolling update surges).
     rolled = obs.current_replicas <= obs.updated_replicas >= obs.desired_replicas

@@ -168,6 +168,31 @@ def test_counts_of_an_unobserved_generation_are_not_a_complete_rollout(stale, me
     assert _conditions(status)["Available"] == ("True", "ReplicasReady")  # old pods serve
 
 
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [
+        (
+            ("data-plane", "control-plane"),
+            "data-plane and control-plane Deployment: not created yet",
+        ),
+        (
+            ("control-plane",),
+            "control-plane Deployment: not created yet; "
+            "data-plane Deployment: latest spec not observed yet",
+        ),
+    ],
+)
+def test_a_missing_child_is_said_to_be_missing_not_unobserved(missing, message):
+    obs = _obs(
+        dataplane_generation_observed=False,
+        controlplane_generation_observed=False,
+        missing_children=missing,
+    )
+    progressing = next(c for c in _status(obs)["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut")
+    assert progressing["message"] == message
+
+
 def _scaled_to_zero(**kw) -> Observation:
     policy = PolicyState(7, 0, 0, 0, "", "")
     return _obs(

@@ -43,11 +43,15 @@ def _observed(obs) -> tuple[bool, bool]:
 
 async def test_a_deployment_is_rolled_only_once_it_observed_its_latest_spec(kube, tiny_rd):
     spec = parse_spec(tiny_rd["metadata"], tiny_rd["spec"])
-    assert _observed(await reconcile.observe(kube, spec, None, None)) == (False, False)
+    obs = await reconcile.observe(kube, spec, None, None)
+    assert _observed(obs) == (False, False)
+    assert obs.missing_children == ("data-plane", "control-plane")
 
     await reconcile.apply_children(kube, spec, CONFIG)
     # Created (generation 1), no controller has acted on it yet.
-    assert _observed(await reconcile.observe(kube, spec, None, None)) == (False, False)
+    obs = await reconcile.observe(kube, spec, None, None)
+    assert _observed(obs) == (False, False)
+    assert obs.missing_children == ()
 
     await controller_reports(kube, "tiny-controlplane", 1)
     await controller_reports(kube, "tiny-dataplane", 1)
