@@ -11,8 +11,8 @@ descriptor is made in the loop), persistent programs, no tail tiles. Per shape i
 one run, the product kernel at its tuned tile (grid) and the probe with and without warp
 specialization, and compares their outputs. The specialized variants run last, so a fault
 in one loses none of the other figures (the first version ran each variant in a child
-process and saved references under DIR: it ran past its 400 s at 13:31 and its 300 MB of
-files could not come back). The table is printed last; figures go to DIR/ws_probe.json.
+process and saved reference outputs under DIR: it ran past its 400 s at 13:31, and the
+saved outputs made DIR too large to come back from the device). The table is printed last; figures go to DIR/ws_probe.json.
 """
 
 import argparse
