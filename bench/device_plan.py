@@ -70,7 +70,7 @@ PLANS: dict[str, tuple[Job, ...]] = {
         )),
     ),
     # Triton's warp specialization on the smallest grouped down GEMM (host-made descriptors,
-    # bench/ws_probe.py), each variant in its own process.
+    # bench/ws_probe.py), the specialized variants last.
     "ws-probe": (
         Job("gpu0", 0, (
             Step("python3 bench/ws_probe.py --out $JOB_OUT", 200),

@@ -312,7 +312,7 @@ def precompile(shapes: list[MoeShape], tokens: list[int], dtype: torch.dtype, wo
 def variant_ratios(times: dict[GemmTile, float]) -> dict[str, float]:
     """One GEMM's candidates, same run: best with tail tiles / best without (one tile a
     program, gathered rows, both), best of each persistent schedule / best one tile a
-    program, and best with presorted rows / best gathering them."""
+    program (gathered rows, both), and best with presorted rows / best gathering them."""
 
     def best(keep) -> float:
         return min((t for tile, t in times.items() if keep(tile)), default=float("nan"))
@@ -324,7 +324,9 @@ def variant_ratios(times: dict[GemmTile, float]) -> dict[str, float]:
         "presort": best(lambda tile: tile.presort) / best(lambda tile: not tile.presort),
     }
     for schedule in SCHEDULES[1:]:
-        ratios[schedule] = best(lambda tile, s=schedule: tile.schedule == s) / grid
+        ratios[schedule] = (
+            best(lambda tile, s=schedule: tile.schedule == s and not tile.presort) / grid
+        )
     return {name: r for name, r in ratios.items() if r == r}  # drop NaN: nothing to compare
 
 

@@ -32,9 +32,8 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 # flattened:        persistent, with the tile loop and the k loop fused into one loop that
 #                   Triton pipelines: the next tile's first loads are issued before this
 #                   tile's epilogue. A tail tile's branch keeps the loops apart (= persistent).
-# Triton 3.6's Hopper warp specialization of the tile loop compiled for sm_90 (TMA, no tail,
-# 4 warps) but its down GEMM faulted on the H200 (illegal memory access, 11-30 13:07), and
-# bench/ws_probe.py's smallest form of it (host-made descriptors) hung (13:40): not offered.
+# Triton 3.6's Hopper warp specialization of the tile loop is not offered: it faulted or hung
+# on the H200 (docs/benchmarks.md, "Persistent schedules, warp specialization ...").
 SCHEDULES = ("grid", "persistent", "flattened")
 
 
@@ -59,6 +58,9 @@ class GemmTile:
     def __post_init__(self) -> None:
         if self.tail not in (0, 1, 2):
             raise ValueError(f"tail must be 0, 1 or 2 (halvings of block_m); got {self.tail}")
+        for name in ("tma", "presort"):
+            if not isinstance(getattr(self, name), bool):  # "false" in a table is truthy
+                raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {list(SCHEDULES)}; got {self.schedule!r}")
 

@@ -9,7 +9,7 @@ BM/BN/BK = tile.
 
 where p = sorted_pair_ids[r]. The intermediate lives in *sorted* row order: the up GEMM
 writes its tile's rows where they are (padding rows get zeros, since their x rows load as
-0), so the down GEMM reads a plain [BM, BK] block per step instead of gathering rows; only
+0, or are copied as 0 when presorted), so the down GEMM reads a plain [BM, BK] block per step instead of gathering rows; only
 its store scatters rows back to pair order for the top-k sum. What a padding row of the
 intermediate holds (zeros, or nothing written under a tail tile) never reaches the output:
 a product's row depends only on its own input row, and the down GEMM masks padding rows at
@@ -216,7 +216,7 @@ def _output_tile(
 # (the engine compiles each variant once at start-up, dataplane/engine/warmup.py).
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_m_blocks", "a_num_rows"])
 def _moe_gemm_kernel(
-    a_ptr,  # up: x [T, D]; down: act [R, I] in sorted row order
+    a_ptr,  # up: x [T, D] (or, GATHER off, its presorted rows [R, D]); down: act [R, I]
     pool_ptr,  # PAGED: pool pages [*, page_elems]; else the expert stack
     buffer_ptr,  # PAGED: loading-buffer slots [*, page_elems]
     out_ptr,  # up: act [R, I] in sorted row order; down: y [P, D]
@@ -234,7 +234,7 @@ def _moe_gemm_kernel(
     page_elems,
     expert_stride,
     num_m_blocks,  # row blocks the grid was sized for (align.max_blocks)
-    a_num_rows,  # rows of a (for the down GEMM's descriptor)
+    a_num_rows,  # rows of a (for its descriptor where a is in sorted rows)
     PAGE_COLUMN: tl.constexpr,  # 0 for the up GEMM (w1, and w3 next to it), 2 for down (w2)
     PAGED: tl.constexpr,
     UP: tl.constexpr,  # two accumulators (w1 and w3), SiLU(gate)*up epilogue
@@ -325,6 +325,11 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _grid_size(num_tiles: int, schedule: str, device: torch.device) -> int:
+    """Programs to launch: one per output tile, or (persistent schedules) at most one per SM."""
+    return num_tiles if schedule == "grid" else min(num_tiles, _num_programs(device))
+
+
 def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, tile: GemmTile,
             *, n: int, k: int, top_k: int, up: bool) -> None:  # fmt: skip
     if source.paged and align.block_pages is None:
@@ -342,8 +347,7 @@ def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, til
     if use_tma:
         triton.set_allocator(_tma_scratch)
     num_tiles = align.max_blocks * triton.cdiv(n, tile.block_n)
-    persistent = tile.schedule != "grid"
-    grid = (min(num_tiles, _num_programs(a.device)) if persistent else num_tiles,)
+    grid = (_grid_size(num_tiles, tile.schedule, a.device),)
     pages = align.block_pages if source.paged else align.block_expert_ids
     _moe_gemm_kernel[grid](
         a, source.primary, source.buffer, out, topk_weights,
@@ -353,7 +357,7 @@ def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, til
         PAGE_COLUMN=0 if up else 2, PAGED=source.paged, UP=up, GATHER=gather, EVEN_K=k % tile.block_k == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", USE_TMA=use_tma,
         BLOCK_M=align.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        TAIL=tile.tail, PERSISTENT=persistent, FLATTEN=tile.schedule == "flattened",
+        TAIL=tile.tail, PERSISTENT=tile.schedule != "grid", FLATTEN=tile.schedule == "flattened",
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 

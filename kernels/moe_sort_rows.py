@@ -4,12 +4,11 @@ Shape key: T = tokens, D = hidden, K = top-k, R = rows of the alignment (max_blo
 
     sort_rows(x [T, D], align, top_k) -> xs [R, D]      xs[r] = x[sorted_pair_ids[r] // K]
 
-Only rows below num_padded that hold a pair are written; padding rows and rows past
-num_padded are left as they were (uninitialised). That is safe where xs feeds the up GEMM:
-a product's row depends only on its own input row, and the down GEMM masks padding rows at
-its store (moe_gemm.py). Why a separate pass: the up GEMM otherwise gathers x rows with
-pointer loads, which Hopper's tensor-memory accelerator cannot do (no TMA gather on sm_90)
-and which Triton's warp specialization does not take; the copy costs R * D * 2 bytes written.
+Rows below num_padded get x's row of their pair, or zeros for padding (as the gathering up
+GEMM reads them: its padding rows come out 0); rows past num_padded are left unwritten and
+are never read. Why a separate pass: the up GEMM otherwise gathers x rows with pointer
+loads, which Hopper's tensor-memory accelerator cannot do (no TMA gather on sm_90); the copy
+costs num_padded * D * 2 bytes written.
 """
 
 import torch
@@ -35,9 +34,13 @@ def _sort_rows_kernel(
     token = (pair // top_k).to(tl.int64)
     for d in range(0, D, BLOCK_D):
         cols = d + tl.arange(0, BLOCK_D)
-        mask = valid[:, None] & (cols < D)[None, :]
-        v = tl.load(x_ptr + token[:, None] * stride_x + cols[None, :], mask=mask)
-        tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], v, mask=mask)
+        in_row = (cols < D)[None, :]
+        v = tl.load(
+            x_ptr + token[:, None] * stride_x + cols[None, :],
+            mask=valid[:, None] & in_row,
+            other=0.0,
+        )
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], v, mask=in_row)
 
 
 def sort_rows(x: torch.Tensor, align: MoeAlignment, top_k: int) -> torch.Tensor:
@@ -53,7 +56,9 @@ def sort_rows(x: torch.Tensor, align: MoeAlignment, top_k: int) -> torch.Tensor:
 
 
 def sort_rows_reference(x: torch.Tensor, align: MoeAlignment, top_k: int) -> torch.Tensor:
-    """The rows sort_rows writes, in order: x[p // K] for each pair p below num_padded (the
-    rest of its output is unspecified)."""
-    used = align.sorted_pair_ids[: int(align.num_padded)]
-    return x[(used[used < align.num_pairs] // top_k).long()]
+    """sort_rows's first num_padded rows: x[p // K] for a pair p, zeros for padding."""
+    used = align.sorted_pair_ids[: int(align.num_padded)].long()
+    valid = used < align.num_pairs
+    out = torch.zeros(used.numel(), x.shape[1], dtype=x.dtype)
+    out[valid] = x[used[valid] // top_k]
+    return out

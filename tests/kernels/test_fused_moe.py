@@ -48,6 +48,10 @@ FLATTENED_TMA = MoeConfig(
 # x's rows copied into sorted order before the up GEMM (A then a plain block, through TMA),
 # with pointer loads and tails too.
 PRESORT_TMA = MoeConfig(64, GemmTile(64, 64, tma=True, presort=True), GemmTile(64, 32, tma=True))
+# The H200 table's Mixtral entries: presorted rows through TMA with tail tiles.
+PRESORT_TMA_TAIL = MoeConfig(
+    64, GemmTile(64, 64, tma=True, tail=2, presort=True), GemmTile(64, 32, tma=True, tail=2)
+)
 PRESORT_TAIL = MoeConfig(
     64, GemmTile(64, 64, tail=2, presort=True, schedule="persistent"), GemmTile(64, 32, tail=1)
 )
@@ -89,6 +93,7 @@ def _cases() -> list[Case]:
         Case(torch.float32, 37, 2, 6, 40, 24, PRESORT_TMA),
         Case(torch.float16, 9, 3, 5, 33, 17, PRESORT_TMA),  # rows of 66 bytes: pointer fallback
         Case(torch.float32, 150, 5, 12, 32, 24, PRESORT_TAIL),
+        Case(torch.float32, 150, 5, 12, 32, 24, PRESORT_TMA_TAIL),
     ]
     rng = random.Random(4)
     for dtype in (torch.float32, torch.float16):

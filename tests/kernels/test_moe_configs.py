@@ -54,6 +54,11 @@ def test_an_unknown_schedule_is_refused():
         GemmTile(64, 64, schedule="warp_specialized")
 
 
+def test_a_flag_that_is_not_a_bool_is_refused():
+    with pytest.raises(ValueError, match="presort must be true or false"):
+        GemmTile(64, 64, presort="false")
+
+
 def test_presort_is_refused_on_the_down_gemm():
     with pytest.raises(ValueError, match="presort is for gemm1"):
         MoeConfig(64, GemmTile(64, 64), GemmTile(64, 64, presort=True))
