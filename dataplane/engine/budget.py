@@ -100,9 +100,11 @@ def estimate_activation_bytes(
     """Peak transient memory of one forward of `num_tokens` tokens (upper estimate).
 
     Live at once inside a layer: the residual stream, its norm, q/k/v/o, the router's fp32
-    logits and top-k, the MoE's per-expert [n, I] intermediates (K per token), its copy of
-    x's rows in expert order where the tuned table presorts them (K per token) and output,
-    plus the fp32 logits of the sampled rows (at most max_num_seqs of them)."""
+    logits and top-k, the MoE's per-expert [n, I] intermediates (K per token) and output,
+    plus the fp32 logits of the sampled rows (at most max_num_seqs of them). Not counted:
+    the fused MoE's copy of x in expert order where a GPU table presorts (GemmTile.presort;
+    K*D per token plus padding) -- on CUDA the engine measures its reserve with a profiling
+    forward instead of using this estimate, and the CPU path does not presort."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     t = num_tokens
     per_token = (
@@ -111,7 +113,6 @@ def estimate_activation_bytes(
         + config.kv_size * 2
         + config.num_experts * 2  # fp32 router logits
         + 3 * config.top_k * config.moe_intermediate_size
-        + config.top_k * config.hidden_size  # presorted x rows (GemmTile.presort)
         + 3 * config.shared_expert_intermediate_size
     ) * itemsize
     attention_scores = 4 * config.num_heads * min(t, 8192) * 16  # chunked SDPA scratch, fp32
