@@ -1,0 +1,220 @@
+"""Probe (not yet run on a GPU): a warp-specialized grouped down GEMM written in Gluon.
+
+Usage (GPU):  python bench/gluon_probe.py [--out DIR]
+
+An experiment for issue 4's floor target, not a product kernel. Triton 3.6's automatic warp
+specialization faulted or hung on our grouped GEMM (docs/benchmarks.md); Gluon, shipped in
+the same triton package (`triton.experimental.gluon`), states the specialization by hand:
+
+    loader partition (1 warp)            MMA partition (4 warps, one warpgroup)
+    for each tile, each k step:          for each tile:
+      wait empty[s]  (slot s is free)      for each k step:
+      expect ready[s], 2 TMA loads ->        wait ready[s]; wgmma; release empty[s]
+                                           scale rows by routing weight, scatter-store
+
+so TMA loads for the next stages (and the next tile) run while the tensor cores work and
+while the epilogue stores. The GEMM is the contiguous twin's down GEMM, y[p] = w[p] * act[r]
+. w2[e]^T, act in the alignment's sorted rows, descriptors made on the host over the whole
+stack (w2 viewed as [E*D, I]). It runs beside the product kernel at its tuned tile, same
+run, output compared; the table is printed last and goes to DIR/gluon_probe.json.
+
+Checked here: compiles for sm_90 on a machine without a GPU. Not checked: that it runs,
+that its barrier phases are right, that it is faster.
+"""
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+CASES = [("qwen3-30b-a3b", 4096), ("mixtral-8x7b", 1024)]
+# (block_n, block_k, stages), block_m from the alignment (128 in both cases).
+TILES = [(128, 64, 4), (256, 64, 3)]
+
+
+@gluon.jit
+def _tile_coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
+    """(row block, column block) of tile number `tile`, in the product kernel's grouped order."""
+    group = GROUP_M * num_n
+    first_m = (tile // group) * GROUP_M
+    size = gl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (tile % group) % size, (tile % group) // size
+
+
+@gluon.jit
+def _loader(
+    a_desc, w_desc, a_bufs, b_bufs, ready, empty, block_expert_ptr, num_padded_ptr, N, K,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+):  # fmt: skip
+    num_m = gl.load(num_padded_ptr) // BLOCK_M
+    num_n = gl.cdiv(N, BLOCK_N)
+    num_k = gl.cdiv(K, BLOCK_K)
+    step = 0  # k steps issued so far, over all tiles: slot = step % STAGES
+    for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+        expert = gl.load(block_expert_ptr + pid_m)
+        for k in range(num_k):
+            slot = step % STAGES
+            # A fresh barrier counts as having completed the phase before its first, so the
+            # first pass over the slots does not wait.
+            mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                a_desc, [pid_m * BLOCK_M, k * BLOCK_K], ready.index(slot), a_bufs.index(slot)
+            )
+            tma.async_copy_global_to_shared(
+                w_desc, [expert * N + pid_n * BLOCK_N, k * BLOCK_K], ready.index(slot),
+                b_bufs.index(slot),
+            )  # fmt: skip
+            step += 1
+
+
+@gluon.jit
+def _mma_and_store(
+    a_bufs, b_bufs, ready, empty, y_ptr, weights_ptr, sorted_ptr, num_padded_ptr, num_pairs,
+    N, K, stride_y,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+):  # fmt: skip
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    num_m = gl.load(num_padded_ptr) // BLOCK_M
+    num_n = gl.cdiv(N, BLOCK_N)
+    num_k = gl.cdiv(K, BLOCK_K)
+    step = 0
+    for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+        for _k in range(num_k):
+            slot = step % STAGES
+            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+            acc = warpgroup_mma(
+                a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, is_async=True
+            )
+            # Done with this slot's tiles before the loader may overwrite them.
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            mbarrier.arrive(empty.index(slot), count=1)
+            step += 1
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        pair = gl.load(sorted_ptr + rows)
+        row_mask = pair < num_pairs
+        weight = gl.load(weights_ptr + pair, mask=row_mask, other=0.0)
+        out = acc * gl.expand_dims(weight, 1)
+        offs = gl.expand_dims(pair.to(gl.int64) * stride_y, 1) + gl.expand_dims(cols, 0)
+        mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(cols < N, 0)
+        gl.store(y_ptr + offs, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def gluon_down_kernel(
+    a_desc, w_desc, y_ptr, weights_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr,
+    num_pairs, N, K, stride_y,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+):  # fmt: skip
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()
+    gl.warp_specialize(
+        [
+            (_mma_and_store, (a_bufs, b_bufs, ready, empty, y_ptr, weights_ptr, sorted_ptr,
+                              num_padded_ptr, num_pairs, N, K, stride_y, BLOCK_M, BLOCK_N,
+                              BLOCK_K, GROUP_M, STAGES, NUM_WARPS)),
+            (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, block_expert_ptr,
+                       num_padded_ptr, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)),
+        ],
+        [1],  # warps of the loader
+        [40],  # registers a loader thread keeps (the MMA warps get the rest)
+    )  # fmt: skip
+
+
+def descriptors(act: torch.Tensor, w2: torch.Tensor, block_m: int, tile) -> tuple:
+    """Host-made TMA descriptors: act [R, I] by [block_m, block_k], w2 as [E*D, I]."""
+    block_n, block_k, _ = tile
+    E, D, inter = w2.shape
+    a_layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
+    w_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl.bfloat16)
+    return (
+        TensorDescriptor.from_tensor(act, [block_m, block_k], a_layout),
+        TensorDescriptor.from_tensor(w2.reshape(E * D, inter), [block_n, block_k], w_layout),
+    )
+
+
+def launch(act, w2, y, weights, align, tile, num_sms: int) -> None:
+    block_n, block_k, stages = tile
+    _, D, inter = w2.shape
+    a_desc, w_desc = descriptors(act, w2, align.block_m, tile)
+    grid = (min(num_sms, align.max_blocks * triton.cdiv(D, block_n)),)
+    gluon_down_kernel[grid](
+        a_desc, w_desc, y, weights, align.sorted_pair_ids, align.block_expert_ids,
+        align.num_padded, align.num_pairs, D, inter, y.stride(0),
+        BLOCK_M=align.block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, STAGES=stages,
+        NUM_WARPS=4, num_warps=4,
+    )  # fmt: skip
+
+
+def main() -> int:
+    from tune_moe import replay_ms, run_info
+    from ws_probe import _product, _setup
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("gluon_probe.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for name, n in CASES:
+        case = _setup(name, n)
+        shape, w2, _, align, act, weights = case
+        product_us, reference = _product(case)
+        rows.append({"model": shape.name, "tokens": n, "variant": "product", "us": product_us,
+                     "x_product": 1.0, "max_rel_diff": 0.0})  # fmt: skip
+        for tile in TILES:
+            y = torch.full((weights.numel(), w2.shape[1]), float("nan"), dtype=act.dtype,
+                           device=act.device)  # fmt: skip
+            run = functools.partial(launch, act, w2, y, weights, align, tile, sms)
+            run()
+            torch.cuda.synchronize()
+            diff = float((y.float() - reference).abs().max() / reference.abs().max())
+            us = replay_ms(run, 20.0) * 1e3
+            rows.append({"model": shape.name, "tokens": n, "variant": f"gluon ws {tile}",
+                         "us": us, "x_product": us / product_us, "max_rel_diff": diff})  # fmt: skip
+            print(f"  {shape.name:18s} T={n} gluon ws {tile} {us:8.1f} us "
+                  f"{us / product_us:6.3f}x  rel diff {diff:.3g}", flush=True)  # fmt: skip
+            (args.out / "gluon_probe.json").write_text(json.dumps({**run_info(), "rows": rows}))
+    print(f"\n{'model':18s} {'T':>5s} {'variant':26s} {'us':>8s} {'x prod':>7s} {'rel diff':>9s}")
+    for r in rows:
+        print(f"{r['model']:18s} {r['tokens']:5d} {r['variant']:26s} {r['us']:8.1f} "
+              f"{r['x_product']:7.3f} {r['max_rel_diff']:9.3g}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""bench/gluon_probe.py compiles for the H200 (sm_90) on a machine without a GPU: the loader
+partition issues TMA loads and announces their bytes, the MMA partition issues wgmma and
+releases each slot with one arrive. Whether it runs right is for the GPU (the probe itself)."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
+from triton.runtime.jit import mangle_type  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import gluon_probe  # noqa: E402
+
+SCALARS = {"y_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ptr": "*i32",
+           "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32", "N": "i32",
+           "K": "i32", "stride_y": "i32"}  # fmt: skip
+
+
+@pytest.mark.parametrize("tile", gluon_probe.TILES)
+def test_the_probe_compiles_for_sm90_with_its_partitions(tile):
+    block_n, block_k, stages = tile
+    act = torch.empty(1024, 768, dtype=torch.bfloat16)
+    w2 = torch.empty(4, 2048, 768, dtype=torch.bfloat16)
+    a_desc, w_desc = gluon_probe.descriptors(act, w2, 128, tile)
+    consts = dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, STAGES=stages,
+                  NUM_WARPS=4)  # fmt: skip
+    signature = {"a_desc": mangle_type(a_desc), "w_desc": mangle_type(w_desc), **SCALARS}
+    signature.update({name: "constexpr" for name in consts})
+    source = GluonASTSource(gluon_probe.gluon_down_kernel, signature, consts)
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm[
+        "ptx"
+    ]
+    assert "wgmma.mma_async" in ptx
+    assert ptx.count("cp.async.bulk.tensor.2d") == 2  # act and w2 tiles
+    # Each slot's two TMA loads are announced as one byte count on its ready barrier.
+    expected = re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64 _, \[%r\d+\], (\d+);", ptx)
+    assert expected == [str((128 + block_n) * block_k * 2)]
+    # The MMA partition frees a slot once: a partition barrier, then one thread arrives.
+    assert re.search(
+        r"bar\.sync\s+\d+, 128;\s*// begin inline asm\s*@%p\d+ mbarrier\.arrive\.shared::cta\.b64",
+        ptx,
+    )
