@@ -9,7 +9,9 @@ the same triton package (`triton.experimental.gluon`), states the specialization
     loader partition (1 warp)            MMA partition (4 warps, one warpgroup)
     for each tile, each k step:          for each tile:
       wait empty[s]  (slot s is free)      for each k step:
-      expect ready[s], 2 TMA loads ->        wait ready[s]; wgmma; release empty[s]
+      expect ready[s], 2 TMA loads ->        wait ready[s]; wgmma; release a slot whose
+                                             wgmma is done (this one, or the previous one
+                                             with one wgmma left in flight)
                                            scale rows by routing weight, scatter-store
 
 so TMA loads for the next stages (and the next tile) run while the tensor cores work and
@@ -44,8 +46,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 sys.path.insert(0, str(Path(__file__).parent))
 
 CASES = [("qwen3-30b-a3b", 4096), ("mixtral-8x7b", 1024)]
-# (block_n, block_k, stages), block_m from the alignment (128 in both cases).
-TILES = [(128, 64, 4), (256, 64, 3)]
+# (block_n, block_k, stages, wgmma groups left in flight), block_m from the alignment (128).
+TILES = [(128, 64, 4, 0), (128, 64, 4, 1), (256, 64, 3, 0), (256, 64, 3, 1)]
 
 
 @gluon.jit
@@ -91,7 +93,7 @@ def _mma_and_store(
     a_bufs, b_bufs, ready, empty, y_ptr, weights_ptr, sorted_ptr, num_padded_ptr, num_pairs,
     N, K, stride_y,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+    STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, MMA_IN_FLIGHT: gl.constexpr,
 ):  # fmt: skip
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, 16]
@@ -103,16 +105,25 @@ def _mma_and_store(
     for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
-        for _k in range(num_k):
+        previous = 0
+        for k in range(num_k):
             slot = step % STAGES
             mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
             acc = warpgroup_mma(
                 a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, is_async=True
             )
-            # Done with this slot's tiles before the loader may overwrite them.
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-            mbarrier.arrive(empty.index(slot), count=1)
+            # MMA_IN_FLIGHT = 1: this step's wgmma runs while we wait for the previous one,
+            # whose slot is then free for the loader; 0: wait for this one and free its slot.
+            acc = warpgroup_mma_wait(num_outstanding=MMA_IN_FLIGHT, deps=[acc])
+            if MMA_IN_FLIGHT == 0:
+                mbarrier.arrive(empty.index(slot), count=1)
+            else:
+                mbarrier.arrive(empty.index(previous), count=1, pred=k > 0)
+            previous = slot
             step += 1
+        if MMA_IN_FLIGHT > 0:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            mbarrier.arrive(empty.index(previous), count=1)
         rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
         cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
         pair = gl.load(sorted_ptr + rows)
@@ -129,7 +140,7 @@ def gluon_down_kernel(
     a_desc, w_desc, y_ptr, weights_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr,
     num_pairs, N, K, stride_y,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+    STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, MMA_IN_FLIGHT: gl.constexpr,
 ):  # fmt: skip
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
@@ -143,7 +154,7 @@ def gluon_down_kernel(
         [
             (_mma_and_store, (a_bufs, b_bufs, ready, empty, y_ptr, weights_ptr, sorted_ptr,
                               num_padded_ptr, num_pairs, N, K, stride_y, BLOCK_M, BLOCK_N,
-                              BLOCK_K, GROUP_M, STAGES, NUM_WARPS)),
+                              BLOCK_K, GROUP_M, STAGES, NUM_WARPS, MMA_IN_FLIGHT)),
             (_loader, (a_desc, w_desc, a_bufs, b_bufs, ready, empty, block_expert_ptr,
                        num_padded_ptr, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES)),
         ],
@@ -154,7 +165,7 @@ def gluon_down_kernel(
 
 def descriptors(act: torch.Tensor, w2: torch.Tensor, block_m: int, tile) -> tuple:
     """Host-made TMA descriptors: act [R, I] by [block_m, block_k], w2 as [E*D, I]."""
-    block_n, block_k, _ = tile
+    block_n, block_k = tile[:2]
     E, D, inter = w2.shape
     a_layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
     w_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl.bfloat16)
@@ -165,7 +176,7 @@ def descriptors(act: torch.Tensor, w2: torch.Tensor, block_m: int, tile) -> tupl
 
 
 def launch(act, w2, y, weights, align, tile, num_sms: int) -> None:
-    block_n, block_k, stages = tile
+    block_n, block_k, stages, in_flight = tile
     _, D, inter = w2.shape
     a_desc, w_desc = descriptors(act, w2, align.block_m, tile)
     grid = (min(num_sms, align.max_blocks * triton.cdiv(D, block_n)),)
@@ -173,7 +184,7 @@ def launch(act, w2, y, weights, align, tile, num_sms: int) -> None:
         a_desc, w_desc, y, weights, align.sorted_pair_ids, align.block_expert_ids,
         align.num_padded, align.num_pairs, D, inter, y.stride(0),
         BLOCK_M=align.block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, STAGES=stages,
-        NUM_WARPS=4, num_warps=4,
+        NUM_WARPS=4, MMA_IN_FLIGHT=in_flight, num_warps=4,
     )  # fmt: skip
 
 

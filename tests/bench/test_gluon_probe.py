@@ -24,12 +24,12 @@ SCALARS = {"y_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ptr": "*i32",
 
 @pytest.mark.parametrize("tile", gluon_probe.TILES)
 def test_the_probe_compiles_for_sm90_with_its_partitions(tile):
-    block_n, block_k, stages = tile
+    block_n, block_k, stages, in_flight = tile
     act = torch.empty(1024, 768, dtype=torch.bfloat16)
     w2 = torch.empty(4, 2048, 768, dtype=torch.bfloat16)
     a_desc, w_desc = gluon_probe.descriptors(act, w2, 128, tile)
     consts = dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, STAGES=stages,
-                  NUM_WARPS=4)  # fmt: skip
+                  NUM_WARPS=4, MMA_IN_FLIGHT=in_flight)  # fmt: skip
     signature = {"a_desc": mangle_type(a_desc), "w_desc": mangle_type(w_desc), **SCALARS}
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(gluon_probe.gluon_down_kernel, signature, consts)
@@ -41,8 +41,12 @@ def test_the_probe_compiles_for_sm90_with_its_partitions(tile):
     # Each slot's two TMA loads are announced as one byte count on its ready barrier.
     expected = re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64 _, \[%r\d+\], (\d+);", ptx)
     assert expected == [str((128 + block_n) * block_k * 2)]
-    # The MMA partition frees a slot once: a partition barrier, then one thread arrives.
-    assert re.search(
-        r"bar\.sync\s+\d+, 128;\s*// begin inline asm\s*@%p\d+ mbarrier\.arrive\.shared::cta\.b64",
-        ptx,
-    )
+    # The MMA partition frees slots with single-thread arrives after a partition barrier:
+    # one in the k loop, and one after it when a wgmma is left in flight.
+    lines = ptx.splitlines()
+    arrives = [i for i, line in enumerate(lines) if "mbarrier.arrive.shared::cta.b64" in line]
+    assert len(arrives) == 1 + in_flight
+    for i in arrives:
+        assert re.search(r"@%p\d+ mbarrier", lines[i])  # predicated on one thread
+        assert any(re.search(r"bar\.sync\s+\d+, 128;", line) for line in lines[i - 4 : i])
+    assert ptx.count("wgmma.wait_group.sync.aligned 1;") == in_flight
