@@ -73,7 +73,7 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # compiles for sm_90) beside the product kernel; a hang stops at the step's limit.
     "gluon-probe": (
         Job("gpu0", 0, (
-            Step("python3 bench/gluon_probe.py --out $JOB_OUT", 150),
+            Step("python3 bench/gluon_probe.py --out $JOB_OUT", 240),
         )),
     ),
     # Triton's warp specialization on the smallest grouped down GEMM (host-made descriptors,

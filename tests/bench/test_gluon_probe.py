@@ -17,27 +17,30 @@ from triton.runtime.jit import mangle_type  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gluon_probe  # noqa: E402
 
-SCALARS = {"y_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ptr": "*i32",
-           "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32", "N": "i32",
-           "K": "i32", "stride_y": "i32"}  # fmt: skip
+SCALARS = {"y_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ptr": "*i32", "pages_ptr": "*i32",
+           "page_stride": "i32", "rows_per_page": "i32", "num_padded_ptr": "*i32",
+           "num_pairs": "i32", "N": "i32", "K": "i32", "stride_y": "i32"}  # fmt: skip
 
 
+@pytest.mark.parametrize("page_column", [0, 2])  # contiguous (expert ids), paged (w2 pages)
 @pytest.mark.parametrize("tile", gluon_probe.TILES)
-def test_the_probe_compiles_for_sm90_with_its_partitions(tile):
+def test_the_probe_compiles_for_sm90_with_its_partitions(tile, page_column):
     block_n, block_k, stages, in_flight = tile
     act = torch.empty(1024, 768, dtype=torch.bfloat16)
     w2 = torch.empty(4, 2048, 768, dtype=torch.bfloat16)
-    a_desc, w_desc = gluon_probe.descriptors(act, w2, 128, tile)
+    a_desc, w_desc, buf_desc = gluon_probe.descriptors(act, [w2, w2[:1]], 128, tile)
     consts = dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, STAGES=stages,
-                  NUM_WARPS=4, MMA_IN_FLIGHT=in_flight)  # fmt: skip
-    signature = {"a_desc": mangle_type(a_desc), "w_desc": mangle_type(w_desc), **SCALARS}
+                  NUM_WARPS=4, MMA_IN_FLIGHT=in_flight, PAGE_COLUMN=page_column)  # fmt: skip
+    signature = {"a_desc": mangle_type(a_desc), "w_desc": mangle_type(w_desc),
+                 "buf_desc": mangle_type(buf_desc), **SCALARS}  # fmt: skip
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(gluon_probe.gluon_down_kernel, signature, consts)
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm[
         "ptx"
     ]
     assert "wgmma.mma_async" in ptx
-    assert ptx.count("cp.async.bulk.tensor.2d") == 2  # act and w2 tiles
+    # act's tile, and w2's from the pool or from the loading buffer (one of the two runs)
+    assert ptx.count("cp.async.bulk.tensor.2d") == 3
     # Each slot's two TMA loads are announced as one byte count on its ready barrier.
     expected = re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64 _, \[%r\d+\], (\d+);", ptx)
     assert expected == [str((128 + block_n) * block_k * 2)]
