@@ -46,8 +46,10 @@ from rimuru.kernels.moe_align import MoeAlignment
 from rimuru.kernels.moe_gemm import WeightSource
 from rimuru.kernels.moe_sort_rows import sort_rows
 
-# (block_n, block_k, stages, wgmma groups left in flight), block_m from the alignment (128).
-DOWN_TILES = [(128, 64, 4, 0), (128, 64, 4, 1), (256, 64, 3, 0), (256, 64, 3, 1)]
+# (block_n, block_k, stages, wgmma groups left in flight, warps of the MMA partition),
+# block_m from the alignment (128). A 128 x 256 fp32 accumulator needs two warpgroups: on one
+# it spills and ptxas serializes the wgmmas (seen in `ptxas -v` for sm_90).
+DOWN_TILES = [(128, 64, 4, 0, 4), (128, 64, 4, 1, 4), (256, 64, 3, 0, 8), (256, 64, 3, 1, 8)]
 
 
 @gluon.jit
@@ -206,7 +208,7 @@ def launch_down(
     act, y, weights, align: MoeAlignment, source: WeightSource, tile, num_sms: int
 ) -> None:
     """y = the down GEMM over source's matrices (the product's WeightSource)."""
-    block_n, block_k, stages, in_flight = tile
+    block_n, block_k, stages, in_flight, num_warps = tile
     D, inter = y.shape[1], act.shape[1]
     if source.paged:
         if source.page_elems % inter:
@@ -222,7 +224,7 @@ def launch_down(
         a_desc, w_desc, buf_desc, y, weights, align.sorted_pair_ids, pages, stride,
         rows_per_page, align.num_padded, align.num_pairs, D, inter, y.stride(0),
         BLOCK_M=align.block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, STAGES=stages,
-        NUM_WARPS=4, MMA_IN_FLIGHT=in_flight, PAGE_COLUMN=column, num_warps=4,
+        NUM_WARPS=num_warps, MMA_IN_FLIGHT=in_flight, PAGE_COLUMN=column, num_warps=num_warps,
     )  # fmt: skip
 
 

@@ -25,19 +25,18 @@ SCALARS = {"y_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ptr": "*i32", "page
 @pytest.mark.parametrize("page_column", [0, 2])  # contiguous (expert ids), paged (w2 pages)
 @pytest.mark.parametrize("tile", gluon_gemms.DOWN_TILES)
 def test_the_probe_compiles_for_sm90_with_its_partitions(tile, page_column):
-    block_n, block_k, stages, in_flight = tile
+    block_n, block_k, stages, in_flight, num_warps = tile
     act = torch.empty(1024, 768, dtype=torch.bfloat16)
     w2 = torch.empty(4, 2048, 768, dtype=torch.bfloat16)
     a_desc, w_desc, buf_desc = gluon_gemms.descriptors(act, [w2, w2[:1]], 128, tile)
     consts = dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, STAGES=stages,
-                  NUM_WARPS=4, MMA_IN_FLIGHT=in_flight, PAGE_COLUMN=page_column)  # fmt: skip
+                  NUM_WARPS=num_warps, MMA_IN_FLIGHT=in_flight, PAGE_COLUMN=page_column)  # fmt: skip
     signature = {"a_desc": mangle_type(a_desc), "w_desc": mangle_type(w_desc),
                  "buf_desc": mangle_type(buf_desc), **SCALARS}  # fmt: skip
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(gluon_gemms.gluon_down_kernel, signature, consts)
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm[
-        "ptx"
-    ]
+    options = {"num_warps": num_warps}
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
     assert "wgmma.mma_async" in ptx
     # act's tile, and w2's from the pool or from the loading buffer (one of the two runs)
     assert ptx.count("cp.async.bulk.tensor.2d") == 3
@@ -51,7 +50,8 @@ def test_the_probe_compiles_for_sm90_with_its_partitions(tile, page_column):
     assert len(arrives) == 1 + in_flight
     for i in arrives:
         assert re.search(r"@%p\d+ mbarrier", lines[i])  # predicated on one thread
-        assert any(re.search(r"bar\.sync\s+\d+, 128;", line) for line in lines[i - 4 : i])
+        barrier = rf"bar\.sync\s+\d+, {32 * num_warps};"
+        assert any(re.search(barrier, line) for line in lines[i - 4 : i])
     assert ptx.count("wgmma.wait_group.sync.aligned 1;") == in_flight
 
 
