@@ -29,7 +29,7 @@ from rimuru.operator.naming import (
 )
 from rimuru.operator.policy_sync import PolicyState, RankingUpload
 from rimuru.operator.spec import DeploymentSpec, Owner
-from rimuru.operator.status import Blocker, Observation, Problem
+from rimuru.operator.status import Blocker, ChildSpec, Observation, Problem
 
 TOKEN_BYTES = 32
 
@@ -136,14 +136,14 @@ def _replicas(deployment: dict[str, Any] | None, key: str) -> int:
     return int(((deployment or {}).get("status") or {}).get(key) or 0)
 
 
-def _generation_observed(deployment: dict[str, Any] | None) -> bool:
+def _child_spec(deployment: dict[str, Any] | None) -> ChildSpec:
     """Whether the Deployment controller has seen the latest spec, so that the status
-    counts describe it: kubectl rollout status's first check. Not found = not rolled."""
+    counts describe it: kubectl rollout status's first check."""
     if deployment is None:
-        return False
+        return ChildSpec.MISSING
     generation = int((deployment.get("metadata") or {}).get("generation") or 0)
     observed = int((deployment.get("status") or {}).get("observedGeneration") or 0)
-    return observed >= generation
+    return ChildSpec.OBSERVED if observed >= generation else ChildSpec.STALE
 
 
 async def observe(
@@ -159,15 +159,10 @@ async def observe(
         ready_replicas=_replicas(dataplane, "readyReplicas"),
         updated_replicas=_replicas(dataplane, "updatedReplicas"),
         controlplane_ready=_replicas(controlplane, "readyReplicas") >= 1,
-        dataplane_generation_observed=_generation_observed(dataplane),
-        controlplane_generation_observed=_generation_observed(controlplane),
+        dataplane_spec=_child_spec(dataplane),
+        controlplane_spec=_child_spec(controlplane),
         policy=policy,
         problem=problem,
-        missing_children=tuple(
-            name
-            for name, child in (("data-plane", dataplane), ("control-plane", controlplane))
-            if child is None
-        ),
     )
 
 

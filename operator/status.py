@@ -33,6 +33,17 @@ class Blocker(enum.Enum):
         self.permanent = permanent
 
 
+class ChildSpec(enum.Enum):
+    """Where a child Deployment stands with its latest spec (kubectl rollout status's first
+    check): observed (status.observedGeneration >= metadata.generation), so its replica
+    counts describe it; not yet, so they describe the previous template; or no Deployment.
+    The value is what the Progressing condition says of it."""
+
+    OBSERVED = "observed"
+    STALE = "latest spec not observed yet"
+    MISSING = "not created yet"
+
+
 @dataclass(frozen=True)
 class Problem:
     blocker: Blocker
@@ -47,16 +58,10 @@ class Observation:
     ready_replicas: int  # data-plane pods ready (Deployment status)
     updated_replicas: int  # data-plane pods on the current template
     controlplane_ready: bool
-    # Whether each child Deployment's controller has seen its latest spec
-    # (status.observedGeneration >= metadata.generation; False when it does not exist).
-    # Until it has, the replica counts above describe the previous template.
-    dataplane_generation_observed: bool
-    controlplane_generation_observed: bool
+    dataplane_spec: ChildSpec  # until OBSERVED, the counts above are the old template's
+    controlplane_spec: ChildSpec
     policy: PolicyState | None  # None = control plane not asked / unreachable
     problem: Problem | None = None
-    # Child Deployments that do not exist ("data-plane", "control-plane"); their
-    # *_generation_observed is False too, but the status says why differently.
-    missing_children: tuple[str, ...] = ()
 
 
 def _condition(type_: str, status: bool | None, reason: str, message: str) -> dict[str, Any]:
@@ -118,24 +123,18 @@ def _policy_synced(obs: Observation) -> dict[str, Any]:
 def _progressing(obs: Observation) -> dict[str, Any]:
     if obs.problem is not None and not obs.problem.blocker.permanent:
         return _condition("Progressing", True, obs.problem.blocker.reason, obs.problem.message)
-    stale = [
-        child
-        for child, observed in (
-            ("data-plane", obs.dataplane_generation_observed),
-            ("control-plane", obs.controlplane_generation_observed),
-        )
-        if not observed
+    children = (("data-plane", obs.dataplane_spec), ("control-plane", obs.controlplane_spec))
+    pending = [
+        f"{' and '.join(name for name, spec in children if spec is state)} Deployment: "
+        f"{state.value}"
+        for state in (ChildSpec.MISSING, ChildSpec.STALE)
+        if any(spec is state for _, spec in children)
     ]
-    if stale:
+    if pending:
         # The replica counts still describe the previous template (or no Deployment at
         # all): not complete, whatever they say (kubectl rollout status waits on the same
         # check).
-        missing = [child for child in stale if child in obs.missing_children]
-        unobserved = [child for child in stale if child not in obs.missing_children]
-        parts = [f"{' and '.join(missing)} Deployment: not created yet"] if missing else []
-        if unobserved:
-            parts.append(f"{' and '.join(unobserved)} Deployment: latest spec not observed yet")
-        return _condition("Progressing", True, "RollingOut", "; ".join(parts))
+        return _condition("Progressing", True, "RollingOut", "; ".join(pending))
     # kubectl rollout status's other checks: every pod on the new template, none of the
     # old ones left (status.replicas counts both while a rolling update surges).
     rolled = obs.current_replicas <= obs.updated_replicas >= obs.desired_replicas

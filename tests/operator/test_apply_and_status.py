@@ -10,6 +10,7 @@ from rimuru.operator.policy_sync import PolicyState
 from rimuru.operator.spec import parse_spec
 from rimuru.operator.status import (
     Blocker,
+    ChildSpec,
     Observation,
     Problem,
     compute_status,
@@ -56,8 +57,8 @@ def _obs(**kw) -> Observation:
         ready_replicas=2,
         updated_replicas=2,
         controlplane_ready=True,
-        dataplane_generation_observed=True,
-        controlplane_generation_observed=True,
+        dataplane_spec=ChildSpec.OBSERVED,
+        controlplane_spec=ChildSpec.OBSERVED,
         policy=PolicyState(
             desired_version=7,
             applied_version=7,
@@ -149,10 +150,10 @@ def test_permanent_problem_fails():
 @pytest.mark.parametrize(
     ("stale", "message"),
     [
-        ({"dataplane_generation_observed": False}, "data-plane Deployment"),
-        ({"controlplane_generation_observed": False}, "control-plane Deployment"),
+        ({"dataplane_spec": ChildSpec.STALE}, "data-plane Deployment"),
+        ({"controlplane_spec": ChildSpec.STALE}, "control-plane Deployment"),
         (
-            {"dataplane_generation_observed": False, "controlplane_generation_observed": False},
+            {"dataplane_spec": ChildSpec.STALE, "controlplane_spec": ChildSpec.STALE},
             "data-plane and control-plane Deployment",
         ),
     ],
@@ -169,25 +170,21 @@ def test_counts_of_an_unobserved_generation_are_not_a_complete_rollout(stale, me
 
 
 @pytest.mark.parametrize(
-    ("missing", "message"),
+    ("specs", "message"),
     [
         (
-            ("data-plane", "control-plane"),
+            (ChildSpec.MISSING, ChildSpec.MISSING),
             "data-plane and control-plane Deployment: not created yet",
         ),
         (
-            ("control-plane",),
+            (ChildSpec.STALE, ChildSpec.MISSING),
             "control-plane Deployment: not created yet; "
             "data-plane Deployment: latest spec not observed yet",
         ),
     ],
 )
-def test_a_missing_child_is_said_to_be_missing_not_unobserved(missing, message):
-    obs = _obs(
-        dataplane_generation_observed=False,
-        controlplane_generation_observed=False,
-        missing_children=missing,
-    )
+def test_a_missing_child_is_said_to_be_missing_not_unobserved(specs, message):
+    obs = _obs(dataplane_spec=specs[0], controlplane_spec=specs[1])
     progressing = next(c for c in _status(obs)["conditions"] if c["type"] == "Progressing")
     assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut")
     assert progressing["message"] == message
@@ -219,8 +216,8 @@ def test_scaled_to_zero_settles():
 @pytest.mark.parametrize(
     "kw",
     [
-        {"dataplane_generation_observed": False},  # the scale-down not yet seen
-        {"controlplane_generation_observed": False},
+        {"dataplane_spec": ChildSpec.STALE},  # the scale-down not yet seen
+        {"controlplane_spec": ChildSpec.STALE},
         {"controlplane_ready": False},
         {"problem": Problem(Blocker.RANKING_MISSING, "ConfigMap r not found")},
     ],

@@ -13,7 +13,7 @@ from rimuru.operator import reconcile
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.kube import KubeClient
 from rimuru.operator.spec import parse_spec
-from rimuru.operator.status import compute_status
+from rimuru.operator.status import ChildSpec, compute_status
 
 CONFIG = OperatorConfig(dataplane_image="reg/dp:test", controlplane_image="reg/cp:test")
 
@@ -37,26 +37,25 @@ async def controller_reports(kube: KubeClient, name: str, replicas: int) -> None
     await kube.patch_status("Deployment", "default", name, status)
 
 
-def _observed(obs) -> tuple[bool, bool]:
-    return obs.dataplane_generation_observed, obs.controlplane_generation_observed
+OBSERVED, STALE, MISSING = ChildSpec.OBSERVED, ChildSpec.STALE, ChildSpec.MISSING
+
+
+def _observed(obs) -> tuple[ChildSpec, ChildSpec]:
+    return obs.dataplane_spec, obs.controlplane_spec
 
 
 async def test_a_deployment_is_rolled_only_once_it_observed_its_latest_spec(kube, tiny_rd):
     spec = parse_spec(tiny_rd["metadata"], tiny_rd["spec"])
-    obs = await reconcile.observe(kube, spec, None, None)
-    assert _observed(obs) == (False, False)
-    assert obs.missing_children == ("data-plane", "control-plane")
+    assert _observed(await reconcile.observe(kube, spec, None, None)) == (MISSING, MISSING)
 
     await reconcile.apply_children(kube, spec, CONFIG)
     # Created (generation 1), no controller has acted on it yet.
-    obs = await reconcile.observe(kube, spec, None, None)
-    assert _observed(obs) == (False, False)
-    assert obs.missing_children == ()
+    assert _observed(await reconcile.observe(kube, spec, None, None)) == (STALE, STALE)
 
     await controller_reports(kube, "tiny-controlplane", 1)
     await controller_reports(kube, "tiny-dataplane", 1)
     obs = await reconcile.observe(kube, spec, None, None)
-    assert _observed(obs) == (True, True)
+    assert _observed(obs) == (OBSERVED, OBSERVED)
     assert (obs.ready_replicas, obs.updated_replicas) == (1, 1)
 
     # A new data-plane template: the counts are the same, but they are the old pods'.
@@ -65,7 +64,7 @@ async def test_a_deployment_is_rolled_only_once_it_observed_its_latest_spec(kube
     spec = parse_spec(rolled["metadata"], rolled["spec"])
     await reconcile.apply_children(kube, spec, CONFIG)
     obs = await reconcile.observe(kube, spec, None, None)
-    assert _observed(obs) == (False, True)
+    assert _observed(obs) == (STALE, OBSERVED)
     assert (obs.ready_replicas, obs.updated_replicas) == (1, 1)
     status = compute_status(
         obs, [], now="2026-01-02T03:04:05Z", selector="", controlplane_endpoint=""
@@ -74,4 +73,4 @@ async def test_a_deployment_is_rolled_only_once_it_observed_its_latest_spec(kube
     assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut")
 
     await controller_reports(kube, "tiny-dataplane", 1)
-    assert _observed(await reconcile.observe(kube, spec, None, None)) == (True, True)
+    assert _observed(await reconcile.observe(kube, spec, None, None)) == (OBSERVED, OBSERVED)
