@@ -57,7 +57,9 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # cd3ddfe; occupancy (11:18): commit 490b485; next-session with the kernels after its
     # checks (11:20; the resident sweep ran past its 280 s): commit 87bcb49; huge-blocks
     # (11:31): commit 66ee080; next-session-2 (the ablation, fixed at skew 0; 11:35): commit
-    # c77aee2; overload-pair (12:10): commit d494226).
+    # c77aee2; overload-pair (12:10): commit d494226; persistent (13:07 at 81eeb53, with
+    # warp specialization; 13:20): commit 1442163; confirm (13:26): commit e6649bc; ws-probe
+    # (13:31 at 9611648; 13:39): commit 798a617).
     # Where a qwen3 step's time goes, and the kernels after any change to them.
     "profile": (
         Job("gpu0", 0, (
@@ -76,49 +78,7 @@ PLANS: dict[str, tuple[Job, ...]] = {
             Step("python3 bench/gluon_probe.py --out $JOB_OUT", 300),
         )),
     ),
-    # Triton's warp specialization on the smallest grouped down GEMM (host-made descriptors,
-    # bench/ws_probe.py), the specialized variants last.
-    "ws-probe": (
-        Job("gpu0", 0, (
-            Step("python3 bench/ws_probe.py --out $JOB_OUT", 200),
-        )),
-    ),
-    # The committed table measured on both GPUs at once (two independent kernel tables of
-    # one commit: the spread between GPUs and calls), then the breakdown and the checks.
-    "confirm": (
-        Job("gpu0", 0, (
-            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
-                 "--out-dir $JOB_OUT", 150),
-            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60),
-        )),
-        Job("gpu1", 1, (
-            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
-                 "--out-dir $JOB_OUT", 150),
-            Step("python3 bench/moe_breakdown.py --out $JOB_OUT", 100),
-        )),
-    ),
-    # Persistent schedules (moe_configs.SCHEDULES) and the up GEMM's presorted rows: first
-    # each on the committed tiles against one tile a program (output and time), then as
-    # tuner candidates, then the kernel table and the breakdown on the new table. Its first
-    # run (13:07, commit 81eeb53) offered Triton's warp specialization too, which faulted.
-    "persistent": (
-        Job("gpu0", 0, (
-            Step("python3 bench/schedule_check.py --tokens 1024,2048,4096 --out $JOB_OUT", 120,
-                 gate=True),
-            Step("python3 bench/tune_moe.py --tokens 1024,2048,4096 --log $JOB_OUT/tune_log.json "
-                 "--out $JOB_OUT/fused_moe_NVIDIA_H200.json", 280, gate=True),
-            Step("touch /tmp/persistent.tuned", 5),
-            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
-                 "--out-dir $JOB_OUT", 130),
-        )),
-        Job("gpu1", 1, (
-            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
-            Step("until [ -f /tmp/persistent.tuned ]; do sleep 5; done", 400, gate=True),
-            Step("python3 bench/moe_breakdown.py --out $JOB_OUT", 80),
-        )),
-    ),
-    # The next session's first call: Experiment 2 at overload with both policies in one
-    # call. Resident's KV is 3.3x smaller than at 11-30 06:55 since the graph plan prices the
+    # Experiment 2 at overload with both policies in one call (for issue 5's record). Resident's KV is 3.3x smaller than at 11-30 06:55 since the graph plan prices the
     # driver's memory, and it did not finish 1,000 requests in 280 s (11:20) nor 500 in 250 s
     # (12:10, where elastic served them in 60 s): 500 requests, and all the time a call has.
     "next-session": (

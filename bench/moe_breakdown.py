@@ -43,6 +43,7 @@ from tune_moe import (
     MoeShape,
     PagedExperts,
     make_experts,
+    model_names,
     random_routing,
     replay_ms,
     run_info,
@@ -234,10 +235,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("."), help="directory for the JSON")
     parser.add_argument("--rep-ms", type=float, default=50.0, help="do_bench repetition time")
     args = parser.parse_args()
-    names = sorted(MODELS) if args.models == "all" else args.models.split(",")
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        print(f"unknown models {unknown}; choose from {sorted(MODELS)}", file=sys.stderr)
+    try:
+        names = model_names(args.models)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("moe_breakdown.py needs a CUDA GPU (it times CUDA-graph replays)", file=sys.stderr)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tune_moe import MODELS, gemm_closures, make_experts, replay_ms, run_info
+from tune_moe import MODELS, gemm_closures, make_experts, model_names, replay_ms, run_info
 
 from rimuru.kernels import get_moe_config
 from rimuru.kernels.moe_configs import SCHEDULES, GemmTile
@@ -87,10 +87,14 @@ def main() -> int:
     parser.add_argument("--rep-ms", type=float, default=20.0)
     parser.add_argument("--out", type=Path, default=None, help="write schedule_check.json here")
     args = parser.parse_args()
+    try:
+        names = model_names(args.models)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("schedule_check.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    names = sorted(MODELS) if args.models == "all" else args.models.split(",")
     tokens = [int(t) for t in args.tokens.split(",")]
     rows = [r for name in names for n in tokens for r in check_model(name, n, args.rep_ms)]
     if args.out:

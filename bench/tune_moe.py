@@ -55,6 +55,16 @@ MODELS = {
 }
 TOKEN_COUNTS = [2**i for i in range(13)]  # 1 .. 4096
 
+
+def model_names(arg: str) -> list[str]:
+    """--models of the GPU scripts: a comma list of MODELS keys, or 'all'."""
+    names = sorted(MODELS) if arg == "all" else arg.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown models {unknown}; choose from {sorted(MODELS)}")
+    return names
+
+
 _SMALL_TILES = [  # (block_n, block_k, num_warps, num_stages): weight streaming, few rows
     (64, 128, 4, 4),
     (128, 128, 4, 3),
@@ -375,10 +385,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("tune_moe.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    names = sorted(MODELS) if args.models == "all" else args.models.split(",")
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        print(f"unknown models {unknown}; choose from {sorted(MODELS)}", file=sys.stderr)
+    try:
+        names = model_names(args.models)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 2
     shapes = [MODELS[n] for n in names]
     tokens = [int(t) for t in args.tokens.split(",")]

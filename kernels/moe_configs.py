@@ -31,7 +31,8 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 # persistent:       one program per SM walks the tiles (grouped order, stride = programs).
 # flattened:        persistent, with the tile loop and the k loop fused into one loop that
 #                   Triton pipelines: the next tile's first loads are issued before this
-#                   tile's epilogue. A tail tile's branch keeps the loops apart (= persistent).
+#                   tile's epilogue. With tail tiles it compiles to the same code as
+#                   persistent (identical sm_90 PTX): their branch keeps the loops apart.
 # Triton 3.6's Hopper warp specialization of the tile loop is not offered: it faulted or hung
 # on the H200 (docs/benchmarks.md, "Persistent schedules, warp specialization ...").
 SCHEDULES = ("grid", "persistent", "flattened")

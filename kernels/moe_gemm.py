@@ -312,22 +312,21 @@ def _tma_ok(
     return all(t.data_ptr() % 16 == 0 for t in bases) and all(s * size % 16 == 0 for s in steps)
 
 
-def _num_programs(device: torch.device) -> int:
-    """Programs of a persistent launch: one per SM. The interpreter (CPU) takes 3, so tests
-    walk several tiles per program, including programs that get one tile fewer."""
+def _grid_size(num_tiles: int, schedule: str, device: torch.device) -> int:
+    """Programs to launch: one per output tile, or (persistent schedules) at most one per SM.
+    The interpreter (CPU) stands for 3 SMs, so tests walk several tiles per program,
+    including programs that get one tile fewer."""
+    if schedule == "grid":
+        return num_tiles
     if device.type != "cuda":
-        return 3
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+        return min(num_tiles, 3)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return min(num_tiles, _num_sms(index))
 
 
 @functools.cache
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _grid_size(num_tiles: int, schedule: str, device: torch.device) -> int:
-    """Programs to launch: one per output tile, or (persistent schedules) at most one per SM."""
-    return num_tiles if schedule == "grid" else min(num_tiles, _num_programs(device))
 
 
 def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, tile: GemmTile,
@@ -354,7 +353,8 @@ def _launch(a, out, source: WeightSource, align: MoeAlignment, topk_weights, til
         align.sorted_pair_ids, align.block_expert_ids, pages, align.num_padded,
         align.num_pairs, top_k, n, k, a.stride(0), out.stride(0),
         source.page_elems, source.expert_stride, align.max_blocks, a.shape[0],
-        PAGE_COLUMN=0 if up else 2, PAGED=source.paged, UP=up, GATHER=gather, EVEN_K=k % tile.block_k == 0,
+        PAGE_COLUMN=0 if up else 2, PAGED=source.paged, UP=up, GATHER=gather,
+        EVEN_K=k % tile.block_k == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", USE_TMA=use_tma,
         BLOCK_M=align.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         TAIL=tile.tail, PERSISTENT=tile.schedule != "grid", FLATTEN=tile.schedule == "flattened",

@@ -103,6 +103,8 @@ class CopyControl:
             return self.max_num_seqs
         key = (experts.residency_version, tunables.copy_budget, ranking)
         cached = self._cap_key
+        # The ranking by identity: a new policy brings a new object, and comparing two
+        # rankings' contents every round would cost more than the lookup it saves.
         if cached is None or cached[:2] != key[:2] or cached[2] is not ranking:
             self._cap = max_batch_within_budget(
                 ranking, experts.resident_sets(), self.top_k, tunables.copy_budget,
