@@ -59,7 +59,7 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # (11:31): commit 66ee080; next-session-2 (the ablation, fixed at skew 0; 11:35): commit
     # c77aee2; overload-pair (12:10): commit d494226; persistent (13:07 at 81eeb53, with
     # warp specialization; 13:20): commit 1442163; confirm (13:26): commit e6649bc; ws-probe
-    # (13:31 at 9611648; 13:39): commit 798a617).
+    # (13:31 at 9611648; 13:39): commit 798a617; gluon-probe (11-30 14:52): commit ec2ca72).
     # Where a qwen3 step's time goes, and the kernels after any change to them.
     "profile": (
         Job("gpu0", 0, (
@@ -71,11 +71,11 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # Not yet run: both MoE GEMMs warp-specialized by hand in Gluon (bench/gluon_gemms.py,
-    # compiled for sm_90 only) beside the product kernel; a hang stops at the step's limit.
-    "gluon-probe": (
+    # Not yet run: the product's GEMMs on a dense problem (every pair to one expert) against
+    # cuBLAS, beside the routed ones: is the gap to the floor the main loop or the routing?
+    "dense-check": (
         Job("gpu0", 0, (
-            Step("python3 bench/gluon_probe.py --out $JOB_OUT", 300),
+            Step("python3 bench/dense_check.py --out $JOB_OUT", 400),
         )),
     ),
     # Experiment 2 at overload with both policies in one call (for issue 5's record). Resident's KV is 3.3x smaller than at 11-30 06:55 since the graph plan prices the

@@ -1,0 +1,43 @@
+"""bench/dense_check.py's dense problem and its output check, under the interpreter (fp32)."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from dense_check import check_dense, dense_routing, make_problem
+from tune_moe import MoeShape
+
+from rimuru.kernels.moe_configs import GemmTile
+
+SHAPE = MoeShape("tiny", 4, 32, 64, 2)  # E, I, D, K
+
+
+def _problem(top_k_tokens: int = 24):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(top_k_tokens, 64, generator=gen)
+    w13 = torch.randn(4, 64, 64, generator=gen) * 0.125
+    w2 = torch.randn(4, 64, 32, generator=gen) * 0.125
+    return make_problem(SHAPE, x, w13, w2, *dense_routing(top_k_tokens, 2, "cpu"), 16)
+
+
+def test_dense_routing_puts_every_pair_in_expert_0_without_padding():
+    p = _problem()
+    assert int(p.align.num_padded) == 48  # P = 24 * 2 rows, a multiple of block_m: no pad
+    assert p.align.block_expert_ids[:3].tolist() == [0, 0, 0]
+    assert sorted(p.align.sorted_pair_ids[:48].tolist()) == list(range(48))
+
+
+def test_the_kernel_matches_torch_on_the_dense_problem():
+    up, down = check_dense(_problem(), GemmTile(32, 32), GemmTile(32, 32))
+    assert up < 1e-5 and down < 1e-5
+
+
+def test_a_wrong_expert_is_caught():
+    # The check's reference reads expert 0's matrices: blocks that send the kernel to
+    # expert 1's must fail it.
+    p = _problem()
+    p.align.block_expert_ids[:3] = 1
+    up, _ = check_dense(p, GemmTile(32, 32), GemmTile(32, 32))
+    assert up > 0.5
