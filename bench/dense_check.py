@@ -12,7 +12,9 @@ GEMM, same run, contiguous stacks, CUDA-graph replays with L2 flushed (tune_moe.
              padding and one expert's weights, i.e. a dense GEMM through the same main loop;
              the tuned tile and a few others (best kept)
     cublas   torch.matmul on that dense GEMM ([P, D] x [D, 2I]; [P, I] x [I, D])
-    bmm      torch.bmm on the equal split (moe_breakdown.py's row)
+    grouped  torch._grouped_mm (torch's own grouped GEMM for MoE) on the routed rows, sorted
+             by expert without padding, offsets per expert: what a vendor grouped GEMM does
+             with the same routing (it cannot read pages: no table, one [E, K, N] stack)
 
 dense / cublas is the main loop's own gap; routed / dense is what routing adds (padding rows,
 tail tiles, E experts' weights). Each dense output is checked against cuBLAS before it is
@@ -112,6 +114,25 @@ def check_dense(p: Problem, up_tile: GemmTile, down_tile: GemmTile) -> tuple[flo
     return up_diff, down_diff
 
 
+def grouped_us(shape: MoeShape, x, w13, w2, ids, rep_ms: float) -> dict[str, float]:
+    """torch._grouped_mm on the routed rows (module doc); NaN where this torch lacks it."""
+    E, inter, k = shape.num_experts, shape.inter_size, shape.top_k
+    order = torch.argsort(ids.reshape(-1), stable=True)  # pairs sorted by expert
+    offs = torch.cumsum(torch.bincount(ids.reshape(-1), minlength=E), 0).to(torch.int32)
+    a_up = x[order // k]  # [P, D]
+    a_down = torch.randn(order.numel(), inter, device=x.device).to(x.dtype)  # [P, I]
+    out = {}
+    for gemm, a, b in (("up", a_up, w13.transpose(1, 2)), ("down", a_down, w2.transpose(1, 2))):
+        try:
+            out[gemm] = 1e3 * replay_ms(
+                functools.partial(torch._grouped_mm, a, b, offs=offs), rep_ms
+            )
+        except Exception as exc:  # no grouped GEMM for this GPU or torch
+            print(f"    grouped {gemm}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+            out[gemm] = float("nan")
+    return out
+
+
 def run_case(name: str, num_tokens: int, rep_ms: float) -> dict:
     shape = MODELS[name]
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -137,6 +158,8 @@ def run_case(name: str, num_tokens: int, rep_ms: float) -> dict:
                                     ("down", config.gemm2, DENSE_DOWN_TILES))
     }  # fmt: skip
     diffs = {}
+    grouped = grouped_us(shape, x, w13, w2, random_routing(num_tokens, shape, dev, num_tokens)[0],
+                         rep_ms)  # fmt: skip
     for gemm in ("up", "down"):
         launch_routed = routed.up if gemm == "up" else routed.down
         launch_dense = dense.up if gemm == "up" else dense.down
@@ -157,6 +180,7 @@ def run_case(name: str, num_tokens: int, rep_ms: float) -> dict:
         b = w13[0].T if gemm == "up" else w2[0].T  # transposed views: cuBLAS reads in place
         c = torch.empty(P, b.shape[1], device=dev, dtype=dt)
         us["cublas"] = 1e3 * replay_ms(functools.partial(torch.matmul, a, b, out=c), rep_ms)
+        us["grouped"] = grouped[gemm]
         row[gemm] = {
             **{f"{v}_us": t for v, t in us.items()},
             "dense_best_tile": asdict(best),
@@ -164,6 +188,7 @@ def run_case(name: str, num_tokens: int, rep_ms: float) -> dict:
             "floor_us": 1e6 * flops[gemm] / PEAK_FLOPS,
             "routed_over_dense": us["routed"] / us["dense_best"],
             "dense_over_cublas": us["dense_best"] / us["cublas"],
+            "routed_over_grouped": us["routed"] / us["grouped"],
             "cublas_tflops": flops[gemm] / us["cublas"] / 1e6,
             "dense_tflops": flops[gemm] / us["dense_best"] / 1e6,
             "all_dense_us": {str(t): v for t, v in dense_us.items()},
@@ -177,7 +202,7 @@ def run_case(name: str, num_tokens: int, rep_ms: float) -> dict:
 def summarize(rows: list[dict]) -> None:
     print("\n==== dense check (bf16, contiguous; us; floor = FLOPs / 755 TFLOP/s) ====")
     print(f"{'model':18s} {'T':>5} {'gemm':4s} {'floor':>7} {'routed':>7} {'dense':>7} {'tuned':>7} "
-          f"{'cublas':>7} {'r/d':>5} {'d/cub':>5} {'TF/s d':>6} {'TF/s c':>6} {'diff':>8}")  # fmt: skip
+          f"{'cublas':>7} {'groupd':>7} {'r/d':>5} {'d/cub':>5} {'r/grp':>5} {'TF/s d':>6} {'TF/s c':>6} {'diff':>8}")  # fmt: skip
     for r in rows:
         if "error" in r:
             print(f"{r['model']:18s} {r['tokens']:5d} FAILED {r['error']}")
@@ -186,7 +211,8 @@ def summarize(rows: list[dict]) -> None:
             g = r[gemm]
             print(f"{r['model']:18s} {r['tokens']:5d} {gemm:4s} {g['floor_us']:7.1f} {g['routed_us']:7.1f} "
                   f"{g['dense_best_us']:7.1f} {g['dense_tuned_us']:7.1f} {g['cublas_us']:7.1f} "
-                  f"{g['routed_over_dense']:5.2f} {g['dense_over_cublas']:5.2f} "
+                  f"{g['grouped_us']:7.1f} {g['routed_over_dense']:5.2f} {g['dense_over_cublas']:5.2f} "
+                  f"{g['routed_over_grouped']:5.2f} "
                   f"{g['dense_tflops']:6.0f} {g['cublas_tflops']:6.0f} {g['max_rel_diff']:8.2g}")  # fmt: skip
 
 
