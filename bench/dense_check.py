@@ -7,7 +7,8 @@ Shape key: T = tokens, K = top-k, P = T*K pairs, E = experts, I = expert interme
 Per case (the shapes and token counts where the contiguous kernel misses 1.5x its floor) and
 GEMM, same run, contiguous stacks, CUDA-graph replays with L2 flushed (tune_moe.replay_ms):
 
-    routed   the product kernel, tuned tile, random routing (kernels_gpu.py's seed = T)
+    routed   the product kernel, tuned tile, random routing (kernels_gpu.py's seed = T);
+             also with other group_m (the tile order's L2 reuse)
     dense    the product kernel with every pair routed to expert 0: one expert, P rows, no
              padding and one expert's weights, i.e. a dense GEMM through the same main loop;
              the tuned tile and a few others (best kept)
@@ -51,6 +52,8 @@ CASES = [
 # tails weigh in. (11-30 15:20: the first run built these with num_warps in group_m's place.)
 DENSE_UP_TILES = [(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4), (128, 64, 4, 3)]
 DENSE_DOWN_TILES = [(256, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 64, 4, 3)]
+
+ROUTED_GROUP_M = (1, 2, 4, 16, 64)  # beside the tuned tile's 8
 
 
 @dataclass
@@ -164,6 +167,12 @@ def run_case(name: str, num_tokens: int, rep_ms: float) -> dict:
         launch_routed = routed.up if gemm == "up" else routed.down
         launch_dense = dense.up if gemm == "up" else dense.down
         us = {"routed": 1e3 * replay_ms(launch_routed(tiles[gemm][0]), rep_ms)}
+        # The tile order on routed work: GROUP_M row blocks (several experts' blocks) sweep
+        # the same weight columns together; does L2 reuse across them matter?
+        group_us = {
+            g: 1e3 * replay_ms(launch_routed(replace(tiles[gemm][0], group_m=g)), rep_ms)
+            for g in ROUTED_GROUP_M
+        }
         dense_us = {}
         for tile in dict.fromkeys(tiles[gemm]):
             try:
@@ -192,6 +201,7 @@ def run_case(name: str, num_tokens: int, rep_ms: float) -> dict:
             "cublas_tflops": flops[gemm] / us["cublas"] / 1e6,
             "dense_tflops": flops[gemm] / us["dense_best"] / 1e6,
             "all_dense_us": {str(t): v for t, v in dense_us.items()},
+            "routed_group_m_us": group_us,
         }
         g = row[gemm]
         print(f"  {shape.name:18s} T={num_tokens} {gemm:4s} routed {g['routed_us']:7.1f} dense "
@@ -214,6 +224,10 @@ def summarize(rows: list[dict]) -> None:
                   f"{g['grouped_us']:7.1f} {g['routed_over_dense']:5.2f} {g['dense_over_cublas']:5.2f} "
                   f"{g['routed_over_grouped']:5.2f} "
                   f"{g['dense_tflops']:6.0f} {g['cublas_tflops']:6.0f} {g['max_rel_diff']:8.2g}")  # fmt: skip
+            groups = " ".join(f"{m}:{t:.1f}" for m, t in g["routed_group_m_us"].items())
+            print(
+                f"{'':24s} routed by group_m (tuned {r['config']['gemm1' if gemm == 'up' else 'gemm2']['group_m']}): {groups}"
+            )
 
 
 def main() -> int:
