@@ -71,8 +71,26 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # Not yet run: the product's GEMMs on a dense problem (every pair to one expert) against
-    # cuBLAS, beside the routed ones: is the gap to the floor the main loop or the routing?
+    # Not yet run: the tuner with each GEMM's best tile tried at every GROUP_MS tile order,
+    # then the kernel table on both GPUs at once and the breakdown on the new table.
+    "group-m": (
+        Job("gpu0", 0, (
+            Step("python3 bench/tune_moe.py --tokens 1024,2048,4096 --log $JOB_OUT/tune_log.json "
+                 "--out $JOB_OUT/fused_moe_NVIDIA_H200.json", 300, gate=True),
+            Step("touch /tmp/group_m.tuned", 5),
+            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
+                 "--out-dir $JOB_OUT", 150),
+        )),
+        Job("gpu1", 1, (
+            Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
+            Step("until [ -f /tmp/group_m.tuned ]; do sleep 5; done", 300, gate=True),
+            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
+                 "--out-dir $JOB_OUT", 150),
+        )),
+    ),
+    # The product's GEMMs on a dense problem (every pair to one expert) against cuBLAS and
+    # torch._grouped_mm, beside the routed ones (run 11-30 14:54, 14:55, 14:57, 14:59 at
+    # b685b50, 4b7de26, 03cbfaa, 7bb54a8).
     "dense-check": (
         Job("gpu0", 0, (
             Step("python3 bench/dense_check.py --out $JOB_OUT", 400),

@@ -20,7 +20,7 @@ import multiprocessing
 import os
 import sys
 import time
-from dataclasses import asdict, astuple, dataclass
+from dataclasses import asdict, astuple, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -319,6 +319,18 @@ def precompile(shapes: list[MoeShape], tokens: list[int], dtype: torch.dtype, wo
     )
 
 
+# Tile orders tried on each GEMM's best tile once it is chosen (not on every candidate: six
+# times the list). 11-30 14:59 (bench/dense_check.py): group_m 64 took Mixtral's routed
+# GEMMs at 1024 tokens from 977 to 932 us (up) and 531 to 481 (down); 1-2 helped the Qwen
+# down GEMMs at 2048 by 1-3%.
+GROUP_MS = (1, 2, 4, 8, 16, 64)
+
+
+def group_m_variants(tile: GemmTile) -> list[GemmTile]:
+    """The tile at every other GROUP_MS tile order."""
+    return [replace(tile, group_m=g) for g in GROUP_MS if g != tile.group_m]
+
+
 def variant_ratios(times: dict[GemmTile, float]) -> dict[str, float]:
     """One GEMM's candidates, same run: best with tail tiles / best without (one tile a
     program, gathered rows, both), best of each persistent schedule / best one tile a
@@ -353,6 +365,14 @@ def tune_shape(
             up, down, *_ = gemm_closures(experts, shape, n, bm, seed=n)
             t_up = {tile: _bench(up(tile), rep_ms) for tile in tiles_for(bm, up=True)}
             t_down = {tile: _bench(down(tile), rep_ms) for tile in tiles_for(bm, up=False)}
+            for gemm, launch, times in (("up", up, t_up), ("down", down, t_down)):
+                first = min(times, key=times.get)
+                orders = {t: _bench(launch(t), rep_ms) for t in group_m_variants(first)}
+                times.update(orders)
+                best_order = min(orders, key=orders.get)
+                print(f"  {shape.name:18s} T={n:5d} bm={bm:3d} {gemm:4s} group_m "
+                      f"{best_order.group_m} / {first.group_m}: "
+                      f"{orders[best_order] / times[first]:.3f}", flush=True)  # fmt: skip
             for gemm, times in (("up", t_up), ("down", t_down)):
                 log.extend({"model": shape.name, "tokens": n, "block_m": bm, "gemm": gemm,
                             "tile": asdict(tile), "ms": t} for tile, t in times.items())  # fmt: skip

@@ -1,12 +1,13 @@
 """bench/tune_moe.py's candidate lists and same-run ratios (pure functions, no GPU)."""
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from tune_moe import MODELS, model_names, tiles_for, variant_ratios
+from tune_moe import GROUP_MS, MODELS, group_m_variants, model_names, tiles_for, variant_ratios
 
 from rimuru.kernels.moe_configs import GemmTile
 
@@ -46,3 +47,10 @@ def test_models_are_named_or_all_and_an_unknown_one_is_refused():
     assert model_names("qwen3-30b-a3b,mixtral-8x7b") == ["qwen3-30b-a3b", "mixtral-8x7b"]
     with pytest.raises(ValueError, match="unknown models \\['qwen3'\\]"):
         model_names("qwen3")
+
+
+def test_group_m_variants_are_the_same_tile_at_every_other_order():
+    tile = GemmTile(256, 64, 8, 8, 3, tma=True, schedule="flattened")
+    variants = group_m_variants(tile)
+    assert [v.group_m for v in variants] == [g for g in GROUP_MS if g != 8]
+    assert {replace(v, group_m=8) for v in variants} == {tile}
