@@ -71,8 +71,14 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # Not yet run: the tuner with each GEMM's best tile tried at every GROUP_MS tile order,
-    # then the kernel table on both GPUs at once and the breakdown on the new table.
+    # Not yet run: the paged overhead stage by stage, with and without loading-buffer experts.
+    "paged-probe": (
+        Job("gpu0", 0, (
+            Step("python3 bench/paged_probe.py --out $JOB_OUT", 300),
+        )),
+    ),
+    # The tuner with each GEMM's best tile tried at every GROUP_MS tile order, then the
+    # kernel table on both GPUs at once (run 11-30 15:01 at 4f59268; its table is committed).
     "group-m": (
         Job("gpu0", 0, (
             Step("python3 bench/tune_moe.py --tokens 1024,2048,4096 --log $JOB_OUT/tune_log.json "
