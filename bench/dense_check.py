@@ -1,6 +1,7 @@
 """Is the fused MoE's gap to its floor in the GEMM main loops, or in the MoE around them?
 
 Usage (GPU):  python bench/dense_check.py [--out DIR]
+       (CPU): python bench/dense_check.py --plot DIR/dense_check.json --out FILE.png
 
 Shape key: T = tokens, K = top-k, P = T*K pairs, E = experts, I = expert intermediate, D = hidden.
 
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
+from moe_breakdown import gemm_floors_us
 from tune_moe import MODELS, PEAK_FLOPS, MoeShape, random_routing, replay_ms, run_info
 
 from rimuru.kernels import get_moe_config
@@ -195,6 +197,7 @@ def run_case(name: str, num_tokens: int, rep_ms: float) -> dict:
             "dense_best_tile": asdict(best),
             "max_rel_diff": max(d for (g, _), d in diffs.items() if g == gemm),
             "floor_us": 1e6 * flops[gemm] / PEAK_FLOPS,
+            "routed_floor_us": routed_floor(shape, num_tokens)[gemm],
             "routed_over_dense": us["routed"] / us["dense_best"],
             "dense_over_cublas": us["dense_best"] / us["cublas"],
             "routed_over_grouped": us["routed"] / us["grouped"],
@@ -230,11 +233,59 @@ def summarize(rows: list[dict]) -> None:
             )
 
 
+# Bars per case and GEMM, each over the FLOP floor (what the 1.5x target is measured against).
+PLOT_BARS = (("cublas_us", "cuBLAS, dense"), ("dense_best_us", "product, dense"),
+             ("routed_us", "product, routed"), ("grouped_us", "torch._grouped_mm, routed"))  # fmt: skip
+
+
+def routed_floor(shape: MoeShape, num_tokens: int) -> dict[str, float]:
+    """Each GEMM's floor on the routed problem, as kernels_gpu.py and moe_breakdown.py count
+    it: max(FLOPs / 755 TFLOP/s, bytes / 4.17 TB/s), the weights of every expert included.
+    Every expert is touched in CASES: an expert misses P >= 136 E pairs with odds e^-136."""
+    up, down = gemm_floors_us(shape, num_tokens, shape.num_experts)
+    return {"up": up, "down": down}
+
+
+def plot(rows: list[dict], path: Path) -> dict[str, list[float]]:
+    """A PNG of each GEMM's times over the routed problem's floor (the issue's floor; the
+    dense problem's own floor, FLOPs alone, is at most that); drawn here from a run's JSON
+    (the GPU image has no matplotlib). Returns the plotted heights by bar label."""
+    from matplotlib.figure import Figure
+
+    by_name = {shape.name: shape for shape in MODELS.values()}
+    cases = [(r, g) for r in rows if "error" not in r for g in ("up", "down")]
+    floors = [routed_floor(by_name[r["model"]], r["tokens"])[g] for r, g in cases]
+    heights = {label: [r[g][key] / f for (r, g), f in zip(cases, floors, strict=True)]
+               for key, label in PLOT_BARS}  # fmt: skip
+    fig = Figure(figsize=(11, 4.2))
+    ax = fig.add_subplot()
+    width = 0.8 / len(PLOT_BARS)
+    for i, (label, values) in enumerate(heights.items()):
+        ax.bar([c + (i - 1.5) * width for c in range(len(cases))], values, width, label=label)
+    ax.axhline(1.5, color="k", linestyle="--", linewidth=1, label="1.5x floor (target, whole MoE)")
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels([f"{r['model'].split('-')[0]}\nT={r['tokens']} {g}" for r, g in cases],
+                       fontsize=8)  # fmt: skip
+    ax.set_ylabel("time / routed floor")
+    ax.set_title("MoE GEMMs: main loop (dense) vs routing (routed), H200, bf16")
+    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return heights
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--rep-ms", type=float, default=50.0)
+    parser.add_argument("--plot", type=Path, metavar="JSON",
+                        help="no GPU: draw a run's dense_check.json as PNG into --out")  # fmt: skip
     args = parser.parse_args()
+    if args.plot:
+        rows = json.loads(args.plot.read_text())["rows"]
+        png = args.out / args.plot.with_suffix(".png").name if args.out.is_dir() else args.out
+        plot(rows, png)
+        print(f"wrote {png}")
+        return 0
     if not torch.cuda.is_available():
         print("dense_check.py needs a CUDA GPU", file=sys.stderr)
         return 2

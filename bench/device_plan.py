@@ -95,7 +95,7 @@ PLANS: dict[str, tuple[Job, ...]] = {
         )),
     ),
     # The product's GEMMs on a dense problem (every pair to one expert) against cuBLAS and
-    # torch._grouped_mm, beside the routed ones (run 11-30 14:54, 14:55, 14:57, 14:59 at
+    # torch._grouped_mm, beside the routed ones (run 11-30 14:54, 14:55, 14:57, 15:00 at
     # b685b50, 4b7de26, 03cbfaa, 7bb54a8).
     "dense-check": (
         Job("gpu0", 0, (

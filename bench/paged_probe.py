@@ -4,8 +4,9 @@ Usage (GPU):  python bench/paged_probe.py [--out DIR]
 
 Why: in five kernel-table runs (11-30 13:24-15:06) the Qwen shapes at 2048 tokens were the
 one bucket with a steady paged overhead (Qwen3 +0.75..+1.04%, Qwen1.5 +0.40..+1.13%) while
-the two GEMM kernels compile to the same inner loops for both paths (the page base is a
-select in the prologue; sm_90 PTX compared 11-30 15:10). Per case, tuned config, each stage
+the kernels differ little between the paths (sm_90 PTX, 11-30 15:08 and 15:13: the up
+GEMM's inner loops are identical, the page base a select in its prologue; the flattened down
+GEMM's fused loop carries that per-tile select). Per case, tuned config, each stage
 of fused_moe.py's ``_run`` is timed paged against contiguous in interleaved rounds with L2
 flushed (ab_timing.py, as kernels_gpu.py times the whole), twice: with a share of the experts
 in loading-buffer slots (kernels_gpu.py's fixture) and with every expert in the pool.

@@ -41,3 +41,20 @@ def test_a_wrong_expert_is_caught():
     p.align.block_expert_ids[:3] = 1
     up, _ = check_dense(p, GemmTile(32, 32), GemmTile(32, 32))
     assert up > 0.5
+
+
+def test_the_plot_divides_each_time_by_the_routed_floor(tmp_path):
+    from dense_check import PLOT_BARS, plot, routed_floor
+    from tune_moe import MODELS
+
+    shape = MODELS["qwen3-30b-a3b"]
+    gemm_row = {"cublas_us": 100.0, "dense_best_us": 120.0, "routed_us": 300.0, "grouped_us": 330.0}
+    rows = [{"model": shape.name, "tokens": 2048, "up": gemm_row, "down": gemm_row},
+            {"model": "Mixtral-8x7B", "tokens": 1024, "error": "failed"}]  # fmt: skip
+    heights = plot(rows, tmp_path / "dense.png")
+    floors = routed_floor(shape, 2048)
+    # Qwen3 at 2048 tokens is bound by its weights' bytes, not its FLOPs.
+    assert floors["up"] > 2 * 2048 * 8 * 2048 * 2 * 768 / 755e12 * 1e6
+    for key, label in PLOT_BARS:
+        assert heights[label] == [gemm_row[key] / floors["up"], gemm_row[key] / floors["down"]]
+    assert (tmp_path / "dense.png").read_bytes()[:4] == b"\x89PNG"
