@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, astuple, dataclass, replace
 from pathlib import Path
 
@@ -320,15 +321,23 @@ def precompile(shapes: list[MoeShape], tokens: list[int], dtype: torch.dtype, wo
 
 
 # Tile orders tried on each GEMM's best tile once it is chosen (not on every candidate: six
-# times the list). 11-30 14:59 (bench/dense_check.py): group_m 64 took Mixtral's routed
-# GEMMs at 1024 tokens from 977 to 932 us (up) and 531 to 481 (down); 1-2 helped the Qwen
-# down GEMMs at 2048 by 1-3%.
+# times the list). 11-30 15:01-15:06, the first tuner run with it (tune_log_h200_groupm_1506):
+# Mixtral's GEMMs at 1024 tokens gained 1.7% (up, group_m 16) and 2.1% (down, 64) over the same
+# tile at 8; bench/dense_check.py's 15:00 run had shown 5-9% there on a slower baseline.
 GROUP_MS = (1, 2, 4, 8, 16, 64)
 
 
 def group_m_variants(tile: GemmTile) -> list[GemmTile]:
     """The tile at every other GROUP_MS tile order."""
     return [replace(tile, group_m=g) for g in GROUP_MS if g != tile.group_m]
+
+
+def refine_group_m(
+    times: dict[GemmTile, float], bench: Callable[[GemmTile], float]
+) -> dict[GemmTile, float]:
+    """The best tile of ``times`` timed by ``bench`` at every other GROUP_MS order."""
+    first = min(times, key=times.get)
+    return {tile: bench(tile) for tile in group_m_variants(first)}
 
 
 def variant_ratios(times: dict[GemmTile, float]) -> dict[str, float]:
@@ -366,19 +375,17 @@ def tune_shape(
             t_up = {tile: _bench(up(tile), rep_ms) for tile in tiles_for(bm, up=True)}
             t_down = {tile: _bench(down(tile), rep_ms) for tile in tiles_for(bm, up=False)}
             for gemm, launch, times in (("up", up, t_up), ("down", down, t_down)):
+                # Ratios first: refined orders would give one side of a ratio six tries.
+                ratios = " ".join(f"{k} {r:.3f}" for k, r in variant_ratios(times).items())
                 first = min(times, key=times.get)
-                orders = {t: _bench(launch(t), rep_ms) for t in group_m_variants(first)}
+                orders = refine_group_m(times, lambda t, launch=launch: _bench(launch(t), rep_ms))
+                order = min(orders, key=orders.get)
                 times.update(orders)
-                best_order = min(orders, key=orders.get)
-                print(f"  {shape.name:18s} T={n:5d} bm={bm:3d} {gemm:4s} group_m "
-                      f"{best_order.group_m} / {first.group_m}: "
-                      f"{orders[best_order] / times[first]:.3f}", flush=True)  # fmt: skip
-            for gemm, times in (("up", t_up), ("down", t_down)):
                 log.extend({"model": shape.name, "tokens": n, "block_m": bm, "gemm": gemm,
                             "tile": asdict(tile), "ms": t} for tile, t in times.items())  # fmt: skip
-                ratios = " ".join(f"{k} {r:.3f}" for k, r in variant_ratios(times).items())
                 print(f"  {shape.name:18s} T={n:5d} bm={bm:3d} {gemm:4s} best of variant / "
-                      f"baseline: {ratios}", flush=True)  # fmt: skip
+                      f"baseline: {ratios}; group_m {order.group_m} / {first.group_m} "
+                      f"{orders[order] / times[first]:.3f}", flush=True)  # fmt: skip
             tile1, tile2 = min(t_up, key=t_up.get), min(t_down, key=t_down.get)
             total = t_up[tile1] + t_down[tile2]
             if best is None or total < best[0]:

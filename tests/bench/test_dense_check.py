@@ -58,3 +58,26 @@ def test_the_plot_divides_each_time_by_the_routed_floor(tmp_path):
     for key, label in PLOT_BARS:
         assert heights[label] == [gemm_row[key] / floors["up"], gemm_row[key] / floors["down"]]
     assert (tmp_path / "dense.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_padding_rows_are_left_out_of_the_check():
+    # 25 tokens x top-2 = 50 pairs: the last block of 16 rows holds 2 pairs and 14 padding
+    # rows, which must not be read as pairs (their id is num_pairs, past every token).
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(25, 64, generator=gen)
+    w13 = torch.randn(4, 64, 64, generator=gen) * 0.125
+    w2 = torch.randn(4, 64, 32, generator=gen) * 0.125
+    p = make_problem(SHAPE, x, w13, w2, *dense_routing(25, 2, "cpu"), 16)
+    assert int(p.align.num_padded) == 64
+    up, down = check_dense(p, GemmTile(32, 32), GemmTile(32, 32))
+    assert up < 1e-5 and down < 1e-5
+
+
+def test_a_nan_in_the_compared_rows_fails_the_check():
+    from dense_check import output_ok
+
+    p = _problem()
+    p.x[3] = float("nan")  # the rows of token 3's pairs come out NaN
+    up, down = check_dense(p, GemmTile(32, 32), GemmTile(32, 32))
+    assert not output_ok(up) and not output_ok(down)
+    assert output_ok(0.003) and not output_ok(0.02)

@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from tune_moe import GROUP_MS, MODELS, group_m_variants, model_names, tiles_for, variant_ratios
+from tune_moe import (
+    GROUP_MS,
+    MODELS,
+    group_m_variants,
+    model_names,
+    refine_group_m,
+    tiles_for,
+    variant_ratios,
+)
 
 from rimuru.kernels.moe_configs import GemmTile
 
@@ -50,7 +58,20 @@ def test_models_are_named_or_all_and_an_unknown_one_is_refused():
 
 
 def test_group_m_variants_are_the_same_tile_at_every_other_order():
-    tile = GemmTile(256, 64, 8, 8, 3, tma=True, schedule="flattened")
+    tile = GemmTile(128, 64, 8, 8, 4, tma=True, tail=2, presort=True)
     variants = group_m_variants(tile)
     assert [v.group_m for v in variants] == [g for g in GROUP_MS if g != 8]
     assert {replace(v, group_m=8) for v in variants} == {tile}
+
+
+def test_the_refinement_times_the_best_tile_only_at_the_other_orders():
+    fast, slow = GemmTile(128, 64, 8, 8, 4, tma=True, tail=2), GemmTile(64, 64, 8, 4, 4)
+    timed = []
+
+    def bench(tile):
+        timed.append(tile)
+        return 0.5 if tile.group_m == 64 else 2.0
+
+    orders = refine_group_m({slow: 3.0, fast: 1.0}, bench)
+    assert timed == group_m_variants(fast)
+    assert min(orders, key=orders.get) == replace(fast, group_m=64)
