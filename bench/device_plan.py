@@ -71,6 +71,12 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
+    # Not yet run: where a decode-sized MoE call's time goes (align, GEMMs, sum) on the table.
+    "decode-breakdown": (
+        Job("gpu0", 0, (
+            Step("python3 bench/moe_breakdown.py --tokens 1,16,64,256 --out $JOB_OUT", 200),
+        )),
+    ),
     # Not yet run: the paged overhead stage by stage, with and without loading-buffer experts.
     "paged-probe": (
         Job("gpu0", 0, (
