@@ -71,7 +71,13 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # Not yet run: where a decode-sized MoE call's time goes (align, GEMMs, sum) on the table.
+    # Not yet run: the block-align step's three paths at every token count.
+    "align-probe": (
+        Job("gpu0", 0, (
+            Step("python3 bench/align_probe.py --out $JOB_OUT", 300),
+        )),
+    ),
+    # Where a decode-sized MoE call's time goes (align, GEMMs, sum); run 11-30 15:27 at 765526b.
     "decode-breakdown": (
         Job("gpu0", 0, (
             Step("python3 bench/moe_breakdown.py --tokens 1,16,64,256 --out $JOB_OUT", 200),

@@ -34,6 +34,8 @@ import triton.language as tl
 
 # One program does everything while its [pairs, experts] one-hot stays this small.
 _SINGLE_PROGRAM_MAX_CELLS = 16384
+# Triton's largest block: a single-program path's one-hot or comparison must fit in it.
+_MAX_BLOCK_ELEMENTS = 1 << 20
 # Pairs per program in the multi-program path.
 _CHUNK = 1024
 _BLOCK_IDS_PER_STEP = tl.constexpr(256)
@@ -114,6 +116,7 @@ def _align_single_program_kernel(
     PAIRS: tl.constexpr,
     EXPERTS: tl.constexpr,
     WITH_PAGES: tl.constexpr,
+    PAIRWISE: tl.constexpr,  # rank by a [PAIRS, PAIRS] comparison (else a scan, see below)
 ):
     p = tl.arange(0, PAIRS)
     expert_of_pair = tl.load(topk_ids_ptr + p, mask=p < num_pairs, other=-1).to(tl.int32)
@@ -124,8 +127,14 @@ def _align_single_program_kernel(
         counts, sorted_ptr, block_expert_ptr, num_padded_ptr, table_ptr, block_pages_ptr,
         num_pairs, max_blocks, BLOCK_M, EXPERTS, WITH_PAGES,
     )  # fmt: skip
-    rank = tl.cumsum(onehot, axis=0) - onehot  # stable rank of the pair inside its expert
-    pos = tl.sum(onehot * (starts[None, :] + rank), axis=1)
+    # A pair's stable rank inside its expert = the earlier pairs routed to the same expert.
+    if PAIRWISE:  # count them in a [PAIRS, PAIRS] comparison, summed along rows
+        same = (expert_of_pair[:, None] == expert_of_pair[None, :]) & (p[None, :] < p[:, None])
+        rank = tl.sum(same.to(tl.int32), axis=1)
+        pos = tl.sum(onehot * starts[None, :], axis=1) + rank
+    else:  # a running count down the one-hot's pair axis
+        rank = tl.cumsum(onehot, axis=0) - onehot
+        pos = tl.sum(onehot * (starts[None, :] + rank), axis=1)
     tl.store(sorted_ptr + pos, p, mask=p < num_pairs)
 
 
@@ -176,14 +185,20 @@ def _align_scatter_kernel(
     tl.store(sorted_ptr + pos, p, mask=valid)
 
 
+# How a call aligns its pairs: one program ranking the pairs by a scan of its [pairs, experts]
+# one-hot, one program ranking them by a [pairs, pairs] comparison, or three kernels over
+# chunks of pairs (a rank by atomics, the offsets, a scatter).
+ALIGN_PATHS = ("scan", "pairwise", "chunked")
+
+
 def align_variant(num_pairs: int, num_experts: int, block_m: int) -> tuple:
     """What decides which compiled align kernels a call launches (the engine's warm-up
-    enumerates it): one program over a [PAIRS, EXPERTS] one-hot while that fits, else the
-    chunked three-kernel path."""
+    enumerates it): the path ``moe_align_block_size`` takes by default, with the sizes its
+    kernels are compiled for."""
     experts_p2 = triton.next_power_of_2(num_experts)
     pairs_p2 = triton.next_power_of_2(max(num_pairs, 1))
     if pairs_p2 * experts_p2 <= _SINGLE_PROGRAM_MAX_CELLS:
-        return ("single", pairs_p2, experts_p2, block_m)
+        return ("scan", pairs_p2, experts_p2, block_m)
     return ("chunked", experts_p2, block_m)
 
 
@@ -192,12 +207,15 @@ def moe_align_block_size(
     num_experts: int,
     block_m: int,
     expert_table: torch.Tensor | None = None,
+    *,
+    path: str | None = None,
 ) -> MoeAlignment:
     """Group the pairs of ``topk_ids`` [T, K] by expert into blocks of ``block_m`` rows.
 
     With ``expert_table`` (int32 [E, 3], contiguous) each block's page ids are copied into
     ``block_pages``. Expert ids must lie in [0, num_experts); they are not checked (that
-    would need a host synchronisation).
+    would need a host synchronisation). ``path`` (one of ALIGN_PATHS) overrides the one
+    ``align_variant`` picks by size: for benchmarks and tests.
     """
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(
@@ -208,6 +226,8 @@ def moe_align_block_size(
         raise ValueError(f"num_experts must be >= 1; got {num_experts}")
     if block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"block_m must be a power of two >= 16; got {block_m}")
+    if path is not None and path not in ALIGN_PATHS:
+        raise ValueError(f"path must be one of {list(ALIGN_PATHS)}; got {path!r}")
     ids = topk_ids.contiguous().view(-1)
     num_pairs = ids.numel()
     device = ids.device
@@ -221,11 +241,19 @@ def moe_align_block_size(
     pages = block_pages if with_pages else block_experts
     experts_p2 = triton.next_power_of_2(num_experts)
     pairs_p2 = triton.next_power_of_2(max(num_pairs, 1))
-    if align_variant(num_pairs, num_experts, block_m)[0] == "single":
+    path = path or align_variant(num_pairs, num_experts, block_m)[0]
+    if path != "chunked":
+        block = (pairs_p2, pairs_p2 if path == "pairwise" else experts_p2)
+        if block[0] * block[1] > _MAX_BLOCK_ELEMENTS:
+            raise ValueError(
+                f"path {path!r} needs a {list(block)} block in one program, over Triton's "
+                f"{_MAX_BLOCK_ELEMENTS} elements; use 'chunked' or leave path unset"
+            )
+    if path != "chunked":
         _align_single_program_kernel[(1,)](
             ids, sorted_ids, block_experts, num_padded, table, pages, num_pairs, nb,
             BLOCK_M=block_m, PAIRS=pairs_p2, EXPERTS=experts_p2, WITH_PAGES=with_pages,
-            num_warps=4,
+            PAIRWISE=path == "pairwise", num_warps=4,
         )  # fmt: skip
     else:
         counts = torch.zeros(num_experts, dtype=torch.int32, device=device)

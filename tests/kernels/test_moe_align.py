@@ -3,7 +3,11 @@
 import pytest
 import torch
 
-from rimuru.kernels.moe_align import moe_align_block_size, moe_align_block_size_reference
+from rimuru.kernels.moe_align import (
+    ALIGN_PATHS,
+    moe_align_block_size,
+    moe_align_block_size_reference,
+)
 
 
 def _routing(num_tokens: int, top_k: int, num_experts: int, seed: int) -> torch.Tensor:
@@ -11,20 +15,25 @@ def _routing(num_tokens: int, top_k: int, num_experts: int, seed: int) -> torch.
     return torch.rand(num_tokens, num_experts, generator=gen).topk(top_k, dim=1).indices
 
 
+@pytest.mark.parametrize("path", [None, *ALIGN_PATHS])  # None: the path picked by size
 @pytest.mark.parametrize(
     ("num_tokens", "top_k", "num_experts", "block_m"),
     [
         (1, 1, 1, 16),  # one pair
-        (5, 3, 7, 16),  # single-program path
-        (64, 2, 60, 32),  # single-program path, most experts empty
-        (300, 8, 16, 16),  # multi-program path (atomics)
+        (5, 3, 7, 16),  # single-program size
+        (64, 2, 60, 32),  # single-program size, most experts empty
+        (300, 8, 16, 16),  # chunked size (atomics)
         (2000, 2, 8, 64),  # several chunks per program grid
         (257, 4, 33, 128),  # odd expert count, large blocks
     ],
 )
-def test_alignment_matches_reference(num_tokens, top_k, num_experts, block_m):
+def test_alignment_matches_reference(num_tokens, top_k, num_experts, block_m, path):
     ids = _routing(num_tokens, top_k, num_experts, seed=num_tokens)
-    got = moe_align_block_size(ids.to(torch.int32), num_experts, block_m)
+    if path == "pairwise" and num_tokens * top_k > 1024:  # a [4096, 4096] block: refused
+        with pytest.raises(ValueError, match="use 'chunked'"):
+            moe_align_block_size(ids.to(torch.int32), num_experts, block_m, path=path)
+        return
+    got = moe_align_block_size(ids.to(torch.int32), num_experts, block_m, path=path)
     ref = moe_align_block_size_reference(ids, num_experts, block_m)
     used = int(ref.num_padded)
     assert int(got.num_padded) == used
@@ -40,9 +49,10 @@ def test_alignment_matches_reference(num_tokens, top_k, num_experts, block_m):
     assert (got.block_expert_ids[used // block_m :] == -1).all()
 
 
-def test_single_program_path_keeps_pair_order():
+@pytest.mark.parametrize("path", ["scan", "pairwise"])
+def test_single_program_paths_keep_pair_order(path):
     ids = torch.tensor([[2, 0], [2, 1], [0, 2]])
-    got = moe_align_block_size(ids, 3, 16)
+    got = moe_align_block_size(ids, 3, 16, path=path)
     ref = moe_align_block_size_reference(ids, 3, 16)
     assert torch.equal(got.sorted_pair_ids[:48], ref.sorted_pair_ids[:48])
     assert got.sorted_pair_ids[:3].tolist() == [
@@ -64,3 +74,8 @@ def test_single_program_path_keeps_pair_order():
 def test_bad_input_is_refused(ids, experts, block_m, match):
     with pytest.raises(ValueError, match=match):
         moe_align_block_size(ids, experts, block_m)
+
+
+def test_an_unknown_path_is_refused():
+    with pytest.raises(ValueError, match="path must be one of"):
+        moe_align_block_size(torch.zeros(4, 1, dtype=torch.int32), 2, 16, path="sort")

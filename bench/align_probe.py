@@ -1,0 +1,93 @@
+"""The block-align step's three paths timed at every token count: which one to take when.
+
+Usage (GPU):  python bench/align_probe.py [--out DIR]
+
+Why: the 11-30 15:27 breakdown at decode sizes (moe_breakdown.py --tokens 1,16,64,256) had
+align at 58.9 us for Qwen3 at 16 tokens (one program, a [128 pairs, 128 experts] one-hot),
+against 17.0 at 64 tokens (the chunked kernels): 22% of that MoE call. Per model (its tuned
+block_m) and token count, each path of moe_align_block_size (ALIGN_PATHS: scan, pairwise,
+chunked) aligns random routing (tune_moe.random_routing, seed = T) with an expert table, as
+the paged engine does, timed as the tuner times (CUDA-graph replays, L2 flushed); a path
+whose one-program block exceeds 2^17 elements is left out. The table is printed last, with the path
+the launcher takes today; the figures go to DIR/align_probe.json.
+"""
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tune_moe import MODELS, TOKEN_COUNTS, random_routing, replay_ms, run_info
+
+from rimuru.kernels import get_moe_config
+from rimuru.kernels.moe_align import ALIGN_PATHS, align_variant, moe_align_block_size
+
+DEVICE = torch.device("cuda")
+# One program's block, in elements, beyond which a single-program path is not tried: the
+# default path switches to chunked at 16384, and far larger blocks compile for minutes.
+PROBE_MAX_BLOCK = 1 << 17
+
+
+def probe_model(name: str, tokens: list[int], rep_ms: float) -> list[dict]:
+    shape = MODELS[name]
+    E, k = shape.num_experts, shape.top_k
+    table = torch.randint(0, 1 << 20, (E, 3), dtype=torch.int32, device=DEVICE)
+    rows = []
+    for n in tokens:
+        ids, _ = random_routing(n, shape, DEVICE, seed=n)
+        bm = get_moe_config(E, shape.inter_size, shape.hidden_size, n, k, torch.bfloat16,
+                            DEVICE).block_m  # fmt: skip
+        us = {}
+        pairs_p2, experts_p2 = triton.next_power_of_2(n * k), triton.next_power_of_2(E)
+        for path in ALIGN_PATHS:
+            cols = {"scan": experts_p2, "pairwise": pairs_p2}.get(path, 0)
+            if pairs_p2 * cols > PROBE_MAX_BLOCK:
+                continue
+            fn = functools.partial(moe_align_block_size, ids, E, bm, table, path=path)
+            try:
+                fn()
+            except ValueError:  # its block does not fit one program at this size
+                continue
+            us[path] = 1e3 * replay_ms(fn, rep_ms)
+        rows.append({"model": shape.name, "tokens": n, "pairs": n * k, "block_m": bm, "us": us,
+                     "default": align_variant(n * k, E, bm)[0]})  # fmt: skip
+        print(f"  {shape.name:18s} T={n:5d} " + " ".join(f"{p} {t:6.1f}" for p, t in us.items()),
+              flush=True)  # fmt: skip
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--rep-ms", type=float, default=20.0)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("align_probe.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in sorted(MODELS):
+        rows += probe_model(name, TOKEN_COUNTS, args.rep_ms)
+        (args.out / "align_probe.json").write_text(
+            json.dumps({**run_info(), "rows": rows}, indent=1)
+        )
+    print(
+        "\n==== block-align paths (us, CUDA-graph replays, L2 flushed; default = today's pick) ===="
+    )
+    print(f"{'model':18s} {'T':>5} {'pairs':>6} {'bm':>4} " + " ".join(f"{p:>9}" for p in ALIGN_PATHS)
+          + f" {'default':>9} {'fastest':>9}")  # fmt: skip
+    for r in rows:
+        cells = " ".join(f"{r['us'][p]:9.1f}" if p in r["us"] else f"{'-':>9}" for p in ALIGN_PATHS)
+        fastest = min(r["us"], key=r["us"].get)
+        print(f"{r['model']:18s} {r['tokens']:5d} {r['pairs']:6d} {r['block_m']:4d} {cells} "
+              f"{r['default']:>9} {fastest:>9}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
