@@ -1,6 +1,6 @@
 """The block-align step's three paths timed at every token count: which one to take when.
 
-Usage (GPU):  python bench/align_probe.py [--out DIR]
+Usage (GPU):  python bench/align_probe.py [--out DIR] [--profile 1,16,64]
 
 Why: the 11-30 15:27 breakdown at decode sizes (moe_breakdown.py --tokens 1,16,64,256) had
 align at 58.9 us for Qwen3 at 16 tokens (one program, a [128 pairs, 128 experts] one-hot),
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tune_moe import MODELS, TOKEN_COUNTS, random_routing, replay_ms, run_info
@@ -51,7 +52,8 @@ def probe_model(name: str, tokens: list[int], rep_ms: float) -> list[dict]:
             fn = functools.partial(moe_align_block_size, ids, E, bm, table, path=path)
             try:
                 fn()
-            except ValueError:  # its block does not fit one program at this size
+            except (ValueError, OutOfResources) as exc:  # its block does not fit one program
+                print(f"    {path} at T={n}: {type(exc).__name__}: {str(exc)[:100]}", flush=True)
                 continue
             us[path] = 1e3 * replay_ms(fn, rep_ms)
         rows.append({"model": shape.name, "tokens": n, "pairs": n * k, "block_m": bm, "us": us,
@@ -61,15 +63,52 @@ def probe_model(name: str, tokens: list[int], rep_ms: float) -> list[dict]:
     return rows
 
 
+def kernel_times(name: str, tokens: list[int]) -> list[dict]:
+    """Each launched kernel's device time (torch.profiler, CUDA activity) in one call of each
+    path, after a warm-up call: where a path's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    shape = MODELS[name]
+    E, k = shape.num_experts, shape.top_k
+    table = torch.randint(0, 1 << 20, (E, 3), dtype=torch.int32, device=DEVICE)
+    rows = []
+    for n in tokens:
+        ids, _ = random_routing(n, shape, DEVICE, seed=n)
+        bm = get_moe_config(E, shape.inter_size, shape.hidden_size, n, k, torch.bfloat16,
+                            DEVICE).block_m  # fmt: skip
+        for path in ALIGN_PATHS:
+            try:
+                moe_align_block_size(ids, E, bm, table, path=path)
+            except (ValueError, OutOfResources):
+                continue
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                moe_align_block_size(ids, E, bm, table, path=path)
+                torch.cuda.synchronize()
+            kernels = [(e.name, e.device_time) for e in prof.events()
+                       if e.device_type == torch.autograd.DeviceType.CUDA]  # fmt: skip
+            rows.append({"model": shape.name, "tokens": n, "path": path, "kernels": kernels})
+            print(f"  {shape.name:18s} T={n:5d} {path:8s} "
+                  + "; ".join(f"{kn[:32]} {t:.1f}" for kn, t in kernels), flush=True)  # fmt: skip
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--rep-ms", type=float, default=20.0)
+    parser.add_argument("--profile", default=None, metavar="T,T,...",
+                        help="instead: each kernel's device time at these token counts")  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("align_probe.py needs a CUDA GPU", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        tokens = [int(t) for t in args.profile.split(",")]
+        rows = [r for name in sorted(MODELS) for r in kernel_times(name, tokens)]
+        (args.out / "align_kernels.json").write_text(json.dumps({**run_info(), "rows": rows}))
+        return 0
     rows = []
     for name in sorted(MODELS):
         rows += probe_model(name, TOKEN_COUNTS, args.rep_ms)

@@ -71,10 +71,12 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # Not yet run: the block-align step's three paths at every token count.
+    # Not yet run: the block-align step's kernels by profiler, then its three paths at every
+    # token count (first run 15:33 at 3d82fa0: stopped at an out-of-shared-memory scan).
     "align-probe": (
         Job("gpu0", 0, (
-            Step("python3 bench/align_probe.py --out $JOB_OUT", 300),
+            Step("python3 bench/align_probe.py --profile 1,4,16,64,256 --out $JOB_OUT", 90),
+            Step("python3 bench/align_probe.py --out $JOB_OUT", 240),
         )),
     ),
     # Where a decode-sized MoE call's time goes (align, GEMMs, sum); run 11-30 15:27 at 765526b.
