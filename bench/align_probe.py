@@ -46,7 +46,7 @@ def probe_model(name: str, tokens: list[int], rep_ms: float) -> list[dict]:
         us = {}
         pairs_p2, experts_p2 = triton.next_power_of_2(n * k), triton.next_power_of_2(E)
         for path in ALIGN_PATHS:
-            cols = {"scan": experts_p2, "pairwise": pairs_p2}.get(path, 0)
+            cols = {"scan": experts_p2, "sort": experts_p2, "pairwise": pairs_p2}.get(path, 0)
             if pairs_p2 * cols > PROBE_MAX_BLOCK:
                 continue
             fn = functools.partial(moe_align_block_size, ids, E, bm, table, path=path)

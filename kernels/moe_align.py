@@ -116,7 +116,7 @@ def _align_single_program_kernel(
     PAIRS: tl.constexpr,
     EXPERTS: tl.constexpr,
     WITH_PAGES: tl.constexpr,
-    PAIRWISE: tl.constexpr,  # rank by a [PAIRS, PAIRS] comparison (else a scan, see below)
+    RANK: tl.constexpr,  # "scan", "pairwise" or "sort": how pairs are ranked (see below)
 ):
     p = tl.arange(0, PAIRS)
     expert_of_pair = tl.load(topk_ids_ptr + p, mask=p < num_pairs, other=-1).to(tl.int32)
@@ -128,14 +128,24 @@ def _align_single_program_kernel(
         num_pairs, max_blocks, BLOCK_M, EXPERTS, WITH_PAGES,
     )  # fmt: skip
     # A pair's stable rank inside its expert = the earlier pairs routed to the same expert.
-    if PAIRWISE:  # count them in a [PAIRS, PAIRS] comparison, summed along rows
-        same = (expert_of_pair[:, None] == expert_of_pair[None, :]) & (p[None, :] < p[:, None])
-        rank = tl.sum(same.to(tl.int32), axis=1)
-        pos = tl.sum(onehot * starts[None, :], axis=1) + rank
-    else:  # a running count down the one-hot's pair axis
-        rank = tl.cumsum(onehot, axis=0) - onehot
-        pos = tl.sum(onehot * (starts[None, :] + rank), axis=1)
-    tl.store(sorted_ptr + pos, p, mask=p < num_pairs)
+    if RANK == "sort":  # sort (expert, pair) keys: slot i holds the i-th pair in expert order
+        valid = p < num_pairs
+        key = tl.where(valid, expert_of_pair, EXPERTS) * PAIRS + p
+        ordered = tl.sort(key)
+        slot_expert, slot_pair = ordered // PAIRS, ordered % PAIRS
+        first = tl.cumsum(counts, axis=0) - counts  # each expert's first slot
+        slot_onehot = (slot_expert[:, None] == e[None, :]).to(tl.int32)  # [PAIRS, EXPERTS]
+        pos = tl.sum(slot_onehot * (starts - first)[None, :], axis=1) + p  # p: the slot index
+        tl.store(sorted_ptr + pos, slot_pair, mask=slot_expert < EXPERTS)
+    else:
+        if RANK == "pairwise":  # count them in a [PAIRS, PAIRS] comparison, summed along rows
+            same = (expert_of_pair[:, None] == expert_of_pair[None, :]) & (p[None, :] < p[:, None])
+            rank = tl.sum(same.to(tl.int32), axis=1)
+            pos = tl.sum(onehot * starts[None, :], axis=1) + rank
+        else:  # a running count down the one-hot's pair axis
+            rank = tl.cumsum(onehot, axis=0) - onehot
+            pos = tl.sum(onehot * (starts[None, :] + rank), axis=1)
+        tl.store(sorted_ptr + pos, p, mask=p < num_pairs)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
@@ -186,9 +196,9 @@ def _align_scatter_kernel(
 
 
 # How a call aligns its pairs: one program ranking the pairs by a scan of its [pairs, experts]
-# one-hot, one program ranking them by a [pairs, pairs] comparison, or three kernels over
-# chunks of pairs (a rank by atomics, the offsets, a scatter).
-ALIGN_PATHS = ("scan", "pairwise", "chunked")
+# one-hot, by a [pairs, pairs] comparison, or by sorting (expert, pair) keys; or three
+# kernels over chunks of pairs (a rank by atomics, the offsets, a scatter).
+ALIGN_PATHS = ("scan", "pairwise", "sort", "chunked")
 
 
 def align_variant(num_pairs: int, num_experts: int, block_m: int) -> tuple:
@@ -253,7 +263,7 @@ def moe_align_block_size(
         _align_single_program_kernel[(1,)](
             ids, sorted_ids, block_experts, num_padded, table, pages, num_pairs, nb,
             BLOCK_M=block_m, PAIRS=pairs_p2, EXPERTS=experts_p2, WITH_PAGES=with_pages,
-            PAIRWISE=path == "pairwise", num_warps=4,
+            RANK=path, num_warps=4,
         )  # fmt: skip
     else:
         counts = torch.zeros(num_experts, dtype=torch.int32, device=device)

@@ -49,7 +49,7 @@ def test_alignment_matches_reference(num_tokens, top_k, num_experts, block_m, pa
     assert (got.block_expert_ids[used // block_m :] == -1).all()
 
 
-@pytest.mark.parametrize("path", ["scan", "pairwise"])
+@pytest.mark.parametrize("path", ["scan", "pairwise", "sort"])
 def test_single_program_paths_keep_pair_order(path):
     ids = torch.tensor([[2, 0], [2, 1], [0, 2]])
     got = moe_align_block_size(ids, 3, 16, path=path)
@@ -78,4 +78,4 @@ def test_bad_input_is_refused(ids, experts, block_m, match):
 
 def test_an_unknown_path_is_refused():
     with pytest.raises(ValueError, match="path must be one of"):
-        moe_align_block_size(torch.zeros(4, 1, dtype=torch.int32), 2, 16, path="sort")
+        moe_align_block_size(torch.zeros(4, 1, dtype=torch.int32), 2, 16, path="radix")
