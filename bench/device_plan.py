@@ -71,12 +71,12 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # Not yet run: the block-align step's kernels by profiler, then its three paths at every
-    # token count (first run 15:33 at 3d82fa0: stopped at an out-of-shared-memory scan).
+    # The block-align step's paths at every token count (15:33 at 3d82fa0: stopped at an
+    # out-of-shared-memory scan; 15:37 at 2d5e7d7, its --profile step past its 90 s; now with
+    # the sort path).
     "align-probe": (
         Job("gpu0", 0, (
-            Step("python3 bench/align_probe.py --profile 1,4,16,64,256 --out $JOB_OUT", 90),
-            Step("python3 bench/align_probe.py --out $JOB_OUT", 240),
+            Step("python3 bench/align_probe.py --out $JOB_OUT", 300),
         )),
     ),
     # Where a decode-sized MoE call's time goes (align, GEMMs, sum); run 11-30 15:27 at 765526b.
