@@ -72,7 +72,7 @@ PLANS: dict[str, tuple[Job, ...]] = {
         )),
     ),
     # The block-align step's paths at every token count (15:33 at 3d82fa0: stopped at an
-    # out-of-shared-memory scan; 15:37 at 2d5e7d7, its --profile step past its 90 s; now with
+    # out-of-shared-memory scan; 15:34 at 2d5e7d7, its --profile step past its 90 s; now with
     # the sort path).
     "align-probe": (
         Job("gpu0", 0, (
