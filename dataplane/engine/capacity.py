@@ -88,12 +88,15 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
         reserve = estimate_activation_bytes(
             mc, config.max_num_batched_tokens, config.max_num_seqs, dtype
         )
+    ranking = load_ranking(config.hotness_path, mc)  # a mismatch fails the plan, not a policy
     results: list[PolicyCapacity | str] = []
     for policy in policies:
         tunables = replace(config.tunables, mode=policy)
         try:
             results.append(
-                _policy(replace(config, tunables=tunables), mc, geometry, non_pool, reserve)
+                _policy(
+                    replace(config, tunables=tunables), mc, geometry, non_pool, reserve, ranking
+                )
             )
         except ValueError as exc:
             results.append(str(exc))
@@ -101,8 +104,28 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
     return CapacityPlan(mc, geometry, non_pool, experts, reserve, tuple(results))
 
 
+def load_ranking(path: str | None, mc: ModelConfig) -> HotnessRanking:
+    """The ranking start-up residency follows, as the engine loads it: the file's, or uniform
+    without one. A ranking of another shape raises ValueError with the engine's message
+    (`Engine.__init__`): planned on, it would index experts the model lacks."""
+    ranking = (
+        HotnessRanking.load(path) if path else HotnessRanking.uniform(mc.num_layers, mc.num_experts)
+    )
+    if ranking.num_layers != mc.num_layers or ranking.num_experts != mc.num_experts:
+        raise ValueError(
+            f"hotness ranking is for {ranking.num_layers} layers x {ranking.num_experts} "
+            f"experts; the model has {mc.num_layers} x {mc.num_experts}"
+        )
+    return ranking
+
+
 def _policy(
-    config: EngineConfig, mc: ModelConfig, geometry: PageGeometry, non_pool: int, reserve: int
+    config: EngineConfig,
+    mc: ModelConfig,
+    geometry: PageGeometry,
+    non_pool: int,
+    reserve: int,
+    ranking: HotnessRanking,
 ) -> PolicyCapacity:
     t = config.tunables
     slots = buffer_slots(config, mc)
@@ -114,11 +137,6 @@ def _policy(
         loading_buffer_bytes(config, slots, geometry),
         geometry,
     )
-    ranking = (
-        HotnessRanking.load(config.hotness_path)
-        if config.hotness_path
-        else HotnessRanking.uniform(mc.num_layers, mc.num_experts)
-    )  # start-up residency follows the ranking, as in the engine
     allocator = PageAllocator(geometry, plan.num_huge_pages)
     chosen = initial_experts(
         t, ranking, allocator.num_free(PageType.EXPERT), config.fixed_expert_share
