@@ -8,7 +8,8 @@ against 17.0 at 64 tokens (the chunked kernels): 22% of that MoE call. Per model
 block_m) and token count, each path of moe_align_block_size (ALIGN_PATHS: scan, pairwise,
 chunked) aligns random routing (tune_moe.random_routing, seed = T) with an expert table, as
 the paged engine does, timed as the tuner times (CUDA-graph replays, L2 flushed); a path
-whose one-program block exceeds 2^17 elements is left out. The table is printed last, with the path
+whose one-program block exceeds 2^17 elements is left out, and each path's alignment is
+first compared with the torch reference (a wrong one is marked and not timed). The table is printed last, with the path
 the launcher takes today; the figures go to DIR/align_probe.json.
 """
 
@@ -26,12 +27,36 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tune_moe import MODELS, TOKEN_COUNTS, random_routing, replay_ms, run_info
 
 from rimuru.kernels import get_moe_config
-from rimuru.kernels.moe_align import ALIGN_PATHS, align_variant, moe_align_block_size
+from rimuru.kernels.moe_align import (
+    ALIGN_PATHS,
+    MoeAlignment,
+    align_variant,
+    moe_align_block_size,
+    moe_align_block_size_reference,
+)
 
 DEVICE = torch.device("cuda")
 # One program's block, in elements, beyond which a single-program path is not tried: the
 # default path switches to chunked at 16384, and far larger blocks compile for minutes.
 PROBE_MAX_BLOCK = 1 << 17
+
+
+def same_alignment(got: MoeAlignment, ref: MoeAlignment, table: torch.Tensor) -> bool:
+    """Whether ``got`` (any path, any device) aligns as the torch reference does: the same
+    rows in use, the same expert per block, the same pairs in each block (their order inside
+    an expert's run is free), and each block's page ids copied from ``table``."""
+    used = int(ref.num_padded)
+    if int(got.num_padded) != used:
+        return False
+    if not torch.equal(got.block_expert_ids.cpu(), ref.block_expert_ids):
+        return False
+    rows_got = got.sorted_pair_ids[:used].cpu().view(-1, ref.block_m).sort(dim=1).values
+    rows_ref = ref.sorted_pair_ids[:used].view(-1, ref.block_m).sort(dim=1).values
+    if not torch.equal(rows_got, rows_ref):
+        return False
+    blocks = used // ref.block_m
+    experts = ref.block_expert_ids[:blocks].long()
+    return torch.equal(got.block_pages[:blocks].cpu(), table.cpu()[experts])
 
 
 def probe_model(name: str, tokens: list[int], rep_ms: float) -> list[dict]:
@@ -43,7 +68,8 @@ def probe_model(name: str, tokens: list[int], rep_ms: float) -> list[dict]:
         ids, _ = random_routing(n, shape, DEVICE, seed=n)
         bm = get_moe_config(E, shape.inter_size, shape.hidden_size, n, k, torch.bfloat16,
                             DEVICE).block_m  # fmt: skip
-        us = {}
+        us, wrong = {}, []
+        reference = moe_align_block_size_reference(ids.cpu(), E, bm)
         pairs_p2, experts_p2 = triton.next_power_of_2(n * k), triton.next_power_of_2(E)
         for path in ALIGN_PATHS:
             cols = {"scan": experts_p2, "sort": experts_p2, "pairwise": pairs_p2}.get(path, 0)
@@ -51,13 +77,17 @@ def probe_model(name: str, tokens: list[int], rep_ms: float) -> list[dict]:
                 continue
             fn = functools.partial(moe_align_block_size, ids, E, bm, table, path=path)
             try:
-                fn()
+                got = fn()
             except (ValueError, OutOfResources) as exc:  # its block does not fit one program
                 print(f"    {path} at T={n}: {type(exc).__name__}: {str(exc)[:100]}", flush=True)
                 continue
+            if not same_alignment(got, reference, table):
+                wrong.append(path)
+                print(f"    {path} at T={n}: WRONG alignment (not timed)", flush=True)
+                continue
             us[path] = 1e3 * replay_ms(fn, rep_ms)
         rows.append({"model": shape.name, "tokens": n, "pairs": n * k, "block_m": bm, "us": us,
-                     "default": align_variant(n * k, E, bm)[0]})  # fmt: skip
+                     "wrong": wrong, "default": align_variant(n * k, E, bm)[0]})  # fmt: skip
         print(f"  {shape.name:18s} T={n:5d} " + " ".join(f"{p} {t:6.1f}" for p, t in us.items()),
               flush=True)  # fmt: skip
     return rows
@@ -119,13 +149,13 @@ def main() -> int:
         "\n==== block-align paths (us, CUDA-graph replays, L2 flushed; default = today's pick) ===="
     )
     print(f"{'model':18s} {'T':>5} {'pairs':>6} {'bm':>4} " + " ".join(f"{p:>9}" for p in ALIGN_PATHS)
-          + f" {'default':>9} {'fastest':>9}")  # fmt: skip
+          + f" {'default':>9} {'fastest':>9}  wrong")  # fmt: skip
     for r in rows:
         cells = " ".join(f"{r['us'][p]:9.1f}" if p in r["us"] else f"{'-':>9}" for p in ALIGN_PATHS)
         fastest = min(r["us"], key=r["us"].get)
         print(f"{r['model']:18s} {r['tokens']:5d} {r['pairs']:6d} {r['block_m']:4d} {cells} "
-              f"{r['default']:>9} {fastest:>9}")  # fmt: skip
-    return 0
+              f"{r['default']:>9} {fastest:>9}  {','.join(r['wrong']) or '-'}")  # fmt: skip
+    return 1 if any(r["wrong"] for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -59,7 +59,11 @@ PLANS: dict[str, tuple[Job, ...]] = {
     # (11:31): commit 66ee080; next-session-2 (the ablation, fixed at skew 0; 11:35): commit
     # c77aee2; overload-pair (12:10): commit d494226; persistent (13:07 at 81eeb53, with
     # warp specialization; 13:20): commit 1442163; confirm (13:26): commit e6649bc; ws-probe
-    # (13:31 at 9611648; 13:39): commit 798a617; gluon-probe (11-30 14:52): commit ec2ca72).
+    # (13:31 at 9611648; 13:39): commit 798a617; gluon-probe (14:50): commit ec2ca72;
+    # dense-check (14:54 at b685b50, 14:55 at 4b7de26, 14:57 at 03cbfaa, 15:00 at 7bb54a8),
+    # group-m (15:01-15:06 at 4f59268), paged-probe (15:10 at 31931b3), decode-breakdown
+    # (15:26 at 765526b), align-probe (15:31 at 3d82fa0, 15:34 at 2d5e7d7, 15:38 at
+    # 4a46fea): commit 4a46fea).
     # Where a qwen3 step's time goes, and the kernels after any change to them.
     "profile": (
         Job("gpu0", 0, (
@@ -71,49 +75,18 @@ PLANS: dict[str, tuple[Job, ...]] = {
                  "--out-dir $JOB_OUT", 240),
         )),
     ),
-    # The block-align step's paths at every token count (15:33 at 3d82fa0: stopped at an
-    # out-of-shared-memory scan; 15:34 at 2d5e7d7, its --profile step past its 90 s; now with
-    # the sort path).
-    "align-probe": (
+    # First call of the next session: the align paths' outputs checked on the GPU (the sort
+    # rank has run there only untested) and timed, and the decode-size breakdown on today's
+    # align default (cab7eb4, not yet measured); beside it the GPU checks and kernel table.
+    "next-kernels": (
         Job("gpu0", 0, (
             Step("python3 bench/align_probe.py --out $JOB_OUT", 300),
-        )),
-    ),
-    # Where a decode-sized MoE call's time goes (align, GEMMs, sum); run 11-30 15:27 at 765526b.
-    "decode-breakdown": (
-        Job("gpu0", 0, (
             Step("python3 bench/moe_breakdown.py --tokens 1,16,64,256 --out $JOB_OUT", 200),
-        )),
-    ),
-    # Not yet run: the paged overhead stage by stage, with and without loading-buffer experts.
-    "paged-probe": (
-        Job("gpu0", 0, (
-            Step("python3 bench/paged_probe.py --out $JOB_OUT", 300),
-        )),
-    ),
-    # The tuner with each GEMM's best tile tried at every GROUP_MS tile order, then the
-    # kernel table on both GPUs at once (run 11-30 15:01 at 4f59268; its table is committed).
-    "group-m": (
-        Job("gpu0", 0, (
-            Step("python3 bench/tune_moe.py --tokens 1024,2048,4096 --log $JOB_OUT/tune_log.json "
-                 "--out $JOB_OUT/fused_moe_NVIDIA_H200.json", 300, gate=True),
-            Step("touch /tmp/group_m.tuned", 5),
-            Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
-                 "--out-dir $JOB_OUT", 150),
         )),
         Job("gpu1", 1, (
             Step("python3 bench/gpu_checks.py --out $JOB_OUT", 60, gate=True),
-            Step("until [ -f /tmp/group_m.tuned ]; do sleep 5; done", 300, gate=True),
             Step("python3 bench/kernels_gpu.py --tokens 1,1024,2048,4096 --skip-attention "
                  "--out-dir $JOB_OUT", 150),
-        )),
-    ),
-    # The product's GEMMs on a dense problem (every pair to one expert) against cuBLAS and
-    # torch._grouped_mm, beside the routed ones (run 11-30 14:54, 14:55, 14:57, 15:00 at
-    # b685b50, 4b7de26, 03cbfaa, 7bb54a8).
-    "dense-check": (
-        Job("gpu0", 0, (
-            Step("python3 bench/dense_check.py --out $JOB_OUT", 400),
         )),
     ),
     # Experiment 2 at overload with both policies in one call (for issue 5's record). Resident's KV is 3.3x smaller than at 11-30 06:55 since the graph plan prices the
