@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"rimuru operator: {exc}") from exc
 
+    _check_credentials()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO)
     # Importing the module registers its handlers with kopf's default registry.
     importlib.import_module("rimuru.operator.handlers")
@@ -82,3 +83,26 @@ def run(args: argparse.Namespace) -> int:
         memo=kopf.Memo(config=config),
     )
     return 0
+
+
+def _check_credentials() -> None:
+    """Find the credentials the login handler will use, once, before kopf starts: without
+    any, kopf logs the handler's LoginError and retries every minute for ever."""
+    import yaml
+
+    from rimuru.operator.kube import CREDENTIALS_HINT, connection_info
+
+    try:
+        connection_info(kopf.OperatorSettings())
+    except kopf.LoginError as exc:  # none found, or a kubeconfig without a usable context
+        message = str(exc)
+        if CREDENTIALS_HINT not in message:
+            message = f"{message.rstrip('.')}: {CREDENTIALS_HINT}"
+        raise ValueError(message) from exc
+    except (OSError, yaml.YAMLError, LookupError, TypeError, AttributeError) as exc:
+        # kopf reads KUBECONFIG's files as given: an absent or malformed one fails here
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(
+            f"cannot read the Kubernetes credentials in {where} ({reason}): {CREDENTIALS_HINT}"
+        ) from exc

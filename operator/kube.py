@@ -41,16 +41,20 @@ class Conflict(KubeError):
     pass
 
 
+# how to provide credentials, for every message that finds none usable
+CREDENTIALS_HINT = (
+    "run in a pod with a service account, or set KUBECONFIG (or ~/.kube/config) when "
+    "running the operator outside the cluster."
+)
+
+
 def connection_info(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
     """Credentials in the order kopf documents: in-cluster service account, then kubeconfig."""
     info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
         settings=settings
     )
     if info is None:
-        raise kopf.LoginError(
-            "No Kubernetes credentials: run in a pod with a service account, or set "
-            "KUBECONFIG (or ~/.kube/config) when running the operator outside the cluster."
-        )
+        raise kopf.LoginError(f"No Kubernetes credentials: {CREDENTIALS_HINT}")
     return info
 
 

@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -79,3 +80,35 @@ async def test_cli_serves_liveness_and_uses_its_flags(kube_api, tiny_rd):
             process.send_signal(signal.SIGTERM)
         output, _ = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 0, output.decode()[-3000:]
+
+
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+@pytest.mark.skipif(os.path.exists(SERVICE_ACCOUNT_TOKEN), reason="runs inside a pod")
+@pytest.mark.parametrize(
+    ("kubeconfig", "message"),
+    [
+        (None, "rimuru operator: No Kubernetes credentials: run in a pod with a service account"),
+        ("absent", "rimuru operator: cannot read the Kubernetes credentials in "),
+    ],
+)
+def test_cli_without_credentials_exits_at_once_saying_how_to_provide_them(
+    tmp_path, kubeconfig, message
+):
+    # once, kopf logged a LoginError and retried every minute for ever
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = str(tmp_path / kubeconfig)
+    done = subprocess.run(
+        [sys.executable, "-m", "rimuru", "operator", "--liveness-port=0"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert message in done.stderr
+    assert "KUBECONFIG (or ~/.kube/config)" in done.stderr
+    assert "Traceback" not in done.stderr
