@@ -148,3 +148,18 @@ class HotnessRanking:
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"cannot read hotness ranking {path}: {exc}") from exc
         return cls.from_json(data)
+
+    @classmethod
+    def for_model(
+        cls, path: str | Path | None, num_layers: int, num_experts: int
+    ) -> HotnessRanking:
+        """The ranking start-up residency follows: the file's, or uniform without one. A ranking
+        of another shape is refused: planned or served on, it would index experts the model
+        lacks (the engine and `rimuru plan` both load it here, so they say the same)."""
+        ranking = cls.load(path) if path else cls.uniform(num_layers, num_experts)
+        if ranking.num_layers != num_layers or ranking.num_experts != num_experts:
+            raise ValueError(
+                f"hotness ranking is for {ranking.num_layers} layers x {ranking.num_experts} "
+                f"experts; the model has {num_layers} x {num_experts}"
+            )
+        return ranking

@@ -88,7 +88,8 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
         reserve = estimate_activation_bytes(
             mc, config.max_num_batched_tokens, config.max_num_seqs, dtype
         )
-    ranking = load_ranking(config.hotness_path, mc)  # a mismatch fails the plan, not a policy
+    # A ranking of another shape fails the plan, not one policy.
+    ranking = HotnessRanking.for_model(config.hotness_path, mc.num_layers, mc.num_experts)
     results: list[PolicyCapacity | str] = []
     for policy in policies:
         tunables = replace(config.tunables, mode=policy)
@@ -102,21 +103,6 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
             results.append(str(exc))
     experts = mc.num_layers * mc.num_experts * 3 * geometry.expert_page_bytes
     return CapacityPlan(mc, geometry, non_pool, experts, reserve, tuple(results))
-
-
-def load_ranking(path: str | None, mc: ModelConfig) -> HotnessRanking:
-    """The ranking start-up residency follows, as the engine loads it: the file's, or uniform
-    without one. A ranking of another shape raises ValueError with the engine's message
-    (`Engine.__init__`): planned on, it would index experts the model lacks."""
-    ranking = (
-        HotnessRanking.load(path) if path else HotnessRanking.uniform(mc.num_layers, mc.num_experts)
-    )
-    if ranking.num_layers != mc.num_layers or ranking.num_experts != mc.num_experts:
-        raise ValueError(
-            f"hotness ranking is for {ranking.num_layers} layers x {ranking.num_experts} "
-            f"experts; the model has {mc.num_layers} x {mc.num_experts}"
-        )
-    return ranking
 
 
 def _policy(

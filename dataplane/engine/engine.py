@@ -86,16 +86,7 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
             self.source.expert_weights(layer, self.dtype, pin_memory=pin, work_device=self.device)
             for layer in range(mc.num_layers)
         ]
-        self.ranking = (
-            HotnessRanking.load(config.hotness_path)
-            if config.hotness_path
-            else HotnessRanking.uniform(mc.num_layers, mc.num_experts)
-        )
-        if self.ranking.num_layers != mc.num_layers or self.ranking.num_experts != mc.num_experts:
-            raise ValueError(
-                f"hotness ranking is for {self.ranking.num_layers} layers x {self.ranking.num_experts} "
-                f"experts; the model has {mc.num_layers} x {mc.num_experts}"
-            )
+        self.ranking = HotnessRanking.for_model(config.hotness_path, mc.num_layers, mc.num_experts)
         # ---- memory plan
         budget = self._budget_bytes()
         slots = self._buffer_slots()
