@@ -13,6 +13,7 @@ import os
 import signal
 from pathlib import Path
 
+from rimuru.cli_args import port
 from rimuru.controlplane.auth import read_token_file
 from rimuru.controlplane.hotness import HotnessConfig
 from rimuru.controlplane.plane import ControlPlane
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--port",
-        type=int,
+        type=port,
         default=_env("PORT", "50051"),
         help="port, 0 = any (RIMURU_CP_PORT)",
     )

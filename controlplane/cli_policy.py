@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="control plane host:port (RIMURU_CP_TARGET)",
     )
     common.add_argument(
-        "--deployment", default=os.environ.get("RIMURU_DEPLOYMENT", ""), help="deployment name"
+        "--deployment",
+        default=os.environ.get("RIMURU_DEPLOYMENT", ""),
+        help="deployment name (RIMURU_DEPLOYMENT); subscribers: all deployments when unset",
     )
     common.add_argument("--tls-ca", help="PEM root certificate: talk TLS to the control plane")
     common.add_argument("--timeout-s", type=float, default=10.0)
@@ -73,6 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Unset is meaningful only to `subscribers` (all deployments); the others would send ""
+    # and get back the server's "'' is not a deployment name".
+    if args.verb != "subscribers" and not args.deployment:
+        raise ValueError(
+            f"{args.verb} needs a deployment: give --deployment NAME (or set RIMURU_DEPLOYMENT)"
+        )
     try:
         if args.verb == "watch":
             return asyncio.run(_watch(args))

@@ -13,14 +13,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from rimuru.cli_args import positive_int
 from rimuru.dataplane.adjust.tunables import MODES, Tunables, parse_modes
 from rimuru.dataplane.bench.arrivals import arrival_times, parse_request_rate
 from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_sweep
 from rimuru.dataplane.bench.results import BenchResult, write_results
-from rimuru.dataplane.bench.trace import load_trace
+from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
 from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES
 from rimuru.dataplane.memory.units import parse_bytes
 
+DEFAULT_NUM_PROMPTS = 200  # the bundled CPU trace's size
 CPU_DEFAULT_BUDGET = (
     "304MiB"  # tiny: ~75 MiB non-pool weights + ~198 MiB activations; experts 24 MiB
 )
@@ -36,7 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated subset of resident,fixed,elastic",
     )
     p.add_argument("--trace", default="sharegpt_qwen_cpu", help="bundled trace name or .npz path")
-    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument(
+        "--num-prompts",
+        type=positive_int,
+        default=None,
+        help=f"first N requests of the trace (default: {DEFAULT_NUM_PROMPTS}, or all of a "
+        f"smaller trace); more than the trace has is refused",
+    )
     p.add_argument(
         "--request-rate",
         default="inf",
@@ -107,13 +115,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--hotness", default=None, help="offline ranking file; default: profile on the trace"
     )
-    p.add_argument("--profile-prompts", type=int, default=32)
+    p.add_argument(
+        "--profile-prompts",
+        type=positive_int,
+        default=32,
+        help="first N prompts profile the hotness ranking (without --hotness)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="out/bench")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         default=1,
         help="torch CPU threads (tiny models gain nothing from more)",
     )
@@ -132,17 +145,21 @@ def run(args: argparse.Namespace) -> int:
 
     policies = parse_modes(args.policies)
     rates = [parse_request_rate(r) for r in str(args.request_rate).split(",")]
-    if args.num_prompts < 1:
-        raise ValueError("--num-prompts must be >= 1")
     Tunables(copy_budget=args.copy_budget)  # refused now, not after the first policies ran
-    if args.device == "cpu":
-        torch.set_num_threads(max(1, args.threads))
     trace = load_trace(args.trace)
-    trace = trace.head(min(args.num_prompts, len(trace)))
+    # Asked for more than the trace has: refused, not silently fewer (profile-hotness agrees).
+    trace = trace.head(args.num_prompts or min(DEFAULT_NUM_PROMPTS, len(trace)))
+    # Drawn before any engine is built, so a bad --burstiness is refused at once.
+    arrivals_per_rate = [
+        arrival_times(len(trace), rate, args.burstiness, args.seed).tolist() for rate in rates
+    ]
     if args.target:
         from rimuru.dataplane.bench.remote import run_remote
 
         return run_remote(args, trace, rates)
+    check_trace_fits_model(trace, args.model)
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
     budget = args.memory_budget
     if budget is None and args.gpu_memory_utilization is None and args.device == "cpu":
         budget = CPU_DEFAULT_BUDGET
@@ -191,10 +208,9 @@ def run(args: argparse.Namespace) -> int:
             )
         if ranking is not None:
             engine.set_ranking(ranking)
-        for i, rate in enumerate(rates):
+        for i, (rate, arrivals) in enumerate(zip(rates, arrivals_per_rate, strict=True)):
             if i:  # the last rate's evictions must not carry over
                 engine.reset_residency()
-            arrivals = arrival_times(len(trace), rate, args.burstiness, args.seed).tolist()
             result = run_trace(
                 engine,
                 trace,

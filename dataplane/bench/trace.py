@@ -80,6 +80,11 @@ class Trace:
     def num_output_tokens(self) -> int:
         return sum(self.output_lens)
 
+    @property
+    def max_token_id(self) -> int:
+        """The largest prompt token id; -1 for a trace without requests."""
+        return max((max(r.prompt_token_ids) for r in self.requests), default=-1)
+
     def head(self, num_requests: int) -> Trace:
         """The first `num_requests` requests, in trace order (the order is already shuffled)."""
         if not 0 <= num_requests <= len(self.requests):
@@ -108,6 +113,29 @@ def save_trace(trace: Trace, path: str | Path) -> Path:
         metadata=np.asarray(json.dumps(dict(trace.metadata), sort_keys=True)),
     )
     return path
+
+
+def check_trace_fits_model(trace: Trace, model: str) -> None:
+    """Refuse to replay `trace` on a model whose vocabulary lacks some of its token ids (ids
+    mean something only under the tokenizer that made them). Reads the model's config, no
+    weights, so the mismatch is refused before an engine's start-up, not at its first prompt."""
+    from rimuru.dataplane.model import PRESETS, model_config  # torch: only when checking
+
+    top, vocab_size = trace.max_token_id, model_config(model).vocab_size
+    if top < vocab_size:
+        return
+    tokenizer = trace.metadata.get("tokenizer")
+    made_with = tokenizer.get("vocabulary") if isinstance(tokenizer, Mapping) else None
+    fits = [name for name, c in PRESETS.items() if c.vocab_size > top]
+    raise ValueError(
+        f"trace {trace.name!r} holds token ids up to {top}"
+        + (f" (tokenized with {made_with})" if made_with else "")
+        + f", but model {model!r} has a vocabulary of {vocab_size}: use a model whose "
+        f"vocabulary has more than {top} ids"
+        + (f" (presets: {', '.join(fits)})" if fits else "")
+        + ", or give --trace a .npz tokenized for this model (save_trace in "
+        "rimuru.dataplane.bench.trace writes one)"
+    )
 
 
 def available_traces() -> list[str]:

@@ -12,6 +12,7 @@ import argparse
 import sys
 import time
 
+from rimuru.cli_args import positive_int
 from rimuru.dataplane.model.tokenizer import format_token_ids, parse_token_ids
 
 
@@ -34,13 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     engine.add_argument("--memory-budget", default=None, help="bytes, e.g. 28.8GiB")
     engine.add_argument("--mode", default="elastic", choices=("resident", "fixed", "elastic"))
     engine.add_argument("--expert-offload-limit", type=int, default=8)
-    engine.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    engine.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
 
 
 def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.engine.request import SamplingParams
 
-    if (args.prompt is None) == (args.token_ids is None):
+    if args.prompt is None and args.token_ids is None:
+        raise ValueError('give a prompt: as text (rimuru generate "...") or as --token-ids 1,2,3')
+    if args.prompt is not None and args.token_ids is not None:
         raise ValueError('give the prompt as text ("...") or as --token-ids 1,2,3, not both')
     params = SamplingParams(
         max_tokens=args.max_tokens,
@@ -67,7 +70,7 @@ def _in_process(args: argparse.Namespace, token_ids: list[int] | None, params) -
     from rimuru.dataplane.model.tokenizer import load_tokenizer
 
     if args.device == "cpu":
-        torch.set_num_threads(max(1, args.threads))
+        torch.set_num_threads(args.threads)
     engine = Engine(
         EngineConfig(
             model=args.model,

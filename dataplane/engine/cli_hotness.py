@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rimuru.cli_args import positive_int
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="preset name or local HF directory")
@@ -13,20 +15,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace", default="sharegpt_qwen_cpu", help="bundled trace or .npz with sample prompts"
     )
-    p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--max-prompt-tokens", type=int, default=256)
+    p.add_argument("--num-prompts", type=positive_int, default=64)
+    p.add_argument(
+        "--max-prompt-tokens", type=positive_int, default=256, help="each prompt's first N tokens"
+    )
     p.add_argument("--output", "-o", default="hotness.json")
 
 
 def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.adjust.tunables import Tunables
-    from rimuru.dataplane.bench.trace import load_trace
+    from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
     from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.engine.engine import Engine
     from rimuru.dataplane.engine.hotness_profile import profile_hotness
 
     try:
         trace = load_trace(args.trace).head(args.num_prompts)
+        check_trace_fits_model(trace, args.model)
         engine = Engine(
             EngineConfig(
                 model=args.model,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from rimuru.dataplane.adjust.tunables import Tunables
@@ -11,6 +12,7 @@ from rimuru.dataplane.memory.geometry import BLOCK_SIZE
 EXPERT_COPY_MODES = ("device", "host")  # expert_copy's values, the default first
 # cudagraph_mode's values (vLLM's CUDAGraphMode names), the default first
 CUDAGRAPH_MODES = ("full_and_piecewise", "full_decode_only")
+_CUDA_DEVICE = re.compile(r"cuda(?::(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class EngineConfig:
     expert_copy: str = "device"
 
     def __post_init__(self) -> None:
+        check_device(self.device)
         if self.memory_budget is not None and self.gpu_memory_utilization is not None:
             raise ValueError("give either memory_budget or gpu_memory_utilization, not both")
         if self.memory_budget is not None and self.memory_budget <= 0:
@@ -75,6 +78,16 @@ class EngineConfig:
             raise ValueError(f"block_size must be {BLOCK_SIZE} (the kernels' page layout)")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(
+                f"max_model_len must be >= 1 token, got {self.max_model_len}; leave it unset "
+                f"for the model's own context length"
+            )
+        if self.loading_buffer_slots is not None and self.loading_buffer_slots < 1:
+            raise ValueError(
+                f"loading_buffer_slots must be >= 1 expert, got {self.loading_buffer_slots}; "
+                f"leave it unset for what the policy needs"
+            )
         if not 0.0 <= self.fixed_expert_share <= 1.0:
             raise ValueError(
                 f"fixed_expert_share must lie in [0, 1], got {self.fixed_expert_share}"
@@ -103,3 +116,28 @@ class EngineConfig:
     @property
     def policy(self) -> str:
         return self.tunables.mode
+
+
+def check_device(device: str) -> None:
+    """Refuse a device the engine cannot run on, before any weights are read: torch would
+    otherwise fail deep inside start-up ("Torch not compiled with CUDA enabled")."""
+    if device == "cpu":
+        return
+    match = _CUDA_DEVICE.fullmatch(device)
+    if match is None:
+        raise ValueError(f"device must be cpu, cuda or cuda:N (N = GPU index), got {device!r}")
+    import torch  # here, not at the top: the CLIs import this module for --help
+
+    if not torch.cuda.is_available():
+        why = (
+            "this torch is built without CUDA"
+            if torch.version.cuda is None
+            else "no GPU is visible"
+        )
+        raise ValueError(f"device {device!r} needs a CUDA GPU, but {why}: use --device cpu")
+    count = torch.cuda.device_count()
+    if match.group(1) is not None and int(match.group(1)) >= count:
+        raise ValueError(
+            f"device {device!r} does not exist: {count} GPU(s) are visible, "
+            f"cuda:0 to cuda:{count - 1}"
+        )

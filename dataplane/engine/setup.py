@@ -44,7 +44,7 @@ def page_geometry(mc: ModelConfig, dtype: torch.dtype, block_size: int) -> PageG
 def buffer_slots(c: EngineConfig, mc: ModelConfig) -> int:
     """Experts per loading buffer: given, or what the policy can leave off a layer."""
     if c.loading_buffer_slots is not None:
-        return max(1, c.loading_buffer_slots)
+        return c.loading_buffer_slots  # >= 1: EngineConfig refuses less
     if c.tunables.mode == "resident":
         return 1
     if c.tunables.mode == "fixed":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -16,6 +17,7 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+_MAX_BYTES = 2**63 - 1  # torch sizes are int64; no device comes near this
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -32,7 +34,17 @@ def parse_bytes(text: str | int) -> int:
             f"cannot read byte size {text!r}: write a number with an optional unit "
             f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. '28.8GiB'"
         )
-    return int(float(match.group(1)) * _UNITS[unit])
+    number = float(match.group(1))
+    if not unit and 0 < number < 1:
+        # 0.9 reads like a share of the GPU, which is another flag; as bytes it rounds to 0
+        raise ValueError(
+            f"byte size {text!r} is less than one byte: did you mean '{text}GiB', or "
+            f"--gpu-memory-utilization {text} (a share of the GPU's memory)?"
+        )
+    num_bytes = number * _UNITS[unit]
+    if not math.isfinite(num_bytes) or num_bytes > _MAX_BYTES:
+        raise ValueError(f"byte size {text!r} is too large: at most {_MAX_BYTES} bytes (8 EiB)")
+    return int(num_bytes)
 
 
 def format_bytes(num_bytes: int) -> str:

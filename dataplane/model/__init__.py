@@ -9,6 +9,8 @@ transformer.py  MoETransformer: forward, compute_logits, router_logits
 reference.py    dense reference backends (the oracle)
 """
 
+from pathlib import Path
+
 from rimuru.dataplane.model.backends import AttentionBackend, ExpertBackend
 from rimuru.dataplane.model.config import ModelConfig, config_from_hf, load_config
 from rimuru.dataplane.model.loader import CheckpointWeights
@@ -33,6 +35,7 @@ __all__ = [
     "WeightSource",
     "config_from_hf",
     "load_config",
+    "model_config",
     "open_weights",
     "preset_config",
 ]
@@ -46,4 +49,33 @@ def open_weights(model: str, *, seed: int = 0, router_skew: float = 0.0) -> Weig
         raise ValueError(
             "router_skew applies to presets only, not to a checkpoint's trained router"
         )
-    return CheckpointWeights(model)
+    _check_model_dir(model)
+    try:
+        return CheckpointWeights(model)
+    except FileNotFoundError as exc:  # no safetensors, or a shard the index names is gone
+        raise ValueError(str(exc)) from exc
+
+
+def model_config(model: str) -> ModelConfig:
+    """The config of `open_weights(model)` without reading any weights: for checks that
+    should fail before an engine is built."""
+    if model in PRESETS:
+        return preset_config(model)
+    _check_model_dir(model)
+    return load_config(model)
+
+
+def _check_model_dir(model: str) -> None:
+    """A name that is not a preset must be a local model directory; say both when neither."""
+    path = Path(model)
+    if not path.is_dir():
+        raise ValueError(
+            f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor a local "
+            f"directory: give a preset name or the path of a Hugging Face model directory "
+            f"holding config.json and *.safetensors"
+        )
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"{path} has no config.json: a model directory is a Hugging Face checkpoint "
+            f"(config.json and *.safetensors); or give a preset ({', '.join(PRESETS)})"
+        )

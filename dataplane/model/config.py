@@ -137,13 +137,24 @@ def load_config(model_dir: str | Path) -> ModelConfig:
     gen_path = model_dir / "generation_config.json"
     if gen_path.is_file():
         extra_eos = _as_ids(json.loads(gen_path.read_text()).get("eos_token_id"))
-    config = config_from_hf(hf)
+    config = config_from_hf(hf, source=str(path))
     merged = config.eos_token_ids + tuple(i for i in extra_eos if i not in config.eos_token_ids)
     return config.replace(eos_token_ids=merged)
 
 
-def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-    """Parse the dict of a Hugging Face `config.json`; refuse what the model does not implement."""
+def config_from_hf(hf: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
+    """Parse the dict of a Hugging Face `config.json` (`source` names it in errors); refuse
+    what the model does not implement."""
+    try:
+        return _parse(hf)
+    except KeyError as exc:  # only the keys every family must have are read with hf[...]
+        raise ValueError(
+            f"{source} lacks {exc.args[0]!r}, which a {hf.get('model_type') or 'MoE'} model "
+            f"needs: is this a complete Hugging Face config.json?"
+        ) from None
+
+
+def _parse(hf: dict[str, Any]) -> ModelConfig:
     family = _family(hf)
     _refuse_unsupported(hf, family)
     num_heads = int(hf["num_attention_heads"])

@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 
+from rimuru.cli_args import port, positive_int
 from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES
 from rimuru.dataplane.memory.units import parse_bytes
 
@@ -42,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         )
 
     option("--host", default="[::]", help="bind address")
-    option("--port", default=str(DEFAULT_PORT), type=int, help="gRPC port, 0 = any free port")
+    option("--port", default=str(DEFAULT_PORT), type=port, help="gRPC port, 0 = any free port")
     option(
         "--model",
         "RIMURU_MODEL_PATH",
@@ -134,9 +135,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="PEM CA certificate of a control plane that serves TLS (default: plaintext)",
     )
     option("--report-interval", default="10", type=float, help="seconds between routing reports")
-    option("--metrics-port", type=int, help="Prometheus /metrics port, 0 = any (default: off)")
+    option("--metrics-port", type=port, help="Prometheus /metrics port, 0 = any (default: off)")
     option("--drain-grace-seconds", default="30", type=float, help="SIGTERM: drain for this long")
-    option("--threads", default="1", type=int, help="torch CPU threads")
+    option("--threads", default="1", type=positive_int, help="torch CPU threads")
     option("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
 
 
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     if args.device == "cpu":
-        torch.set_num_threads(max(1, args.threads))
+        torch.set_num_threads(args.threads)
     return asyncio.run(_serve(args, config, link))
 
 

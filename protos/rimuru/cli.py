@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sub_parser.parse_args(argv[1:])
     try:
         return int(module.run(args) or 0)
-    except ValueError as exc:  # bad input, named by the code that refused it: no traceback
+    # Bad input, named by the code that refused it: no traceback. OSError is the backstop
+    # for a path the code did not check first (a missing file, a directory not readable).
+    except (ValueError, OSError) as exc:
         print(f"rimuru {name}: {exc}", file=sys.stderr)
         return 2
 

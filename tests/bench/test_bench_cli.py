@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
+
 from rimuru.cli import main
+from rimuru.dataplane.bench.trace import Trace, TraceRequest, save_trace
 
 
 def test_bench_runs_three_policies_and_writes_results(tmp_path, capsys):
@@ -64,3 +67,56 @@ def test_each_rate_of_a_sweep_starts_from_start_up_residency(tmp_path, capsys):
     start = first["config"]["experts_resident_at_start"]
     assert second["config"]["experts_resident_at_start"] == start
     assert first["step_metrics"]["min_experts_resident"] < start
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--profile-prompts", "-1"), ("--threads", "-1"), ("--num-prompts", "0")]
+)
+def test_bench_counts_below_one_are_usage_errors(flag, value, tmp_path, capsys):
+    """--profile-prompts -1 used to profile on all but the last prompt, --threads -1 ran 1."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", flag, value, "--output-dir", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: must be >= 1, got {value}" in capsys.readouterr().err
+
+
+def test_bench_refuses_more_prompts_than_the_trace_has(tmp_path, capsys):
+    code = main(["bench", "--num-prompts", "5000", "--output-dir", str(tmp_path / "out")])
+    assert code == 2
+    assert "trace 'sharegpt_qwen_cpu' has 200 requests" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_bench_refuses_a_bad_burstiness_before_building_an_engine(tmp_path, capsys):
+    code = main(["bench", "--burstiness", "0", "--output-dir", str(tmp_path / "out")])
+    assert code == 2
+    assert "burstiness must be a finite number > 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing ran: no hotness.json written
+
+
+def test_bench_refuses_a_trace_beyond_the_models_vocabulary_before_building(tmp_path, capsys):
+    # `tiny` has Qwen's 151,936 ids; one prompt token past them, as another tokenizer's might be
+    trace = Trace("foreign", [TraceRequest((1, 200_000, 3), 4), TraceRequest((5,), 4)])
+    path = save_trace(trace, tmp_path / "foreign.npz")
+    code = main(["bench", "--trace", str(path), "--output-dir", str(tmp_path / "out")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "trace 'foreign' holds token ids up to 200000" in err
+    assert "model 'tiny' has a vocabulary of 151936" in err and "save_trace" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_os_error_is_reported_without_a_traceback(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = main(["bench", "--num-prompts", "1", "--output-dir", str(blocker)])
+    assert code == 2
+    assert f"rimuru bench: [Errno 17] File exists: '{blocker}'" in capsys.readouterr().err
+
+
+def test_profile_hotness_refuses_a_negative_prompt_cut(tmp_path, capsys):
+    """--max-prompt-tokens -5 used to drop each prompt's last 5 tokens."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["profile-hotness", "--max-prompt-tokens", "-5", "-o", str(tmp_path / "h.json")])
+    assert exit_.value.code == 2
+    assert "argument --max-prompt-tokens: must be >= 1, got -5" in capsys.readouterr().err

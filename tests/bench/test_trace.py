@@ -14,6 +14,7 @@ from rimuru.dataplane.bench.trace import (
     Trace,
     TraceRequest,
     available_traces,
+    check_trace_fits_model,
     load_trace,
     save_trace,
 )
@@ -128,3 +129,15 @@ def test_loading_needs_neither_tokenizer_nor_dataset():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["1000", "200"]
+
+
+def test_a_qwen_trace_on_a_smaller_vocabulary_is_refused_from_the_config_alone(cpu):
+    """mixtral-8x7b's 32,000 ids: refused without building (or even weighing) the model."""
+    assert cpu.max_token_id < QWEN_VOCAB_SIZE
+    check_trace_fits_model(cpu, "tiny")
+    with pytest.raises(ValueError) as err:
+        check_trace_fits_model(cpu, "mixtral-8x7b")
+    message = str(err.value)
+    assert f"holds token ids up to {cpu.max_token_id} (tokenized with qwen.tiktoken" in message
+    assert "'mixtral-8x7b' has a vocabulary of 32000" in message
+    assert "presets: tiny, qwen1.5-moe-a2.7b, qwen3-30b-a3b" in message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -133,3 +134,24 @@ def test_policy_set_against_nothing_reports_unavailable(capsys):
         "elastic",
     )
     assert code == 1 and "UNAVAILABLE" in err
+
+
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_controlplane_refuses_a_port_out_of_range(port, capsys):
+    """It used to bind port mod 2**16 (99999 -> 34463, -1 -> 65535)."""
+    from rimuru.controlplane.cli import add_arguments
+
+    parser = argparse.ArgumentParser(prog="rimuru controlplane")
+    add_arguments(parser)
+    with pytest.raises(SystemExit) as exit_:  # the parser alone: main would go on serving
+        parser.parse_args(["--port", port])
+    assert exit_.value.code == 2
+    assert f"port must lie in 0..65535 (0 = any free port), got {port}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", [["get"], ["set", "--mode", "elastic"], ["watch"]])
+def test_policy_verbs_without_a_deployment_ask_for_one(verb, monkeypatch, capsys):
+    monkeypatch.delenv("RIMURU_DEPLOYMENT", raising=False)
+    code, _, err = policy(capsys, *verb, "--target", "127.0.0.1:1", "--timeout-s", "1")
+    assert code == 2
+    assert f"{verb[0]} needs a deployment: give --deployment NAME" in err

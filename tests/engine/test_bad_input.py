@@ -157,3 +157,36 @@ def test_text_in_text_out_through_the_qwen_tokenizer(engine):
     (text,) = engine.generate_text(["The capital of France is"], params)
     (ids,) = engine.generate([tokenizer.encode("The capital of France is")], params)
     assert text == tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "CPU", "cuda:-1"])
+def test_a_device_torch_cannot_name_is_refused_with_the_accepted_forms(device):
+    with pytest.raises(ValueError, match=r"device must be cpu, cuda or cuda:N"):
+        EngineConfig(device=device)
+
+
+def test_a_cuda_device_that_is_not_there_says_so():
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"'cuda' needs a CUDA GPU.*use --device cpu"):
+            EngineConfig(device="cuda")
+    else:
+        count = torch.cuda.device_count()
+        with pytest.raises(ValueError, match=rf"'cuda:{count}' does not exist: {count} GPU"):
+            EngineConfig(device=f"cuda:{count}")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_model_len", 0, "max_model_len must be >= 1 token, got 0; leave it unset"),
+        ("max_model_len", -1, "max_model_len must be >= 1 token, got -1"),
+        ("loading_buffer_slots", 0, "loading_buffer_slots must be >= 1 expert, got 0"),
+        ("loading_buffer_slots", -1, "loading_buffer_slots must be >= 1 expert, got -1"),
+    ],
+)
+def test_counts_below_one_are_refused_not_reinterpreted(field, value, message):
+    """0 used to mean the default and -1 one slot: refused, with what unset means."""
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**{field: value})

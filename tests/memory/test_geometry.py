@@ -69,3 +69,19 @@ def test_parse_bytes(text, value):
 def test_parse_bytes_error_says_what_to_write():
     with pytest.raises(ValueError, match=r"e\.g\. '28\.8GiB'"):
         parse_bytes("lots")
+
+
+@pytest.mark.parametrize("text", ["0.9", ".5", "0.99"])
+def test_a_unitless_fraction_hints_at_a_unit_or_the_gpu_share(text):
+    """0.9 reads like --gpu-memory-utilization; as bytes it rounded to 0 ("must be > 0")."""
+    with pytest.raises(ValueError) as err:
+        parse_bytes(text)
+    assert f"did you mean '{text}GiB'" in str(err.value)
+    assert f"--gpu-memory-utilization {text}" in str(err.value)
+    assert parse_bytes(text + "GiB") == int(float(text) * 2**30)
+
+
+@pytest.mark.parametrize("text", ["1e30", "1e400", "1e19"])
+def test_a_size_no_device_has_is_a_value_error(text):
+    with pytest.raises(ValueError, match=rf"byte size '{text}' is too large"):
+        parse_bytes(text)

@@ -167,3 +167,12 @@ def test_unknown_architecture_lists_the_supported_ones():
 def test_missing_config_json_says_what_to_point_at(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         load_config(tmp_path)
+
+
+def test_a_missing_key_is_named_with_its_file(tmp_path):
+    partial = {k: v for k, v in QWEN3_30B_A3B.items() if k != "num_attention_heads"}
+    (tmp_path / "config.json").write_text(json.dumps(partial))
+    with pytest.raises(ValueError) as err:
+        load_config(tmp_path)
+    assert "'num_attention_heads'" in str(err.value)
+    assert str(tmp_path / "config.json") in str(err.value)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from rimuru.dataplane.model import CheckpointWeights, open_weights
+from rimuru.cli import main
+from rimuru.dataplane.model import CheckpointWeights, model_config, open_weights
 from rimuru.dataplane.model.presets import RandomWeights
 
 
@@ -88,3 +89,28 @@ def test_open_weights_dispatches_presets_and_paths(hf_checkpoints):
     assert open_weights(str(hf_checkpoints["mixtral"].path)).config.family == "mixtral"
     with pytest.raises(ValueError, match="presets only"):
         open_weights(str(hf_checkpoints["mixtral"].path), router_skew=1.0)
+
+
+def test_a_name_that_is_neither_preset_nor_directory_says_both(tmp_path):
+    """`--model qwen3` (a typo of a preset) must not end in FileNotFoundError's traceback."""
+    for call in (open_weights, model_config):
+        with pytest.raises(ValueError) as err:
+            call("qwen3")
+        message = str(err.value)
+        assert "'qwen3' is neither a preset" in message and "nor a local directory" in message
+        assert "tiny" in message and "mixtral-8x7b" in message and "config.json" in message
+        with pytest.raises(ValueError, match=r"has no config\.json"):
+            call(str(tmp_path))  # an empty directory
+
+
+def test_open_weights_without_safetensors_is_a_value_error(tmp_path, hf_checkpoints):
+    shutil.copy(hf_checkpoints["mixtral"].path / "config.json", tmp_path / "config.json")
+    assert model_config(str(tmp_path)).family == "mixtral"  # the config alone is enough
+    with pytest.raises(ValueError, match=r"no \*\.safetensors"):
+        open_weights(str(tmp_path))
+
+
+def test_cli_reports_a_wrong_model_without_a_traceback(tmp_path, capsys):
+    code = main(["generate", "--model", str(tmp_path / "nope"), "--token-ids", "1"])
+    assert code == 2
+    assert "is neither a preset" in capsys.readouterr().err

@@ -191,3 +191,53 @@ def test_evict_to_admit_is_on_unless_the_flag_or_its_env_turns_it_off(monkeypatc
     monkeypatch.setenv("RIMURU_EVICT_TO_ADMIT", "maybe")
     with pytest.raises(ValueError, match="--evict-to-admit must be on or off"):
         parse()
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--port", "99999"], {}, "argument --port: port must lie in 0..65535"),
+        (["--port", "-1"], {}, "argument --port: port must lie in 0..65535 (0 = any free port)"),
+        ([], {"RIMURU_PORT": "65536"}, "argument --port: port must lie in 0..65535"),
+        (["--metrics-port", "-1"], {}, "argument --metrics-port: port must lie in 0..65535"),
+        (["--threads", "0"], {}, "argument --threads: must be >= 1, got 0"),
+    ],
+)
+def test_serve_refuses_ports_it_would_wrap_and_counts_below_one(
+    argv, env, message, monkeypatch, capsys
+):
+    """--port 99999 used to bind 34463 (99999 mod 2**16), --port -1 bound 65535."""
+    import argparse
+
+    from rimuru.dataplane.serve.cli import add_arguments
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    parser = argparse.ArgumentParser(prog="rimuru serve")
+    add_arguments(parser)  # reads the environment's defaults
+    with pytest.raises(SystemExit) as exit_:  # the parser alone: main would go on serving
+        parser.parse_args(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_serve_refuses_a_max_model_len_below_one(value):
+    """0 used to mean the model's length silently, -1 ended in a traceback."""
+    import argparse
+
+    from rimuru.dataplane.serve.cli import add_arguments, engine_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    # engine_config, not main: were the value accepted, main would go on serving
+    with pytest.raises(ValueError, match=f"max_model_len must be >= 1 token, got {value}"):
+        engine_config(parser.parse_args(["--max-model-len", value]))
+
+
+def test_generate_without_a_prompt_asks_for_one(capsys):
+    assert main(["generate"]) == 2
+    err = capsys.readouterr().err
+    assert "give a prompt" in err and "--token-ids" in err and "not both" not in err
+    assert main(["generate", "hi", "--token-ids", "1"]) == 2
+    assert "not both" in capsys.readouterr().err

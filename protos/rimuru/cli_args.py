@@ -1,0 +1,37 @@
+"""argparse value types shared by the subcommands: a bad value is a usage error (exit 2)
+before anything is built, never a wrapped port or a count whose sign changes its meaning.
+
+Lives in the root package because both planes use it and the data plane may not import
+rimuru.controlplane (nor the control plane torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+MAX_PORT = 65535
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 = any free port (the OS picks; the log says which)."""
+    value = _int(text)
+    if not 0 <= value <= MAX_PORT:
+        raise argparse.ArgumentTypeError(
+            f"port must lie in 0..{MAX_PORT} (0 = any free port), got {value}"
+        )
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count of at least 1."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
