@@ -65,7 +65,7 @@ class EngineConfig:
     expert_copy: str = "device"
 
     def __post_init__(self) -> None:
-        check_device(self.device)
+        check_device_name(self.device)
         if self.memory_budget is not None and self.gpu_memory_utilization is not None:
             raise ValueError("give either memory_budget or gpu_memory_utilization, not both")
         if self.memory_budget is not None and self.memory_budget <= 0:
@@ -118,14 +118,20 @@ class EngineConfig:
         return self.tunables.mode
 
 
-def check_device(device: str) -> None:
-    """Refuse a device the engine cannot run on, before any weights are read: torch would
+def check_device_name(device: str) -> None:
+    """Refuse a device string the engine cannot mean. Whether that device is on this machine
+    is checked where the engine starts (`check_device_available`): a config is also built
+    where it will not run (the operator checks a GPU pod's arguments on any machine)."""
+    if device != "cpu" and _CUDA_DEVICE.fullmatch(device) is None:
+        raise ValueError(f"device must be cpu, cuda or cuda:N (N = GPU index), got {device!r}")
+
+
+def check_device_available(device: str) -> None:
+    """Refuse a CUDA device this machine lacks, before any weights are read: torch would
     otherwise fail deep inside start-up ("Torch not compiled with CUDA enabled")."""
-    if device == "cpu":
-        return
     match = _CUDA_DEVICE.fullmatch(device)
     if match is None:
-        raise ValueError(f"device must be cpu, cuda or cuda:N (N = GPU index), got {device!r}")
+        return
     import torch  # here, not at the top: the CLIs import this module for --help
 
     if not torch.cuda.is_available():

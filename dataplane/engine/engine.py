@@ -28,7 +28,7 @@ from rimuru.dataplane.engine.budget import (
     MemoryPlan,
     plan_memory,
 )
-from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.config import EngineConfig, check_device_available
 from rimuru.dataplane.engine.copy_budget import CopyControl
 from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, DecodeGraphs
 from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
@@ -63,6 +63,7 @@ log = logging.getLogger("rimuru.engine")
 class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
     def __init__(self, config: EngineConfig, *, log_plan: bool = True):
         self.config = config
+        check_device_available(config.device)
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and self.device.index is not None:
             # Triton launches on the current device, whatever device its tensors are on

@@ -165,16 +165,21 @@ def test_a_device_torch_cannot_name_is_refused_with_the_accepted_forms(device):
         EngineConfig(device=device)
 
 
-def test_a_cuda_device_that_is_not_there_says_so():
+def test_a_cuda_device_that_is_not_there_is_refused_when_the_engine_starts():
     import torch
 
+    from rimuru.dataplane.engine.engine import Engine
+
+    # A config may name a GPU on a machine without one (the operator checks a GPU pod's
+    # arguments anywhere); the engine refuses it before reading any weights.
     if not torch.cuda.is_available():
+        config = EngineConfig(device="cuda")
         with pytest.raises(ValueError, match=r"'cuda' needs a CUDA GPU.*use --device cpu"):
-            EngineConfig(device="cuda")
+            Engine(config)
     else:
         count = torch.cuda.device_count()
         with pytest.raises(ValueError, match=rf"'cuda:{count}' does not exist: {count} GPU"):
-            EngineConfig(device=f"cuda:{count}")
+            Engine(EngineConfig(device=f"cuda:{count}"))
 
 
 @pytest.mark.parametrize(
