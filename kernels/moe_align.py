@@ -33,8 +33,8 @@ import triton
 import triton.language as tl
 
 # The default path (align_variant), from the H200 (bench/align_probe.py, 11-30 15:38 and
-# 15:42; docs/benchmarks.md): one program with the scan while it has at most 64 pairs, or
-# few experts (<= 16) and a [pairs, experts] one-hot of <= 16384 cells; else the chunked
+# 15:42; docs/benchmarks.md): one program with the scan while it has at most 64 pairs or
+# few experts (<= 16), and a [pairs, experts] one-hot of <= 16384 cells; else the chunked
 # kernels (16-31 us at every size measured). Past that the scan ran away: Qwen3 at 128
 # pairs took 58.5 us (chunked 15.9), and 96-493 us at 256-1024 pairs. The pairwise and sort
 # ranks were faster at some sizes (sort: 14.3 against 25.9 for Qwen1.5 at 128 pairs) but
@@ -215,10 +215,8 @@ def align_variant(num_pairs: int, num_experts: int, block_m: int) -> tuple:
     kernels are compiled for."""
     experts_p2 = triton.next_power_of_2(num_experts)
     pairs_p2 = triton.next_power_of_2(max(num_pairs, 1))
-    few_experts = experts_p2 <= _SCAN_FEW_EXPERTS
-    if pairs_p2 <= _SCAN_MAX_PAIRS or (
-        few_experts and pairs_p2 * experts_p2 <= _SINGLE_PROGRAM_MAX_CELLS
-    ):
+    small = pairs_p2 <= _SCAN_MAX_PAIRS or experts_p2 <= _SCAN_FEW_EXPERTS
+    if small and pairs_p2 * experts_p2 <= _SINGLE_PROGRAM_MAX_CELLS:
         return ("scan", pairs_p2, experts_p2, block_m)
     return ("chunked", experts_p2, block_m)
 

@@ -36,11 +36,9 @@ def parse_bytes(text: str | int) -> int:
         )
     number = float(match.group(1))
     if not unit and 0 < number < 1:
-        # 0.9 reads like a share of the GPU, which is another flag; as bytes it rounds to 0
-        raise ValueError(
-            f"byte size {text!r} is less than one byte: did you mean '{text}GiB', or "
-            f"--gpu-memory-utilization {text} (a share of the GPU's memory)?"
-        )
+        # As bytes it rounds to 0 ("must be > 0"). Not every flag that reads sizes has a share
+        # of the GPU beside it (`plan`, `generate`, `--activation-reserve`): no flag is named.
+        raise ValueError(f"byte size {text!r} is less than one byte: give a unit, e.g. '{text}GiB'")
     num_bytes = number * _UNITS[unit]
     if not math.isfinite(num_bytes) or num_bytes > _MAX_BYTES:
         raise ValueError(f"byte size {text!r} is too large: at most {_MAX_BYTES} bytes (8 EiB)")

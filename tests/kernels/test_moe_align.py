@@ -5,6 +5,7 @@ import torch
 
 from rimuru.kernels.moe_align import (
     ALIGN_PATHS,
+    align_variant,
     moe_align_block_size,
     moe_align_block_size_reference,
 )
@@ -79,3 +80,18 @@ def test_bad_input_is_refused(ids, experts, block_m, match):
 def test_an_unknown_path_is_refused():
     with pytest.raises(ValueError, match="path must be one of"):
         moe_align_block_size(torch.zeros(4, 1, dtype=torch.int32), 2, 16, path="radix")
+
+
+@pytest.mark.parametrize(
+    ("pairs", "experts", "path"),
+    [
+        (64, 128, "scan"),  # Qwen3 at 8 tokens: 12.4-14.4 us on the H200, chunked 16.0
+        (128, 128, "chunked"),  # Qwen3 at 16 tokens: the scan took 58.5 us, chunked 15.9
+        (128, 60, "chunked"),  # Qwen1.5 at 32 tokens: scan 49.3, chunked 25.9
+        (2048, 8, "scan"),  # Mixtral at 1024 tokens: few experts, 16384 cells: 13.0 vs 13.4
+        (4096, 8, "chunked"),  # Mixtral at 2048 tokens: the scan took 70.6, chunked 14.0
+        (64, 20000, "chunked"),  # a one-hot far past 16384 cells, however few the pairs
+    ],
+)
+def test_the_default_path_follows_the_measured_rule(pairs, experts, path):
+    assert align_variant(pairs, experts, 16)[0] == path

@@ -72,12 +72,11 @@ def test_parse_bytes_error_says_what_to_write():
 
 
 @pytest.mark.parametrize("text", ["0.9", ".5", "0.99"])
-def test_a_unitless_fraction_hints_at_a_unit_or_the_gpu_share(text):
-    """0.9 reads like --gpu-memory-utilization; as bytes it rounded to 0 ("must be > 0")."""
+def test_a_unitless_fraction_asks_for_a_unit(text):
+    """As bytes, 0.9 rounded to 0 ("must be > 0"), which did not say what to write."""
     with pytest.raises(ValueError) as err:
         parse_bytes(text)
-    assert f"did you mean '{text}GiB'" in str(err.value)
-    assert f"--gpu-memory-utilization {text}" in str(err.value)
+    assert f"give a unit, e.g. '{text}GiB'" in str(err.value)
     assert parse_bytes(text + "GiB") == int(float(text) * 2**30)
 
 
