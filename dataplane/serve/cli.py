@@ -142,8 +142,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rimuru.dataplane.engine.config import check_device_available
+
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     config = engine_config(args)  # a ValueError here is reported by rimuru.cli, exit 2
+    # Here, not in engine_config (the operator reads a GPU pod's config on any machine), and
+    # before the server starts: the engine would only fail in the background, after it.
+    check_device_available(config.device)
     link = control_plane_link(args)
     import torch
 

@@ -241,3 +241,13 @@ def test_generate_without_a_prompt_asks_for_one(capsys):
     assert "give a prompt" in err and "--token-ids" in err and "not both" not in err
     assert main(["generate", "hi", "--token-ids", "1"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="needs a machine without a CUDA GPU"
+)
+def test_serve_on_a_gpu_this_machine_lacks_exits_2_before_it_listens(capsys):
+    # The engine starts in the background once the server listens; without this check the
+    # process served a failed health state and exited 1 after logging a traceback.
+    assert main(["serve", "--device", "cuda", "--port", "0"]) == 2
+    assert "'cuda' needs a CUDA GPU" in capsys.readouterr().err
