@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from rimuru.cli_args import positive_int
 
@@ -15,7 +16,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace", default="sharegpt_qwen_cpu", help="bundled trace or .npz with sample prompts"
     )
-    p.add_argument("--num-prompts", type=positive_int, default=64)
+    p.add_argument(
+        "--num-prompts",
+        type=positive_int,
+        default=None,
+        help="default: 64, or all of a smaller trace",
+    )
     p.add_argument(
         "--max-prompt-tokens", type=positive_int, default=256, help="each prompt's first N tokens"
     )
@@ -30,7 +36,16 @@ def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.engine.hotness_profile import profile_hotness
 
     try:
-        trace = load_trace(args.trace).head(args.num_prompts)
+        trace = load_trace(args.trace)
+        trace = trace.head(
+            min(64, len(trace.requests)) if args.num_prompts is None else args.num_prompts
+        )
+        # Cut first: only the tokens profiled must fit the model's vocabulary.
+        cut = tuple(
+            replace(r, prompt_token_ids=r.prompt_token_ids[: args.max_prompt_tokens])
+            for r in trace.requests
+        )
+        trace = replace(trace, requests=cut)
         check_trace_fits_model(trace, args.model)
         engine = Engine(
             EngineConfig(
@@ -42,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                 max_num_seqs=64,
             )
         )
-        prompts = [list(r.prompt_token_ids)[: args.max_prompt_tokens] for r in trace.requests]
+        prompts = [list(r.prompt_token_ids) for r in trace.requests]
         ranking = profile_hotness(engine, prompts, source=f"{args.trace}: {len(prompts)} prompts")
     except ValueError as exc:
         print(f"rimuru profile-hotness: {exc}", file=sys.stderr)

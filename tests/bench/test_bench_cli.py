@@ -120,3 +120,24 @@ def test_profile_hotness_refuses_a_negative_prompt_cut(tmp_path, capsys):
         main(["profile-hotness", "--max-prompt-tokens", "-5", "-o", str(tmp_path / "h.json")])
     assert exit_.value.code == 2
     assert "argument --max-prompt-tokens: must be >= 1, got -5" in capsys.readouterr().err
+
+
+def test_profile_hotness_takes_a_small_trace_whole_and_checks_only_the_tokens_it_keeps(
+    tmp_path, capsys
+):
+    # Three requests (fewer than the default 64); the out-of-vocabulary id lies past the cut.
+    trace = Trace("short", [TraceRequest((1, 2, 200_000), 4), TraceRequest((5, 6), 4),
+                            TraceRequest((7,), 4)])  # fmt: skip
+    path = save_trace(trace, tmp_path / "short.npz")
+    out = tmp_path / "h.json"
+    code = main(
+        ["profile-hotness", "--trace", str(path), "--max-prompt-tokens", "2", "-o", str(out)]
+    )
+    assert code == 0, capsys.readouterr().err
+    assert out.exists()
+    assert f"{path}: 3 prompts" in out.read_text()
+    code = main(
+        ["profile-hotness", "--trace", str(path), "--max-prompt-tokens", "3", "-o", str(out)]
+    )
+    assert code == 2
+    assert "holds token ids up to 200000" in capsys.readouterr().err
