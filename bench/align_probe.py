@@ -5,18 +5,20 @@ Usage (GPU):  python bench/align_probe.py [--out DIR] [--profile 1,16,64]
 Why: the 11-30 15:27 breakdown at decode sizes (moe_breakdown.py --tokens 1,16,64,256) had
 align at 58.9 us for Qwen3 at 16 tokens (one program, a [128 pairs, 128 experts] one-hot),
 against 17.0 at 64 tokens (the chunked kernels): 22% of that MoE call. Per model (its tuned
-block_m) and token count, each path of moe_align_block_size (ALIGN_PATHS: scan, pairwise,
-chunked) aligns random routing (tune_moe.random_routing, seed = T) with an expert table, as
-the paged engine does, timed as the tuner times (CUDA-graph replays, L2 flushed); a path
-whose one-program block exceeds 2^17 elements is left out, and each path's alignment is
-first compared with the torch reference (a wrong one is marked and not timed). The table is printed last, with the path
-the launcher takes today; the figures go to DIR/align_probe.json.
+block_m) and token count, each path of moe_align_block_size (ALIGN_PATHS: scan, sort,
+chunked; the 15:34 and 15:42 runs also had a pairwise rank, since dropped) aligns random
+routing (tune_moe.random_routing, seed = T) with an expert table, as the paged engine does,
+timed as the tuner times (CUDA-graph replays, L2 flushed); a single-program path whose block
+exceeds 2^17 elements is left out, and each path's alignment is first compared with the
+torch reference (a wrong one is marked and not timed). The table is printed last, with the
+path the launcher takes today; the figures go to DIR/align_probe.json.
 """
 
 import argparse
 import functools
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -59,36 +61,59 @@ def same_alignment(got: MoeAlignment, ref: MoeAlignment, table: torch.Tensor) ->
     return torch.equal(got.block_pages[:blocks].cpu(), table.cpu()[experts])
 
 
-def probe_model(name: str, tokens: list[int], rep_ms: float) -> list[dict]:
+@dataclass(frozen=True)
+class Case:
+    """One model at one token count: its routing, tuned block_m and a random expert table."""
+
+    name: str
+    tokens: int
+    ids: torch.Tensor  # [T, K] int32
+    num_experts: int
+    block_m: int
+    table: torch.Tensor  # [E, 3] int32
+
+    def paths(self):
+        """(path, launcher) of each path whose one-program block is small enough to try."""
+        cells = triton.next_power_of_2(self.ids.numel()) * triton.next_power_of_2(self.num_experts)
+        for path in ALIGN_PATHS:
+            if path == "chunked" or cells <= PROBE_MAX_BLOCK:
+                yield path, functools.partial(moe_align_block_size, self.ids, self.num_experts,
+                                              self.block_m, self.table, path=path)  # fmt: skip
+
+
+def cases(name: str, tokens: list[int]):
     shape = MODELS[name]
     E, k = shape.num_experts, shape.top_k
     table = torch.randint(0, 1 << 20, (E, 3), dtype=torch.int32, device=DEVICE)
-    rows = []
     for n in tokens:
         ids, _ = random_routing(n, shape, DEVICE, seed=n)
         bm = get_moe_config(E, shape.inter_size, shape.hidden_size, n, k, torch.bfloat16,
                             DEVICE).block_m  # fmt: skip
+        yield Case(shape.name, n, ids, E, bm, table)
+
+
+def probe_model(name: str, tokens: list[int], rep_ms: float) -> list[dict]:
+    rows = []
+    for c in cases(name, tokens):
         us, wrong = {}, []
-        reference = moe_align_block_size_reference(ids.cpu(), E, bm)
-        pairs_p2, experts_p2 = triton.next_power_of_2(n * k), triton.next_power_of_2(E)
-        for path in ALIGN_PATHS:
-            cols = {"scan": experts_p2, "sort": experts_p2, "pairwise": pairs_p2}.get(path, 0)
-            if pairs_p2 * cols > PROBE_MAX_BLOCK:
-                continue
-            fn = functools.partial(moe_align_block_size, ids, E, bm, table, path=path)
+        reference = moe_align_block_size_reference(c.ids.cpu(), c.num_experts, c.block_m)
+        for path, fn in c.paths():
             try:
                 got = fn()
             except (ValueError, OutOfResources) as exc:  # its block does not fit one program
-                print(f"    {path} at T={n}: {type(exc).__name__}: {str(exc)[:100]}", flush=True)
+                print(f"    {path} at T={c.tokens}: {type(exc).__name__}: {str(exc)[:100]}",
+                      flush=True)  # fmt: skip
                 continue
-            if not same_alignment(got, reference, table):
+            if not same_alignment(got, reference, c.table):
                 wrong.append(path)
-                print(f"    {path} at T={n}: WRONG alignment (not timed)", flush=True)
+                print(f"    {path} at T={c.tokens}: WRONG alignment (not timed)", flush=True)
                 continue
             us[path] = 1e3 * replay_ms(fn, rep_ms)
-        rows.append({"model": shape.name, "tokens": n, "pairs": n * k, "block_m": bm, "us": us,
-                     "wrong": wrong, "default": align_variant(n * k, E, bm)[0]})  # fmt: skip
-        print(f"  {shape.name:18s} T={n:5d} " + " ".join(f"{p} {t:6.1f}" for p, t in us.items()),
+        pairs = c.ids.numel()
+        rows.append({"model": c.name, "tokens": c.tokens, "pairs": pairs, "block_m": c.block_m,
+                     "us": us, "wrong": wrong,
+                     "default": align_variant(pairs, c.num_experts, c.block_m)[0]})  # fmt: skip
+        print(f"  {c.name:18s} T={c.tokens:5d} " + " ".join(f"{p} {t:6.1f}" for p, t in us.items()),
               flush=True)  # fmt: skip
     return rows
 
@@ -98,27 +123,21 @@ def kernel_times(name: str, tokens: list[int]) -> list[dict]:
     path, after a warm-up call: where a path's time goes."""
     from torch.profiler import ProfilerActivity, profile
 
-    shape = MODELS[name]
-    E, k = shape.num_experts, shape.top_k
-    table = torch.randint(0, 1 << 20, (E, 3), dtype=torch.int32, device=DEVICE)
     rows = []
-    for n in tokens:
-        ids, _ = random_routing(n, shape, DEVICE, seed=n)
-        bm = get_moe_config(E, shape.inter_size, shape.hidden_size, n, k, torch.bfloat16,
-                            DEVICE).block_m  # fmt: skip
-        for path in ALIGN_PATHS:
+    for c in cases(name, tokens):
+        for path, fn in c.paths():
             try:
-                moe_align_block_size(ids, E, bm, table, path=path)
+                fn()
             except (ValueError, OutOfResources):
                 continue
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                moe_align_block_size(ids, E, bm, table, path=path)
+                fn()
                 torch.cuda.synchronize()
             kernels = [(e.name, e.device_time) for e in prof.events()
                        if e.device_type == torch.autograd.DeviceType.CUDA]  # fmt: skip
-            rows.append({"model": shape.name, "tokens": n, "path": path, "kernels": kernels})
-            print(f"  {shape.name:18s} T={n:5d} {path:8s} "
+            rows.append({"model": c.name, "tokens": c.tokens, "path": path, "kernels": kernels})
+            print(f"  {c.name:18s} T={c.tokens:5d} {path:8s} "
                   + "; ".join(f"{kn[:32]} {t:.1f}" for kn, t in kernels), flush=True)  # fmt: skip
     return rows
 

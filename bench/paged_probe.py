@@ -62,27 +62,25 @@ def stage_pairs(shape, experts, num_tokens: int) -> dict[str, tuple]:
         p: torch.empty(ids.numel(), shape.hidden_size, device=DEVICE, dtype=x.dtype) for p in aligns
     }
     out = {p: torch.empty_like(x) for p in aligns}
-    pairs = {}
-    for stage in ("align", "up", "down", "whole"):
-        fns = []
-        for path in ("paged", "contig"):
-            up_src, down_src = sources[path]
-            al = aligns[path]
-            table = e.expert_table if path == "paged" else None
-            fns.append({
-                "align": functools.partial(moe_align_block_size, ids, E, bm, table),
-                "up": functools.partial(launch_up_gemm, x, act[path], up_src, al, w, config.gemm1,
-                                        inter_size=inter, top_k=k),
-                "down": functools.partial(launch_down_gemm, act[path], y[path], down_src, al, w,
-                                          config.gemm2, inter_size=inter, top_k=k),
-                "whole": functools.partial(fused_moe_paged, x, ids, weights, e.pool_pages,
-                                           e.buffer_pages, e.expert_table, config=config,
-                                           out=out[path]) if path == "paged" else
-                         functools.partial(fused_moe_contiguous, x, ids, weights, e.w13, e.w2,
-                                           config=config, out=out[path]),
-            }[stage])  # fmt: skip
-        pairs[stage] = tuple(fns)
-    return pairs
+    whole = {
+        "paged": functools.partial(fused_moe_paged, x, ids, weights, e.pool_pages,
+                                   e.buffer_pages, e.expert_table, config=config, out=out["paged"]),
+        "contig": functools.partial(fused_moe_contiguous, x, ids, weights, e.w13, e.w2,
+                                    config=config, out=out["contig"]),
+    }  # fmt: skip
+    stages = {}
+    for path in ("paged", "contig"):
+        (up_src, down_src), al = sources[path], aligns[path]
+        table = e.expert_table if path == "paged" else None
+        stages[path] = {
+            "align": functools.partial(moe_align_block_size, ids, E, bm, table),
+            "up": functools.partial(launch_up_gemm, x, act[path], up_src, al, w, config.gemm1,
+                                    inter_size=inter, top_k=k),
+            "down": functools.partial(launch_down_gemm, act[path], y[path], down_src, al, w,
+                                      config.gemm2, inter_size=inter, top_k=k),
+            "whole": whole[path],
+        }  # fmt: skip
+    return {stage: (stages["paged"][stage], stages["contig"][stage]) for stage in stages["paged"]}
 
 
 def probe_case(name: str, num_tokens: int) -> list[dict]:

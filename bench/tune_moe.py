@@ -334,10 +334,10 @@ def group_m_variants(tile: GemmTile) -> list[GemmTile]:
 
 def refine_group_m(
     times: dict[GemmTile, float], bench: Callable[[GemmTile], float]
-) -> dict[GemmTile, float]:
-    """The best tile of ``times`` timed by ``bench`` at every other GROUP_MS order."""
+) -> tuple[GemmTile, dict[GemmTile, float]]:
+    """The best tile of ``times``, and its times (by ``bench``) at every other GROUP_MS order."""
     first = min(times, key=times.get)
-    return {tile: bench(tile) for tile in group_m_variants(first)}
+    return first, {tile: bench(tile) for tile in group_m_variants(first)}
 
 
 def variant_ratios(times: dict[GemmTile, float]) -> dict[str, float]:
@@ -377,8 +377,9 @@ def tune_shape(
             for gemm, launch, times in (("up", up, t_up), ("down", down, t_down)):
                 # Ratios first: refined orders would give one side of a ratio six tries.
                 ratios = " ".join(f"{k} {r:.3f}" for k, r in variant_ratios(times).items())
-                first = min(times, key=times.get)
-                orders = refine_group_m(times, lambda t, launch=launch: _bench(launch(t), rep_ms))
+                first, orders = refine_group_m(
+                    times, lambda t, launch=launch: _bench(launch(t), rep_ms)
+                )
                 order = min(orders, key=orders.get)
                 times.update(orders)
                 log.extend({"model": shape.name, "tokens": n, "block_m": bm, "gemm": gemm,

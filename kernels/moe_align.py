@@ -36,13 +36,15 @@ import triton.language as tl
 # 15:42; docs/benchmarks.md): one program with the scan while it has at most 64 pairs or
 # few experts (<= 16), and a [pairs, experts] one-hot of <= 16384 cells; else the chunked
 # kernels (16-31 us at every size measured). Past that the scan ran away: Qwen3 at 128
-# pairs took 58.5 us (chunked 15.9), and 96-493 us at 256-1024 pairs. The pairwise and sort
-# ranks were faster at some sizes (sort: 14.3 against 25.9 for Qwen1.5 at 128 pairs) but
-# have not had their output checked on the GPU yet, so no size takes them by default.
+# pairs took 58.5 us (chunked 15.9), and 96-493 us at 256-1024 pairs. The sort rank was
+# faster at some sizes (14.3 against 25.9 for Qwen1.5 at 128 pairs) but has not had its
+# output checked on the GPU yet, so no size takes it by default. (A third rank, by a
+# [pairs, pairs] comparison, was measured beside them and dropped: best in one row, 5-9x
+# slower than chunked at 256 pairs.)
 _SCAN_MAX_PAIRS = 64
 _SCAN_FEW_EXPERTS = 16
 _SINGLE_PROGRAM_MAX_CELLS = 16384
-# Triton's largest block: a single-program path's one-hot or comparison must fit in it.
+# Triton's largest block: a single-program path's [pairs, experts] one-hot must fit in it.
 _MAX_BLOCK_ELEMENTS = 1 << 20
 # Pairs per program in the multi-program path.
 _CHUNK = 1024
@@ -124,7 +126,7 @@ def _align_single_program_kernel(
     PAIRS: tl.constexpr,
     EXPERTS: tl.constexpr,
     WITH_PAGES: tl.constexpr,
-    RANK: tl.constexpr,  # "scan", "pairwise" or "sort": how pairs are ranked (see below)
+    RANK: tl.constexpr,  # "scan" or "sort": how pairs are ranked (see below)
 ):
     p = tl.arange(0, PAIRS)
     expert_of_pair = tl.load(topk_ids_ptr + p, mask=p < num_pairs, other=-1).to(tl.int32)
@@ -145,14 +147,9 @@ def _align_single_program_kernel(
         slot_onehot = (slot_expert[:, None] == e[None, :]).to(tl.int32)  # [PAIRS, EXPERTS]
         pos = tl.sum(slot_onehot * (starts - first)[None, :], axis=1) + p  # p: the slot index
         tl.store(sorted_ptr + pos, slot_pair, mask=slot_expert < EXPERTS)
-    else:
-        if RANK == "pairwise":  # count them in a [PAIRS, PAIRS] comparison, summed along rows
-            same = (expert_of_pair[:, None] == expert_of_pair[None, :]) & (p[None, :] < p[:, None])
-            rank = tl.sum(same.to(tl.int32), axis=1)
-            pos = tl.sum(onehot * starts[None, :], axis=1) + rank
-        else:  # a running count down the one-hot's pair axis
-            rank = tl.cumsum(onehot, axis=0) - onehot
-            pos = tl.sum(onehot * (starts[None, :] + rank), axis=1)
+    else:  # a running count down the one-hot's pair axis
+        rank = tl.cumsum(onehot, axis=0) - onehot
+        pos = tl.sum(onehot * (starts[None, :] + rank), axis=1)
         tl.store(sorted_ptr + pos, p, mask=p < num_pairs)
 
 
@@ -204,9 +201,9 @@ def _align_scatter_kernel(
 
 
 # How a call aligns its pairs: one program ranking the pairs by a scan of its [pairs, experts]
-# one-hot, by a [pairs, pairs] comparison, or by sorting (expert, pair) keys; or three
-# kernels over chunks of pairs (a rank by atomics, the offsets, a scatter).
-ALIGN_PATHS = ("scan", "pairwise", "sort", "chunked")
+# one-hot or by sorting (expert, pair) keys; or three kernels over chunks of pairs (a rank by
+# atomics, the offsets, a scatter).
+ALIGN_PATHS = ("scan", "sort", "chunked")
 
 
 def align_variant(num_pairs: int, num_experts: int, block_m: int) -> tuple:
@@ -262,13 +259,11 @@ def moe_align_block_size(
     pairs_p2 = triton.next_power_of_2(max(num_pairs, 1))
     path = path or align_variant(num_pairs, num_experts, block_m)[0]
     if path != "chunked":
-        block = (pairs_p2, pairs_p2 if path == "pairwise" else experts_p2)
-        if block[0] * block[1] > _MAX_BLOCK_ELEMENTS:
+        if pairs_p2 * experts_p2 > _MAX_BLOCK_ELEMENTS:
             raise ValueError(
-                f"path {path!r} needs a {list(block)} block in one program, over Triton's "
-                f"{_MAX_BLOCK_ELEMENTS} elements; use 'chunked' or leave path unset"
+                f"path {path!r} needs a [{pairs_p2}, {experts_p2}] block in one program, over "
+                f"Triton's {_MAX_BLOCK_ELEMENTS} elements; use 'chunked' or leave path unset"
             )
-    if path != "chunked":
         _align_single_program_kernel[(1,)](
             ids, sorted_ids, block_experts, num_padded, table, pages, num_pairs, nb,
             BLOCK_M=block_m, PAIRS=pairs_p2, EXPERTS=experts_p2, WITH_PAGES=with_pages,
