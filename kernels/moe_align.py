@@ -39,7 +39,7 @@ import triton.language as tl
 # pairs took 58.5 us (chunked 15.9), and 96-493 us at 256-1024 pairs. The sort rank was
 # faster at some sizes (14.3 against 25.9 for Qwen1.5 at 128 pairs) but has not had its
 # output checked on the GPU yet, so no size takes it by default. (A third rank, by a
-# [pairs, pairs] comparison, was measured beside them and dropped: best in one row, 5-9x
+# [pairs, pairs] comparison, was measured beside them and dropped: best in one row, 5-8x
 # slower than chunked at 256 pairs.)
 _SCAN_MAX_PAIRS = 64
 _SCAN_FEW_EXPERTS = 16
