@@ -24,43 +24,43 @@ import torch
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.boundary import ElasticBoundary
-from rimuru.dataplane.engine.budget import (
-    MemoryPlan,
-    plan_memory,
-)
+from rimuru.dataplane.engine.budget import MemoryPlan, plan_memory
 from rimuru.dataplane.engine.config import EngineConfig, check_device_available
 from rimuru.dataplane.engine.copy_budget import CopyControl
 from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, DecodeGraphs
 from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
-from rimuru.dataplane.engine.graph_setup import CudaGraphSetup
+from rimuru.dataplane.engine.graph_setup import NO_GRAPHS, CudaGraphs, GraphPlanner
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.live_policy import LivePolicy
+from rimuru.dataplane.engine.loaded_model import load_model
 from rimuru.dataplane.engine.outputs import RequestOutput, StepStats
-from rimuru.dataplane.engine.paged_attention import (
-    PagedAttention,
-)
-from rimuru.dataplane.engine.piecewise_graphs import PiecewiseGraphs
+from rimuru.dataplane.engine.paged_attention import PagedAttention
+from rimuru.dataplane.engine.policy_state import PolicyState
 from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
 from rimuru.dataplane.engine.sampling import Sampler
 from rimuru.dataplane.engine.scheduler import Scheduler
 from rimuru.dataplane.engine.setup import (
-    EngineSetup,
+    activation_reserve,
+    budget_bytes,
+    buffer_slots,
     loading_buffer_bytes,
     num_loading_buffers,
-    page_geometry,
+    warm_up_kernels,
 )
 from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
-from rimuru.dataplane.memory.reclaim import DeferredReclaim
-from rimuru.dataplane.model import PRESETS, MoETransformer, open_weights
-from rimuru.dataplane.model.config import parse_dtype
+from rimuru.dataplane.memory.reclaim import DeferredReclaim, Pending
 
 log = logging.getLogger("rimuru.engine")
 
 
-class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
+class Engine:
+    """Composes the parts below; each is built once here, in dependency order, and given
+    what it reads. Start-up: load the model, plan memory (budget -> reserve -> graphs ->
+    pool), build the pool and its users, load start-up residency, capture the graphs."""
+
     def __init__(self, config: EngineConfig, *, log_plan: bool = True):
         self.config = config
         check_device_available(config.device)
@@ -68,37 +68,28 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
         if self.device.type == "cuda" and self.device.index is not None:
             # Triton launches on the current device, whatever device its tensors are on
             torch.cuda.set_device(self.device)
-        skew = config.router_skew if config.model in PRESETS else 0.0
-        self.source = open_weights(config.model, seed=config.seed, router_skew=skew)
-        self.model_config = self.source.config
-        self.dtype = parse_dtype(config.dtype) if config.dtype else self.model_config.dtype
-        mc = self.model_config
-        self.max_model_len = min(
-            config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
+        loaded, self.paths = load_model(config, self.device)
+        mc = self.model_config = loaded.config
+        self.dtype, self.geometry = loaded.dtype, loaded.geometry
+        self.max_model_len = loaded.max_model_len
+        self.host_experts = loaded.host_experts
+        self.policy = PolicyState(
+            config.tunables,
+            HotnessRanking.for_model(config.hotness_path, mc.num_layers, mc.num_experts),
         )
-        self.tunables = config.tunables
-        self.geometry = page_geometry(mc, self.dtype, config.block_size)
-        placeholder = _Unset()
-        self.model = MoETransformer.from_source(
-            self.source, placeholder, placeholder, self.device, self.dtype, self._layer_ops()
-        )
-        pin = self.device.type == "cuda"
-        self.host_experts = [
-            self.source.expert_weights(layer, self.dtype, pin_memory=pin, work_device=self.device)
-            for layer in range(mc.num_layers)
-        ]
-        self.ranking = HotnessRanking.for_model(config.hotness_path, mc.num_layers, mc.num_experts)
-        # ---- memory plan
-        budget = self._budget_bytes()
-        slots = self._buffer_slots()
+        # ---- memory plan, before the pool: what else the budget must hold comes first
+        budget = budget_bytes(config, loaded)
+        slots = buffer_slots(config, mc)
         buffer_bytes = loading_buffer_bytes(config, slots, self.geometry)
-        reserve_bytes = self._activation_reserve()
-        self._warm_up()  # before the pool: its scratch must not count against the budget
-        self.graph_plan = self._cuda_graph_plan(budget, reserve_bytes, buffer_bytes)
+        reserve_bytes = activation_reserve(config, loaded, self.paths)
+        warm_up_kernels(config, loaded, self.paths)  # its scratch is freed before the pool
+        self.graph_planner = GraphPlanner(config, loaded, self.paths)
+        self.graph_plan = self.graph_planner.plan(budget, reserve_bytes, buffer_bytes)
         self.plan: MemoryPlan = plan_memory(
-            budget, self.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry,
+            budget, loaded.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry,
             cuda_graph_bytes=self.graph_plan.bytes,
         )  # fmt: skip
+        # ---- the pool and the parts that own its pages
         self.pool = UnifiedPool(self.geometry, self.plan.num_huge_pages, self.dtype, self.device)
         self.allocator = PageAllocator(self.geometry, self.plan.num_huge_pages)
         self.reclaim = DeferredReclaim(self.allocator)
@@ -108,36 +99,41 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
             self.reclaim,
             self.host_experts,
             slots,
-            router_logits=self.model.router_logits,
+            router_logits=loaded.model.router_logits,
             top_k=mc.top_k,
-            moe_kernel=self._moe_kernel(),
-            copy_kernel=self._copy_kernel(),
+            moe_kernel=self.paths.moe_kernel(),
+            copy_kernel=self.paths.copy_kernel(),
             num_buffers=num_loading_buffers(config),
         )
-        self.attention = PagedAttention(self.pool, kernels=self._attention_kernels())
-        self.model = self.model.with_backends(self.attention, self.experts)
+        self.attention = PagedAttention(self.pool, kernels=self.paths.attention_kernels())
+        self.model = loaded.model.with_backends(self.attention, self.experts)
         self.kv = KVCacheManager(self.allocator, self.reclaim, mc.num_layers, config.block_size)
+        # ---- scheduling under the policy in force
         self.copy_control = CopyControl(config.max_num_seqs, mc.top_k)  # the copy budget's
+        self.boundary = ElasticBoundary(
+            self.policy, self.allocator, self.kv, self.experts, self.copy_control,
+            config.max_num_seqs, mc.top_k,
+        )  # fmt: skip
+        elastic = config.tunables.mode == "elastic"
         self.scheduler = Scheduler(
             self.kv,
             config.max_num_seqs,
             config.max_num_batched_tokens,
-            make_room=(
-                self._make_room
-                if self.tunables.mode == "elastic" and config.evict_to_admit
-                else None
-            ),
-            admit_limit=self._admit_limit,
+            make_room=self.boundary.make_room if elastic and config.evict_to_admit else None,
+            admit_limit=self.boundary.admit_limit,
         )
+        self.live_policy = LivePolicy(
+            self.policy, self.scheduler, self.experts, self.allocator, self.reclaim,
+            self.copy_control, config.fixed_expert_share, self.max_kv_tokens,
+        )  # fmt: skip
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.step_id = 0
         self.stats: list[StepStats] = []
-        self._check_buffer_fits(self.tunables)
-        self._load_initial_experts()
+        self.live_policy.check_buffer_fits(self.tunables)
+        self.live_policy.load_initial_experts()
         self.experts.counters = ExpertCounters()  # start-up loading is not serving traffic
-        self.graphs: DecodeGraphs | None = None
-        self.piecewise: PiecewiseGraphs | None = None  # made with the decode graphs
+        self.cuda_graphs: CudaGraphs = NO_GRAPHS
         if self.graph_plan.bytes:
             self.make_cuda_graphs()
         if log_plan:
@@ -155,6 +151,42 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
         config = replace(config or EngineConfig(), **overrides)
         return cls(config)
 
+    # ------------------------------------------------------------------ policy
+    @property
+    def tunables(self) -> Tunables:
+        return self.policy.tunables
+
+    @property
+    def ranking(self) -> HotnessRanking:
+        return self.policy.ranking
+
+    def set_ranking(self, ranking: HotnessRanking) -> None:
+        """Adopt a new hotness ranking. When idle, start-up residency is re-chosen from it
+        (every policy); while serving, the elastic adjuster follows it from the next round."""
+        self.apply_policy(self.tunables, ranking)
+
+    def set_tunables(self, tunables: Tunables) -> None:
+        """Apply new tunables between two steps (mode changes need a restart)."""
+        self.apply_policy(tunables)
+
+    def apply_policy(self, tunables: Tunables, ranking: HotnessRanking | None = None) -> None:
+        """Both halves of a policy push, or neither: raises ValueError with nothing changed."""
+        self.live_policy.apply(tunables, ranking, self.step_id)
+
+    def reset_residency(self) -> None:
+        """Start-up residency again, from the policy in force; idle only."""
+        self.live_policy.reset_residency(self.step_id)
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def make_cuda_graphs(self, *, capture: bool = True) -> DecodeGraphs | None:
+        """Build and adopt the decode and piecewise graphs (graph_setup.py); `capture=False`
+        builds their bookkeeping without capturing (tests on the CPU)."""
+        self.cuda_graphs = self.graph_planner.build(
+            self.model, self.experts, self.allocator, self.pool, self.plan, self.graph_plan,
+            capture=capture,
+        )  # fmt: skip
+        return self.cuda_graphs.decode
+
     # ------------------------------------------------------------------ requests
     def max_kv_tokens(self, tunables: Tunables | None = None) -> int:
         """Tokens one request could hold if every expert the policy (`tunables`, else the
@@ -170,7 +202,7 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
             min_resident = self.experts.num_resident()
         kv_pages = (
             total_expert_pages - min_resident * t.pages_per_expert
-        ) * self.geometry.kv_pages_per_expert_page - self._num_graph_pad_pages()
+        ) * self.geometry.kv_pages_per_expert_page - self.cuda_graphs.num_pad_pages
         return (kv_pages // mc.num_layers) * self.config.block_size
 
     def validate_request(
@@ -261,7 +293,7 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
             out = self.scheduler.schedule(step)
             running = len(self.scheduler.running)  # before this step's finished leave
             if self.tunables.mode == "elastic":
-                self._move_boundary(out.kv_pages_short)
+                self.boundary.move(out.kv_pages_short, self.scheduler.round_state(step))
             outputs: list[RequestOutput] = []
             if out.scheduled:
                 outputs = self._execute(out.scheduled, step)
@@ -283,7 +315,10 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
         batch = StepBatch.of(scheduled)
         sample_requests = batch.sample_requests
         self.experts.begin_step()
-        hidden = run_forward(batch, self.model, self.graphs, self.piecewise, self.config.block_size)
+        graphs = self.cuda_graphs
+        hidden = run_forward(
+            batch, self.model, graphs.decode, graphs.piecewise, self.config.block_size
+        )
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         if not sample_requests:
@@ -408,21 +443,9 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
 
     def num_leaked_pages(self) -> int:
         """After all requests finished: KV pages still owned (should be 0)."""
-        owned = self.allocator.num_owned(PageType.KV) - self._num_graph_pad_pages()
+        owned = self.allocator.num_owned(PageType.KV) - self.cuda_graphs.num_pad_pages
         return owned + self.reclaim.num_pending(PageType.KV)
 
 
 def _is_pending(owner) -> bool:
-    from rimuru.dataplane.memory.reclaim import Pending
-
     return isinstance(owner, Pending)
-
-
-class _Unset:
-    """Backend placeholder until the pool exists (calling it is a bug)."""
-
-    def attend(self, *args, **kwargs):
-        raise RuntimeError("attention backend not set")
-
-    def moe(self, *args, **kwargs):
-        raise RuntimeError("expert backend not set")

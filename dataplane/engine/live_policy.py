@@ -1,74 +1,110 @@
-"""A policy version applied live, between two steps: tunables and a hotness ranking, as one
-change that is checked before anything moves and, if the new start-up residency cannot be
-loaded, rolled back whole (a NACKed push must leave the engine as it was: 11-30, a push
-whose ranking reload failed had left the new tunables in force and every expert released,
-and the next request failed the engine).
-
-A mixin of `Engine`, as setup.py's EngineSetup: it reads the engine's tunables, ranking,
-scheduler, experts, reclaim and copy_control.
+"""The policy in force, applied: start-up residency chosen from it, and a push (tunables and a
+hotness ranking) applied live between two steps as one change that is checked before
+anything moves and, if the new start-up residency cannot be loaded, rolled back whole (a
+NACKed push must leave the engine as it was: new tunables left in force with every expert
+released would fail the next request).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.engine.copy_budget import CopyControl
+from rimuru.dataplane.engine.expert_manager import ExpertManager
+from rimuru.dataplane.engine.policy_state import PolicyState
+from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
+from rimuru.dataplane.engine.scheduler import Scheduler
+from rimuru.dataplane.engine.setup import check_buffer_fits, check_offload_fits
+from rimuru.dataplane.memory.allocator import PageAllocator
+from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.memory.reclaim import DeferredReclaim
 
 
 class LivePolicy:
-    def set_ranking(self, ranking: HotnessRanking) -> None:
-        """Adopt a new hotness ranking. When idle, start-up residency is re-chosen from it
-        (every policy); while serving, the elastic adjuster follows it from the next round."""
-        self.apply_policy(self.tunables, ranking)
+    def __init__(
+        self,
+        policy: PolicyState,
+        scheduler: Scheduler,
+        experts: ExpertManager,
+        allocator: PageAllocator,
+        reclaim: DeferredReclaim,
+        copy_control: CopyControl,
+        fixed_expert_share: float,
+        max_kv_tokens: Callable[[Tunables], int],  # tokens one request could hold under them
+    ):
+        self.policy = policy
+        self.scheduler = scheduler
+        self.experts = experts
+        self.allocator = allocator
+        self.reclaim = reclaim
+        self.copy_control = copy_control
+        self.fixed_expert_share = fixed_expert_share
+        self.max_kv_tokens = max_kv_tokens
 
-    def set_tunables(self, tunables: Tunables) -> None:
-        """Apply new tunables between two steps (mode changes need a restart)."""
-        self.apply_policy(tunables)
+    def load_initial_experts(self) -> None:
+        """Start-up residency (residency.py) from the policy in force, into free pages."""
+        t, ranking = self.policy.tunables, self.policy.ranking
+        chosen = initial_experts(
+            t, ranking, self.allocator.num_free(PageType.EXPERT), self.fixed_expert_share
+        )
+        offloaded = max_offloaded(chosen, ranking.num_layers, ranking.num_experts)
+        check_offload_fits(t.mode, offloaded, self.experts.num_buffer_slots)
+        self.experts.load_initial(chosen, t.pages_per_expert)
+        # The copy budget prices only experts resident now that the adjuster evicts later.
+        self.copy_control.reset(self.experts.resident_sets(), ranking.num_experts)
 
-    def apply_policy(self, tunables: Tunables, ranking: HotnessRanking | None = None) -> None:
-        """Both halves of a policy push, or neither: raises ValueError with nothing changed."""
+    def check_buffer_fits(self, tunables: Tunables) -> None:
+        check_buffer_fits(tunables, self.policy.ranking.num_experts, self.experts.num_buffer_slots)
+
+    def apply(self, tunables: Tunables, ranking: HotnessRanking | None, step: int) -> None:
+        """Both halves of a policy push, or neither: raises ValueError with nothing changed.
+        `step`: the last step run (its forward has completed)."""
         self._check_tunables(tunables)
+        current = self.policy.ranking
         if ranking is not None and (ranking.num_layers, ranking.num_experts) != (
-            self.ranking.num_layers,
-            self.ranking.num_experts,
+            current.num_layers,
+            current.num_experts,
         ):
             raise ValueError(
                 f"ranking is for {ranking.num_layers} layers x {ranking.num_experts} experts; "
-                f"this model has {self.ranking.num_layers} x {self.ranking.num_experts}"
+                f"this model has {current.num_layers} x {current.num_experts}"
             )
-        before = (self.tunables, self.ranking)
-        if tunables.copy_budget != self.tunables.copy_budget:
+        before = dataclasses.replace(self.policy)
+        if tunables.copy_budget != self.policy.tunables.copy_budget:
             self.copy_control.budget_changed()
-        self.tunables = tunables
+        self.policy.tunables = tunables
         if ranking is None:
             return
-        self.ranking = ranking
+        self.policy.ranking = ranking
         if self.scheduler.has_unfinished():
             return  # serving: the adjuster follows the ranking from the next round
         try:
-            self._reload_residency()
+            self._reload_residency(step)
         except ValueError:
-            self.tunables, self.ranking = before
-            self._reload_residency()  # what was loaded before loads again
+            self.policy.tunables, self.policy.ranking = before.tunables, before.ranking
+            self._reload_residency(step)  # what was loaded before loads again
             raise
 
-    def reset_residency(self) -> None:
+    def reset_residency(self, step: int) -> None:
         """Start-up residency again, from the policy in force; idle only (a benchmark's next
         run must not start from the last one's evictions)."""
         if self.scheduler.has_unfinished():
             raise RuntimeError("requests are in flight: residency can be reset only when idle")
-        self._reload_residency()
+        self._reload_residency(step)
 
     def _check_tunables(self, tunables: Tunables) -> None:
-        if tunables.mode != self.tunables.mode:
+        current = self.policy.tunables
+        if tunables.mode != current.mode:
             raise ValueError(
-                f"mode {tunables.mode!r} differs from the running mode {self.tunables.mode!r}: "
+                f"mode {tunables.mode!r} differs from the running mode {current.mode!r}: "
                 f"changing the memory policy needs a restart"
             )
-        if tunables.pages_per_expert != self.tunables.pages_per_expert:
+        if tunables.pages_per_expert != current.pages_per_expert:
             raise ValueError("pages_per_expert is fixed by the model (w1, w3, w2)")
-        self._check_buffer_fits(tunables)
+        self.check_buffer_fits(tunables)
         # A request was accepted because it fit; one that no longer could would wait at the
         # head of the queue for ever, and every request behind it with it.
         fits = self.max_kv_tokens(tunables)
@@ -82,14 +118,14 @@ class LivePolicy:
                     f"a new version (a NACKed version is not pushed again)"
                 )
 
-    def _reload_residency(self) -> None:
+    def _reload_residency(self, step: int) -> None:
         """Idle: start-up residency re-chosen from the tunables and ranking now in force."""
         # re-placing the start-up set is not serving traffic: the counters (exported as
         # metrics) stay as they were, also when the reload fails and is rolled back
         saved = dataclasses.replace(self.experts.counters)
         try:
             self.experts.release_all()
-            self.reclaim.complete(self.step_id)
-            self._load_initial_experts()
+            self.reclaim.complete(step)
+            self.load_initial_experts()
         finally:
             self.experts.counters = saved

@@ -34,6 +34,15 @@ class ScheduledRequest:
 
 
 @dataclass(frozen=True)
+class RoundState:
+    """What the scheduler's hooks see of the round in progress."""
+
+    step: int
+    num_running: int
+    num_waiting: int
+
+
+@dataclass(frozen=True)
 class SchedulerOutput:
     scheduled: tuple[ScheduledRequest, ...]
     preempted: tuple[str, ...]
@@ -50,18 +59,18 @@ class Scheduler:
         kv: KVCacheManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
-        make_room: Callable[[int, bool], int] | None = None,
-        admit_limit: Callable[[], int] | None = None,
+        make_room: Callable[[int, RoundState], int] | None = None,
+        admit_limit: Callable[[RoundState], int] | None = None,
     ):
-        """`make_room(kv_pages_lacking, lone)` frees pool pages for KV now and returns how
-        many KV pages it gained (0: nothing more can go). `lone`: the request short of
-        pages is the only one running, so preempting would leave nothing running: the
-        elastic adjuster then lets it exceed the copy budget, which must not stop a lone
-        request (with others running, they progress, and it is re-admitted later).
-        `admit_limit()`: running requests up to which waiting ones may be admitted this
-        round (the elastic copy budget's cap); asked once per round that has requests
-        waiting and preempted none. Requests it keeps waiting are not counted as short of
-        pages."""
+        """`make_room(kv_pages_lacking, round)` frees pool pages for KV now and returns how
+        many KV pages it gained (0: nothing more can go). When the request short of pages
+        is the only one running (`round.num_running == 1`), preempting would leave nothing
+        running: the elastic adjuster then lets it exceed the copy budget, which must not
+        stop a lone request (with others running, they progress, and it is re-admitted
+        later). `admit_limit(round)`: running requests up to which waiting ones may be
+        admitted this round (the elastic copy budget's cap); asked once per round that has
+        requests waiting and preempted none. Requests it keeps waiting are not counted as
+        short of pages."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.kv = kv
@@ -79,6 +88,9 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def round_state(self, step: int) -> RoundState:
+        return RoundState(step, len(self.running), len(self.waiting))
+
     def schedule(self, step: int) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
@@ -91,8 +103,10 @@ class Scheduler:
             counted = False
             while not self.kv.allocate_slots(request, num_new):
                 lacking = self.kv.num_pages_needed(request, num_new) - self.kv.num_free_pages
-                lone = len(self.running) == 1
-                if self.make_room is not None and self.make_room(lacking, lone) > 0:
+                if (
+                    self.make_room is not None
+                    and self.make_room(lacking, self.round_state(step)) > 0
+                ):
                     continue  # room was made: try again before preempting anyone
                 if not counted:  # count what this request lacked once, not per retry
                     short += lacking
@@ -111,7 +125,7 @@ class Scheduler:
         if not preempted and self.waiting:
             cap = self.max_num_seqs
             if self.admit_limit is not None:
-                cap = min(cap, self.admit_limit())
+                cap = min(cap, self.admit_limit(self.round_state(step)))
             while self.waiting and len(self.running) < cap and budget > 0:
                 request = self.waiting[0]
                 num_new = min(request.num_tokens_to_compute, budget)

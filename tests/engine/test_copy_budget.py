@@ -56,13 +56,13 @@ def test_the_budget_holds_at_every_round_that_evicted(prompts, make_engine, budg
         "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=budget)
     )
     checked = []
-    move = engine._move_boundary
+    move = engine.boundary.move
 
-    def checking(kv_pages_short, evict_only=False, apply_copy_budget=True):
+    def checking(kv_pages_short, round, evict_only=False, apply_copy_budget=True):
         running = len(engine.scheduler.running)
         if not apply_copy_budget:
             assert running == 1, f"the budget yielded with {running} running"
-        changes = move(kv_pages_short, evict_only, apply_copy_budget)
+        changes = move(kv_pages_short, round, evict_only, apply_copy_budget)
         if changes.evict and apply_copy_budget and running:
             step = StepShape(max(1, len(engine.scheduler.running)), engine.model_config.top_k)
             copies = expected_copies(engine.ranking, engine.experts.resident_sets(), step)
@@ -70,7 +70,7 @@ def test_the_budget_holds_at_every_round_that_evicted(prompts, make_engine, budg
             assert copies <= budget
         return changes
 
-    engine._move_boundary = checking
+    engine.boundary.move = checking
     engine.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
     assert checked, "nothing was evicted: the case does not test the budget"
 
@@ -127,7 +127,10 @@ def test_the_budget_holds_at_every_step_as_the_batch_grows(prompts, make_engine,
         resident = engine.experts.resident_sets()
         copies = expected_copies(engine.ranking, resident, step, engine.copy_control.start_resident)
         assert running <= 1 or copies <= budget + 1e-9, (running, copies)
-        held_back += bool(engine.scheduler.waiting) and engine._admit_limit() <= running
+        held_back += (
+            bool(engine.scheduler.waiting)
+            and engine.boundary.admit_limit(engine.scheduler.round_state(engine.step_id)) <= running
+        )
     assert not engine.has_unfinished_requests()
     assert held_back > 0 and engine.experts.counters.evictions > 0, "the cap never bound"
     engine.check_invariants()
@@ -145,7 +148,9 @@ def test_experts_the_pool_never_held_do_not_hold_the_batch_back(prompts, make_en
     )
     offloaded = sum(32 - len(r) for r in engine.experts.resident_sets())
     assert offloaded > 4, "the pool holds every expert: the case does not test start-up"
-    assert engine._admit_limit() == engine.config.max_num_seqs
+    assert (
+        engine.boundary.admit_limit(engine.scheduler.round_state(0)) == engine.config.max_num_seqs
+    )
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         engine.add_request(prompt, params, f"r{i}")
@@ -165,17 +170,18 @@ def test_evictions_for_a_waiting_request_leave_the_cap_room_to_admit_it(prompts,
         "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=2.0)
     )
     checked = []
-    move = engine._move_boundary
+    move = engine.boundary.move
 
-    def checking(kv_pages_short, evict_only=False, apply_copy_budget=True):
-        changes = move(kv_pages_short, evict_only, apply_copy_budget)
+    def checking(kv_pages_short, round, evict_only=False, apply_copy_budget=True):
+        changes = move(kv_pages_short, round, evict_only, apply_copy_budget)
         running = len(engine.scheduler.running)
         if changes.evict and not evict_only and engine.scheduler.waiting and running:
             checked.append(running)
-            assert engine._admit_limit() >= min(running + 1, engine.config.max_num_seqs)
+            cap = engine.boundary.admit_limit(engine.scheduler.round_state(round.step))
+            assert cap >= min(running + 1, engine.config.max_num_seqs)
         return changes
 
-    engine._move_boundary = checking
+    engine.boundary.move = checking
     two_long_then_a_burst(engine, prompts)
     while engine.has_unfinished_requests():
         engine.step()

@@ -30,7 +30,7 @@ def _graph_engine(make_engine, mode, sizes=None, **overrides):
         graphs.sizes = sizes
     # one padding page per layer, owned as such, and zeroed
     assert engine.allocator.num_free(PageType.KV) == free_before - engine.model_config.num_layers
-    owners = {engine.allocator.owner_of(PageType.KV, p) for p in engine.graphs.pad_pages}
+    owners = {engine.allocator.owner_of(PageType.KV, p) for p in engine.cuda_graphs.decode.pad_pages}
     assert owners == {GRAPH_PADDING}
     return engine
 
@@ -45,11 +45,11 @@ def test_padded_static_decode_gives_the_eager_tokens_and_routing_counts(prompts,
     engine = _graph_engine(make_engine, mode, sizes=(1, 2, 4, 8))
     got = engine.generate(batch, params)
     assert got == want
-    assert engine.graphs.steps > 0 and engine.graphs.replays == 0
+    assert engine.cuda_graphs.decode.steps > 0 and engine.cuda_graphs.decode.replays == 0
     # padding rows routed somewhere, but were not counted
     assert torch.equal(engine.experts.routing_counts, eager.experts.routing_counts)
     kv = engine.pool.view(PageType.KV)
-    assert not kv[engine.graphs.pad_pages].any(), "a padding row wrote KV"
+    assert not kv[engine.cuda_graphs.decode.pad_pages].any(), "a padding row wrote KV"
     engine.check_invariants()
     assert engine.num_leaked_pages() == 0
 
@@ -59,7 +59,7 @@ def test_a_step_with_a_prompt_or_an_offloaded_expert_runs_eagerly(prompts, make_
     (device copy-in keeps it one: test_device_copy.py)."""
     # resident: its adjuster never brings the evicted expert back
     engine = _graph_engine(make_engine, "resident", expert_copy="host")
-    graphs = engine.graphs
+    graphs = engine.cuda_graphs.decode
     engine.add_request(prompts[0], SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()  # the prompt: eager
     assert graphs.steps == 0
@@ -73,9 +73,9 @@ def test_a_step_with_a_prompt_or_an_offloaded_expert_runs_eagerly(prompts, make_
 def test_contexts_beyond_max_seq_len_to_capture_run_eagerly(prompts, make_engine):
     # the config's limit reaches the graphs: the first decode fits, the second not
     engine = _graph_engine(make_engine, "resident", max_seq_len_to_capture=len(prompts[0]) + 1)
-    assert engine.graphs.max_context == len(prompts[0]) + 1
+    assert engine.cuda_graphs.decode.max_context == len(prompts[0]) + 1
     engine.generate([prompts[0]], SamplingParams(max_tokens=3, ignore_eos=True))
-    assert engine.graphs.steps == 1
+    assert engine.cuda_graphs.decode.steps == 1
 
 
 def test_the_padding_pages_shrink_the_longest_request_accepted(make_engine):
@@ -100,7 +100,10 @@ def test_graph_memory_is_planned_only_when_every_expert_starts_resident(
     engine = make_engine("elastic", pool_mib=pool_mib)
     plan = engine.plan
     reserve = plan.activation_reserve_bytes + extra_mib * 2**20
-    assert engine._all_experts_fit(plan.budget_bytes, reserve, plan.loading_buffer_bytes) is fits
+    assert (
+        engine.graph_planner.all_experts_fit(plan.budget_bytes, reserve, plan.loading_buffer_bytes)
+        is fits
+    )
     assert engine.experts.fully_resident() is (pool_mib == 26)
 
 

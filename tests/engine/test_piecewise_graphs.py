@@ -30,7 +30,7 @@ def test_piecewise_sizes_cover_every_step_up_to_max_num_batched_tokens():
 def _piecewise_engine(make_engine, mode, **overrides):
     engine = make_engine(mode, **overrides)
     engine.make_cuda_graphs(capture=False)
-    assert engine.piecewise is not None
+    assert engine.cuda_graphs.piecewise is not None
     return engine
 
 
@@ -44,7 +44,7 @@ def test_prompt_steps_through_the_pieces_give_the_eager_tokens_and_counts(
     engine = _piecewise_engine(make_engine, mode)
     got = engine.generate(prompts, params)
     assert got == want
-    pw, decode = engine.piecewise, engine.graphs
+    pw, decode = engine.cuda_graphs.piecewise, engine.cuda_graphs.decode
     # every step went through static inputs: prompt steps the pieces, decode-only the graphs
     assert pw.steps > 0
     assert pw.steps + decode.steps == len(engine.stats)
@@ -60,7 +60,7 @@ def test_attention_sees_only_the_real_tokens(prompts, make_engine):
     """A step of 37 tokens pads to 48 for the pieces; the KV write and attention between
     them take the 37 real ones, whose output lands in the first 37 rows."""
     engine = _piecewise_engine(make_engine, "resident")
-    pw = engine.piecewise
+    pw = engine.cuda_graphs.piecewise
     assert pw.size_for(37) == 48
     seen, attend = [], engine.attention.attend
 
@@ -83,7 +83,7 @@ def test_a_prompt_step_with_an_offloaded_expert_runs_eagerly_under_host_copies(
     """serves() asks the experts: with host copies, an offloaded expert needs the host's
     decision, which no graph can hold."""
     engine = _piecewise_engine(make_engine, "resident", expert_copy="host")
-    pw = engine.piecewise
+    pw = engine.cuda_graphs.piecewise
     engine.add_request(prompts[0], SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()  # the prompt, every expert resident: the pieces
     assert pw.steps == 1
@@ -114,16 +114,16 @@ def test_host_copies_with_offloading_policies_keep_prompt_steps_eager(make_engin
     # beside the activation reserve, so those engines do not make them
     engine = make_engine("elastic", expert_copy="host")
     engine.make_cuda_graphs(capture=False)
-    assert engine.graphs is not None and engine.piecewise is None
+    assert engine.cuda_graphs.decode is not None and engine.cuda_graphs.piecewise is None
     resident = make_engine("resident", expert_copy="host")
     resident.make_cuda_graphs(capture=False)
-    assert resident.piecewise is not None
+    assert resident.cuda_graphs.piecewise is not None
 
 
 def test_full_decode_only_keeps_prompt_steps_eager(make_engine):
     engine = make_engine("resident", cudagraph_mode="full_decode_only")
     engine.make_cuda_graphs(capture=False)
-    assert engine.graphs is not None and engine.piecewise is None
+    assert engine.cuda_graphs.decode is not None and engine.cuda_graphs.piecewise is None
 
 
 def test_cudagraph_mode_is_validated():

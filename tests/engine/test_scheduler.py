@@ -72,12 +72,12 @@ def test_no_admission_in_a_round_that_preempted():
 
 
 def test_admit_limit_caps_admission_and_claims_no_pages_for_who_waits():
-    """The copy budget's cap (engine._admit_limit): running requests up to it, asked once
+    """The copy budget's cap (ElasticBoundary.admit_limit): running requests up to it, asked once
     per round; the ones kept waiting are not reported short of pages."""
     s = make(1)  # 4 KV pages: room for 4 one-page requests
     asked = []
     caps = iter([2, 3])
-    s.admit_limit = lambda: asked.append(len(s.running)) or next(caps)
+    s.admit_limit = lambda round: asked.append(round.num_running) or next(caps)
     for i in range(4):
         s.add(req(i, 8))
     out = s.schedule(1)

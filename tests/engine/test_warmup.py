@@ -84,7 +84,7 @@ def key(t):
                              mc.hidden_size, engine.dtype, engine.device)
 batches = warmup_batches(16, 4, 600, 16, key, [1, 512])
 seconds = warm_up(engine.model, engine.host_experts, engine.geometry, batches,
-                  engine._moe_kernel(), engine._attention_kernels())
+                  engine.paths.moe_kernel(), engine.paths.attention_kernels())
 print("ran", len(batches), seconds > 0)
 """
 

@@ -1,0 +1,71 @@
+"""The model as loaded, before the pool exists: the non-pool weights on the device, every
+expert's weights in (pinned) host memory, and the page geometry their shapes imply.
+
+Start-up planning (setup.py, graph_setup.py) reads this and nothing else of the model: the
+profiling and warm-up forwards run the backend-less `model` on scratch memory, and the
+engine then puts the same weights behind the pool's backends (`MoETransformer.with_backends`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rimuru.dataplane.engine.compute_paths import ComputePaths
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.setup import page_geometry
+from rimuru.dataplane.memory.geometry import PageGeometry
+from rimuru.dataplane.model import PRESETS, MoETransformer, open_weights
+from rimuru.dataplane.model.config import ModelConfig, parse_dtype
+from rimuru.dataplane.model.weights import ExpertWeights
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    config: ModelConfig
+    model: MoETransformer  # its backends raise until the engine sets the pool's
+    host_experts: list[ExpertWeights]  # one per layer, on the host
+    geometry: PageGeometry
+    dtype: torch.dtype
+    device: torch.device
+    max_model_len: int  # the config's, capped at the model's context
+
+
+def load_model(c: EngineConfig, device: torch.device) -> tuple[LoadedModel, ComputePaths]:
+    """Open the weights (a preset or a checkpoint), put the non-pool ones on `device` and the
+    experts on the host, and choose the compute path that will serve them."""
+    skew = c.router_skew if c.model in PRESETS else 0.0
+    source = open_weights(c.model, seed=c.seed, router_skew=skew)
+    mc = source.config
+    dtype = parse_dtype(c.dtype) if c.dtype else mc.dtype
+    paths = ComputePaths(c, mc, device)
+    unset = _Unset()
+    model = MoETransformer.from_source(source, unset, unset, device, dtype, paths.layer_ops())
+    pin = device.type == "cuda"
+    host_experts = [
+        source.expert_weights(layer, dtype, pin_memory=pin, work_device=device)
+        for layer in range(mc.num_layers)
+    ]
+    loaded = LoadedModel(
+        config=mc,
+        model=model,
+        host_experts=host_experts,
+        geometry=page_geometry(mc, dtype, c.block_size),
+        dtype=dtype,
+        device=device,
+        max_model_len=min(
+            c.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
+        ),
+    )
+    return loaded, paths
+
+
+class _Unset:
+    """Backend placeholder until the pool exists (calling it is a bug)."""
+
+    def attend(self, *args, **kwargs):
+        raise RuntimeError("attention backend not set")
+
+    def moe(self, *args, **kwargs):
+        raise RuntimeError("expert backend not set")
