@@ -219,9 +219,9 @@ def graphs_match_eager(device: str) -> str:
             x.check_invariants()
             if x.num_leaked_pages():
                 raise AssertionError(f"{mode}: {x.num_leaked_pages()} KV pages leaked")
-        if g.graphs is None or g.graphs.replays == 0:
+        if g.cuda_graphs.decode is None or g.cuda_graphs.decode.replays == 0:
             raise AssertionError(f"{mode}: no graph was replayed")
-        pieces = g.piecewise.replays if g.piecewise is not None else 0
+        pieces = g.cuda_graphs.piecewise.replays if g.cuda_graphs.piecewise is not None else 0
         if mode == "resident" and not pieces:
             raise AssertionError(f"{mode}: no prompt step replayed piecewise graphs")
         if got != want:
@@ -238,11 +238,11 @@ def graphs_match_eager(device: str) -> str:
         if not recomputed and flips > max(2, int(want_counts.sum()) // 1000):
             raise AssertionError(f"{mode}: {flips} expert choices differ, more than rounding")
         details.append(
-            f"{mode} {g.graphs.replays} + {pieces} piecewise of {g.stats[-1].step} steps replayed, "
+            f"{mode} {g.cuda_graphs.decode.replays} + {pieces} piecewise of {g.stats[-1].step} steps replayed, "
             f"{g.experts.counters.evictions} evictions, {g.experts.counters.loads} loads, "
             f"{recomputed} preemptions, {flips} of {int(want_counts.sum())} expert choices "
             f"differ, graphs {g.plan.cuda_graph_bytes / MiB:.1f} MiB planned, "
-            f"{_held(g.graphs, g.piecewise)}"
+            f"{_held(g.cuda_graphs.decode, g.cuda_graphs.piecewise)}"
         )
     return "; ".join(details) + "; tokens identical"
 
@@ -269,14 +269,14 @@ def device_copy_matches_host(device: str) -> str:
             budget = probe.plan.budget_bytes - probe.plan.pool_bytes + 24 * MiB
         d = engine(device, mode, kernels=True, expert_copy="device", memory_budget=budget)
         offloaded_replays = []
-        if d.graphs is not None:
-            run = d.graphs.run
+        if d.cuda_graphs.decode is not None:
+            run = d.cuda_graphs.decode.run
 
             def observed(*args, d=d, run=run, seen=offloaded_replays):
                 seen.append(not d.experts.fully_resident())
                 return run(*args)
 
-            d.graphs.run = observed
+            d.cuda_graphs.decode.run = observed
         got = d.generate(batch, params)
         want = engine(device, mode, kernels=True, enforce_eager=True).generate(batch, params)
         d.check_invariants()
@@ -284,13 +284,13 @@ def device_copy_matches_host(device: str) -> str:
             raise AssertionError(f"{mode}: device copy-in tokens differ from host copies")
         if not d.experts.counters.buffer_copies:
             raise AssertionError(f"{mode}: nothing was copied in")
-        if d.graphs is None or not any(offloaded_replays):
+        if d.cuda_graphs.decode is None or not any(offloaded_replays):
             raise AssertionError(f"{mode}: no graph replayed with experts offloaded")
-        if d.piecewise is None or not d.piecewise.replays:
+        if d.cuda_graphs.piecewise is None or not d.cuda_graphs.piecewise.replays:
             raise AssertionError(f"{mode}: no prompt step replayed piecewise graphs")
         details.append(
             f"{mode} {sum(offloaded_replays)} offloaded steps replayed, "
-            f"{d.piecewise.replays} piecewise, "
+            f"{d.cuda_graphs.piecewise.replays} piecewise, "
             f"{d.experts.counters.buffer_copies} copies, {d.experts.counters.evictions} evictions"
         )
     return "; ".join(details) + "; tokens identical"

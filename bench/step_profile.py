@@ -198,9 +198,9 @@ def main() -> int:
         "policy": args.policy,
         "batch": args.batch,
         "prefill_tokens": args.prefill_tokens,
-        "cuda_graphs": engine.graphs is not None,
+        "cuda_graphs": engine.cuda_graphs.decode is not None,
         "cudagraph_mode": args.cudagraph_mode,
-        "piecewise_graphs": engine.piecewise is not None,
+        "piecewise_graphs": engine.cuda_graphs.piecewise is not None,
         "layer_ops": type(engine.model.ops).__name__,  # TorchOps on the CPU path whatever the flag
         "layers": engine.model_config.num_layers,
         **profile_steps(engine, args.steps, prompts),
