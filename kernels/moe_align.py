@@ -32,15 +32,14 @@ import torch
 import triton
 import triton.language as tl
 
-# The default path (align_variant), from the H200 (bench/align_probe.py, 11-30 15:38 and
-# 15:42; docs/benchmarks.md): one program with the scan while it has at most 64 pairs or
-# few experts (<= 16), and a [pairs, experts] one-hot of <= 16384 cells; else the chunked
-# kernels (16-31 us at every size measured). Past that the scan ran away: Qwen3 at 128
-# pairs took 58.5 us (chunked 15.9), and 96-493 us at 256-1024 pairs. The sort rank was
-# faster at some sizes (14.3 against 25.9 for Qwen1.5 at 128 pairs) but has not had its
-# output checked on the GPU yet, so no size takes it by default. (A third rank, by a
-# [pairs, pairs] comparison, was measured beside them and dropped: best in one row, 5-8x
-# slower than chunked at 256 pairs.)
+# The default path (align_variant), from timings on the H200 (docs/benchmarks.md): one
+# program with the scan while it has at most 64 pairs or few experts (<= 16), and a
+# [pairs, experts] one-hot of <= 16384 cells; else the chunked kernels (~15-30 us at every
+# size measured). Past that the scan ran away: Qwen3 at 128 pairs took ~4x the chunked
+# kernels' time, and ~100-500 us at 256-1024 pairs. The sort rank was faster at some sizes
+# (Qwen1.5 at 128 pairs) but its output has not been checked on the GPU, so no size takes
+# it by default. (A third rank, by a [pairs, pairs] comparison, was measured beside them and
+# dropped: best in one row, 5-8x slower than chunked at 256 pairs.)
 _SCAN_MAX_PAIRS = 64
 _SCAN_FEW_EXPERTS = 16
 _SINGLE_PROGRAM_MAX_CELLS = 16384

@@ -5,10 +5,9 @@ Shape key: T = tokens, K = top-k, D = hidden.
     moe_sum(y [T*K, D], out [T, D], top_k) -> out      out[t] = sum_k y[t*K + k]
 
 Rows are added in fp32 in the order k = 0..K-1 and rounded once (torch.sum also accumulates
-a bf16 sum in fp32). Why a kernel: torch.sum over the middle dim of [T, K, D] ran at
-1.1-2.6 TB/s on the H200 (11-30 11:16; Mixtral's K = 2: 23.3 µs at T = 1024, where a
-first version of this kernel took 11.7). Each program adds one token's K rows over a
-block of columns, in registers.
+a bf16 sum in fp32). Why a kernel: it beat torch.sum over the middle dim of [T, K, D] by
+1.2-2.4x at every shape measured on the H200 (docs/benchmarks.md). Each program adds one
+token's K rows over a block of columns, in registers.
 """
 
 import torch
@@ -24,7 +23,7 @@ def _moe_sum_kernel(y_ptr, out_ptr, num_tokens, D, TOP_K: tl.constexpr, BLOCK_D:
     mask = cols < D
     # One row at a time into a 1-D fp32 accumulator: each thread adds its own columns, so
     # nothing crosses threads (the first version summed a [K, BLOCK_D] block over K: for
-    # K = 8 it ran at 1.2-1.6 TB/s on the H200, slower than torch.sum, 11-30 11:16).
+    # K = 8 it was slower than torch.sum on the H200).
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for k in tl.static_range(TOP_K):
         acc += tl.load(y_ptr + (token * TOP_K + k) * D + cols, mask=mask, other=0.0).to(tl.float32)

@@ -5,8 +5,8 @@ data-plane pod template, so changing it rolls the pods. Two policy fields belong
 too: the engine cannot change its memory policy (`mode`) or `pagesPerExpert` while it
 runs (it NACKs such a push), so new pods must start with them. The live policy fields
 (`LIVE_KEYS`) are here as well, so that a pod starts with the spec's values rather than
-`rimuru serve`'s defaults (which also size its loading buffers: 11-30, a spec with
-`loadingBufferSlots: 4` and `expertOffloadLimit: 2` crashlooped on the default limit 8),
+`rimuru serve`'s defaults (which also size its loading buffers: a spec with
+`loadingBufferSlots: 4` and `expertOffloadLimit: 2` crashloops on a default limit above 4),
 but they stay out of the hash: changing them is a push, not a rollout.
 """
 

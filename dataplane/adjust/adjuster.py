@@ -26,8 +26,8 @@ decode step routes to is copied in for that step, so offloading costs
 their layer's sum, uniform where they sum to 0; K = top-k, B = tokens per step; tokens are
 taken as independent). A shrink stops before an eviction would take that sum past the
 budget: with skewed routing the cold experts cost little and may go; with uniform routing
-each one is needed in nearly every step (on the H200, 2026-11-30, elastic at router skew 0
-ran at 0.52x resident's output rate, copying 5.4 TB). Evictions are taken coldest first, so
+each one is needed in nearly every step (on the H200, elastic at router skew 0 ran at ~half
+resident's output rate, copy-bound: docs/benchmarks.md). Evictions are taken coldest first, so
 the first refused is the last tried; one that costs nothing (p = 0) is not refused by the
 model (the measured copies below may still stop every eviction).
 Only experts resident at start-up count (`counted`): those that never fit are outside

@@ -59,9 +59,9 @@ class EngineConfig:
     cudagraph_mode: str = "full_and_piecewise"
     # How offloaded experts reach the device for a step. "device" (default): a kernel copies
     # the routed ones into fixed slots, no host sync, so the step stays a CUDA graph
-    # (device_copy.py; on the H200, 11-30, Fig. 4's elastic ran 1.94x the tokens/s of host
-    # copies). "host": the host reads the routing and copies, prefetching the next layer's
-    # predicted experts; a layer with offloaded experts then syncs and runs eagerly.
+    # (device_copy.py; on the H200 Fig. 4's elastic ran at ~2x the tokens/s of host copies:
+    # docs/benchmarks.md). "host": the host reads the routing and copies, prefetching the
+    # next layer's predicted experts; a layer with offloaded experts then syncs and runs eagerly.
     expert_copy: str = "device"
 
     def __post_init__(self) -> None:

@@ -3,11 +3,11 @@
 admission cap (adjuster.max_batch_within_budget, cached).
 
 Why measure: the budget's model prices an offloaded expert by its share in the hotness
-ranking. Where the ranking misjudges routing, the model does too: on the H200 (2026-11-30,
-Fig. 4 at router skew 0, ranking profiled on 32 prompts) it expected ~10 copies per decode
-step while the steps made ~54. So the adjuster counts the larger of the two; once the
-measured copies reach the budget, nothing more is evicted and no request is admitted (the
-batch drains as requests finish), until experts come back and the copies fall.
+ranking. Where the ranking misjudges routing, the model does too: on the H200 (Fig. 4 at
+router skew 0, ranking profiled on 32 prompts) it expected ~1/5 of the copies per decode
+step that the steps made (docs/benchmarks.md). So the adjuster counts the larger of the
+two; once the measured copies reach the budget, nothing more is evicted and no request is
+admitted (the batch drains as requests finish), until experts come back and the copies fall.
 
 The meter cannot tell whose copies it counts, so it is used only while it measures the
 adjuster's own evictions: when start-up residency held every expert (else the copies of
@@ -17,8 +17,8 @@ and when the budget is changed (so it cannot hold a later batch for an earlier o
 
 The cap is asked every round that has requests waiting (every round at overload); the
 model's part changes only when the boundary moves, the ranking or the start-up residency is
-replaced, or the budget is pushed, so it is recomputed only then (0.9 ms at 48 layers x 128
-experts with 16 offloaded per layer, on this CPU, against steps of 8-22 ms on the H200).
+replaced, or the budget is pushed, so it is recomputed only then (~1 ms on a CPU at 48
+layers x 128 experts with 16 offloaded per layer: a tenth of a decode step on the H200).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ Invariants the replay relies on:
     largest graph once on the profiling scratch and the engine adds it to its reserve, only
     when the policy starts with every expert resident beside it (else no graph is captured).
     Besides torch's pool, the driver keeps memory for every instantiated graph, which
-    `memory_reserved` does not see (H200, 2026-11-30: 82 MiB for qwen1.5's 35 decode
-    graphs, outside a plan of torch's bytes alone): the plan prices it per graph and layer
+    `memory_reserved` does not see (~100 KiB per graph per layer, beyond a plan of
+    torch's bytes alone): the plan prices it per graph and layer
     (`decode_driver_bytes`).
   - Padding pages are KV pages no request may use: max_kv_tokens leaves them out.
 
@@ -31,8 +31,8 @@ Known difference from an eager step: the decode kernel sizes its flash-decoding 
 the batch and the longest context. A graph is launched with its padded size and
 `max_context`, so on contexts above ~256 tokens it may split differently from the eager
 step of the same batch: same math, other float rounding. It can also use fewer, longer
-splits at medium batches. Tokens were identical in the GPU check (contexts < 100 tokens).
-Neither effect has been measured on long contexts.
+splits at medium batches. The GPU check (bench/gpu_checks.py) requires identical tokens,
+graphs against eager, at short contexts (< 100 tokens); it does not cover long contexts.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ class CaptureCost:
 def capture_measured(device: torch.device, make: Callable[[], Graphs]) -> Graphs:
     """Make a set of graphs (static inputs), capture them, and record what that took as
     their `cost`. Garbage is collected and the allocator's cache emptied first: an engine
-    dropped earlier in the process, collected mid-capture, moved these figures by -1.8 GiB
-    (GPU checks, 11-30). Raises what capture raises."""
+    dropped earlier in the process, collected mid-capture, moved these figures by gigabytes
+    (seen in the GPU checks). Raises what capture raises."""
     gc.collect()
     torch.cuda.empty_cache()
     held, free = torch.cuda.memory_reserved(device), torch.cuda.mem_get_info(device)[0]
@@ -102,13 +102,12 @@ def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
 
 
 # The driver keeps memory for every instantiated graph, outside torch's allocator
-# (`memory_reserved` does not see it). On the H200 (2026-11-30), as the fall in free memory
-# beyond torch's bytes: qwen1.5's 35 decode graphs 82 MiB (24 layers: ~98 KiB per layer per
-# graph), qwen3's 67 graphs 264 MiB (48 layers: ~84 KiB). Measuring it in the plan's own
-# capture was tried the same day and dropped: a process's first capture carries one-off
-# costs (priced per graph, 3.1 GiB planned for 0.55 GiB used), and a second engine in the
-# same process then planned otherwise. So the plan prices it per layer, with margin; the
-# engine logs what capture took against the plan (planned ... fell by ...).
+# (`memory_reserved` does not see it). On the H200, as the fall in free memory beyond
+# torch's bytes, it came to ~85-100 KiB per layer per decode graph (docs/benchmarks.md).
+# Measuring it in the plan's own capture was tried and dropped: a process's first capture
+# carries one-off costs (priced per graph, it planned ~6x what was used), and a second
+# engine in the same process then planned otherwise. So the plan prices it per layer, with
+# margin; the engine logs what capture took against the plan (planned ... fell by ...).
 DRIVER_BYTES_PER_GRAPH_LAYER = 128 * 1024
 
 

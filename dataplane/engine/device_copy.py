@@ -4,8 +4,8 @@ alternative to the host-driven loading buffers of expert_manager.py.
 Host mode reads each layer's routing on the host, then copies the missing experts with
 cudaMemcpyAsync, prefetching layer l+1's predicted experts while layer l computes. That
 costs one host synchronisation per layer with offloaded experts, so such a step can never
-be a CUDA graph: on the H200, Fig. 4's elastic run spent 1,865 of 2,258 steps eager at a
-median 62 ms, against 7.7 ms for its graph-replayed steps (docs/benchmarks.md).
+be a CUDA graph: on the H200, Fig. 4's elastic run spent most of its steps eager, each
+~8x as long as its graph-replayed steps (docs/benchmarks.md).
 
 Device mode gives every offloaded expert of a layer a fixed loading-buffer slot (its rank
 among the layer's offloaded experts; at most `slots` of them, which expert_offload_limit
@@ -14,8 +14,8 @@ routed ones from pinned host memory into their slots; the MoE kernel then reads 
 through a table whose rows already point at those slots. The step needs no host decision,
 so it can be captured. What it gives up: the copy no longer overlaps the previous layer's
 compute (it runs on the compute stream, after the router), and it reads host memory from a
-kernel rather than with the copy engines. On the H200 it still ran Fig. 4's elastic at 1.94x
-the output tokens/s of host copies (docs/benchmarks.md, 2026-11-30).
+kernel rather than with the copy engines. On the H200 it still ran Fig. 4's elastic at about
+twice the output tokens/s of host copies (docs/benchmarks.md).
 
 Invariants:
   * `table` (the kernels' [L, E, 3] table) equals the expert page table for resident

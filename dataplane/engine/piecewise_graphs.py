@@ -4,9 +4,9 @@ piece between two attentions, and run only the attentions eagerly in between. Th
 vLLM's CUDAGraphMode.PIECEWISE; with the decode graphs it makes FULL_AND_PIECEWISE, the
 engine's default (`cudagraph_mode`).
 
-Why: an eager step is host-bound. A qwen3-30b-a3b step (48 layers) took 83.8 ms eager on
-the H200 against 14.6 ms as a graph, with the GPU idle for 73.6 of the 83.8 (11-30 05:12,
-docs/benchmarks.md), and every step with a prompt chunk in it ran eagerly. Attention stays
+Why: an eager step is host-bound. A qwen3-30b-a3b step (48 layers) took ~6x as long eager
+on the H200 as a graph, with the GPU idle for most of it (docs/benchmarks.md), and every
+step with a prompt chunk in it ran eagerly. Attention stays
 outside the graphs because its launch depends on the batch's sequences (their number,
 query lengths and block tables); everything else depends only on the token count.
 
@@ -38,11 +38,10 @@ Invariants the replay relies on:
 
 Known difference from an eager step: the MoE kernel picks its tiles by the padded token
 count, so a replayed step may round otherwise than the eager step of the same batch (same
-math). The GPU checks compare fp32 tokens, pieces against eager: identical (2026-11-30).
+math). The GPU checks require identical fp32 tokens, pieces against eager (gpu_checks.py).
 The memory plan counts the driver's own memory per instantiated graph (here up to 40 sizes
 x (L + 1) pieces), which `memory_reserved` does not see: priced per piece
-(`piece_driver_bytes`). On the H200 (2026-11-30) that part was 198 MiB for qwen1.5's 40
-sizes, as much as torch's.
+(`piece_driver_bytes`). On the H200 that part was as large as torch's (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -190,8 +189,8 @@ class PiecewiseGraphs:
 
 
 # The driver's memory per instantiated piece (cuda_graphs.DRIVER_BYTES_PER_GRAPH_LAYER says
-# why it is priced, not measured): on the H200 (2026-11-30) ~196 KiB per piece for
-# qwen1.5's 40 sizes x 25 pieces, ~184 KiB for qwen3's 32 x 49; priced with margin.
+# why it is priced, not measured): ~180-200 KiB per piece on the H200 for qwen1.5's and
+# qwen3's pieces (docs/benchmarks.md); priced with margin.
 DRIVER_BYTES_PER_PIECE = 256 * 1024
 
 

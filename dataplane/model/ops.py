@@ -3,7 +3,7 @@ and Triton kernels (`rimuru.kernels.rms_norm`, `.rope`; the engine's path on CUD
 
 Both round alike (see the kernels' docstrings), so the choice changes launch counts, not
 tokens beyond a reduction's last bits. The fused kernels take a Qwen3 decode layer from ~72
-launches to ~30 (H200, 2026-11-30: 3,438 to 1,463 per 48-layer step).
+launches to ~30 (measured per step: docs/benchmarks.md).
 """
 
 from __future__ import annotations
