@@ -208,8 +208,8 @@ def precompile(shapes: list[MoeShape], tokens: list[int], dtype: torch.dtype, wo
 
 
 # Tile orders tried on each GEMM's best tile once it is chosen (not on every candidate: six
-# times the list). Wide orders pay for Mixtral's few, large experts at 1024 tokens; the
-# Qwen shapes stay near 8 (docs/benchmarks.md, Kernels).
+# times the list). Wide orders pay for Mixtral's few, large experts at 1024 tokens (1.7-2.1%
+# in the tuner's run at 4f59268); the Qwen shapes' best orders stay near 8.
 GROUP_MS = (1, 2, 4, 8, 16, 64)
 
 
