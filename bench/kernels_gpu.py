@@ -8,7 +8,7 @@ Sections (each guarded, so one failure still leaves the others' figures):
   2. fused MoE per model: bf16 relative error of paged and contiguous outputs vs an fp32
      torch reference (outputs NaN-poisoned first), paged == contiguous bit for bit, then the
      whole op (align + 2 GEMMs + top-k sum) captured in a CUDA graph and timed with
-     interleaved rounds (bench/ab_timing.py: 12 rounds x 25 replays, L2 flushed; the
+     interleaved rounds (rimuru.kernels.moe_bench: 12 rounds x 25 replays, L2 flushed; the
      overhead is the median of the per-round paged/contiguous ratios, with its IQR); each
      against its floor max(FLOPs / 755e12, bytes / 4.17e12), where
      bytes = touched experts' weights + x + output.
@@ -30,20 +30,6 @@ import torch
 import triton
 import triton.testing
 
-sys.path.insert(0, str(Path(__file__).parent))
-from ab_timing import interleaved_samples, summarize_ab
-from tune_moe import (
-    MODELS,
-    PEAK_BYTES,
-    PEAK_FLOPS,
-    TOKEN_COUNTS,
-    MoeShape,
-    graph_of,
-    make_experts,
-    random_routing,
-    run_info,
-)
-
 from rimuru.kernels import (
     fused_moe_contiguous,
     fused_moe_paged,
@@ -55,6 +41,19 @@ from rimuru.kernels import (
     paged_prefill_attention_reference,
     write_kv_pages,
     write_kv_pages_reference,
+)
+from rimuru.kernels.moe_bench import (
+    MODELS,
+    PEAK_BYTES,
+    PEAK_FLOPS,
+    TOKEN_COUNTS,
+    MoeShape,
+    graph_of,
+    interleaved_samples,
+    make_experts,
+    random_routing,
+    run_info,
+    summarize_ab,
 )
 
 DEVICE = torch.device("cuda")

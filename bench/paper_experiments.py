@@ -1,5 +1,6 @@
-"""The paper's experiments 2-4 (issue 5), each sized to fit one device call (< 10 min).
+"""The paper's experiments 1-4, each sized to fit one device call (< 10 min).
 
+    python3 bench/paper_experiments.py fig4 --out $OUT [--num-prompts 500] [--fixed-expert-share 0.75]
     python3 bench/paper_experiments.py rate-sweep --policy elastic --out $OUT   # x3 policies
     python3 bench/paper_experiments.py ablation --out $OUT
     python3 bench/paper_experiments.py offload-sweep --limits 0,5,10 --out $OUT  # and 15,20,30
@@ -10,19 +11,21 @@ Flags this script does not know go to `rimuru bench` as they are (e.g.
 `--fixed-expert-share 0.75`). Defaults are the GPU setups; `--model tiny --device cpu --num-prompts 20` runs each one
 as a smoke test on a laptop.
 
-rate-sweep: `qwen3-30b-a3b` (bf16), budget 59 GiB — all weights are 56.9 GiB (experts
-  54.0 GiB, the rest 2.9 GiB), so they barely fit and the resident policy keeps ~1.8 GiB of
-  KV (~20,000 tokens with the 284 MiB reserve measured on 2026-11-30). Rates from light to
-  overload, each with --num-prompts requests; one policy per call (one engine serves all
-  rates). Run on 2026-11-30 as two calls per policy (16 req/s x 300, 1 req/s x 100):
-  docs/benchmarks.md.
+fig4 (Experiment 1): `qwen1.5-moe-a2.7b` (bf16), budget 28.8 GiB (0.9 x an RTX 5090's
+  32 GiB), ShareGPT at 10 req/s, the policies of --policies on one budget (all three by
+  default) with --expert-offload-limit 30; results.json and the Fig. 4 PNG under --out.
+rate-sweep: `qwen3-30b-a3b` (bf16), budget 59 GiB: all weights are 56.9 GiB (experts
+  54.0 GiB, the rest 2.9 GiB), so they barely fit and the resident policy keeps little KV.
+  Rates from light to overload, each with --num-prompts requests; one policy per call (one
+  engine serves all rates, each rate from start-up residency).
 ablation: `qwen1.5-moe-a2.7b`, 28.8 GiB, 10 req/s: fixed cache with gathered experts ->
   + adjuster (elastic, gathered) -> + paged kernel (elastic, in place); all three eager
   (--enforce-eager), so that decode CUDA graphs do not favour the paged arm.
 offload-sweep: elastic with several expert_offload_limit values on a burst (all requests at
   t = 0): output throughput, and the recovery time — seconds from the deepest eviction to
   the moment every expert is resident again.
-Prints a short table last.
+Prints a short table last. Presets carry seeded random weights: the figures measure the
+serving system, not a model's answers.
 """
 
 from __future__ import annotations
@@ -80,9 +83,9 @@ def own_flags_passed_through(passthrough: list[str]) -> list[str]:
 
 def recovery_seconds(result: BenchResult) -> float | None:
     """From the step with the fewest resident experts to the first later step with as many
-    resident as at the start (before the first step, which may evict already; results
-    written before 2026-11-30 10:40 lack that and use the first step's); None if the
-    boundary never moved or never came back."""
+    resident as at the start (before the first step, which may evict already; older results
+    files lack that count and use the first step's); None if the boundary never moved or
+    never came back."""
     steps = result.steps
     if not steps:
         return None
@@ -130,7 +133,9 @@ def _row(label: str, r: BenchResult) -> dict:
 def main() -> int:
     # No abbreviations: `--limit 30` must not be taken for --limits.
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    ap.add_argument("experiment", choices=("rate-sweep", "ablation", "offload-sweep", "merge"))
+    ap.add_argument(
+        "experiment", choices=("fig4", "rate-sweep", "ablation", "offload-sweep", "merge")
+    )
     ap.add_argument("dirs", nargs="*", help="merge: result folders to combine")
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
@@ -142,6 +147,9 @@ def main() -> int:
     ap.add_argument("--policy", default="elastic")
     ap.add_argument("--rates", default="2,16")
     ap.add_argument("--limits", default="0,5,10")
+    # fig4 only: the other experiments set the policies and the limit themselves
+    ap.add_argument("--policies", default=None, help="fig4: default resident,fixed,elastic")
+    ap.add_argument("--expert-offload-limit", default=None, help="fig4: default 30")
     ap.add_argument("--fig4", default=None, help="merge: also draw the merged runs as Fig. 4")
     ap.add_argument("--labels", default=None, help="merge --fig4: comma-separated panel names")
     args, passthrough = ap.parse_known_args()
@@ -152,6 +160,16 @@ def main() -> int:
             f"{own_flags_passed_through(passthrough)} are set by this script; use its own "
             "options (--rates, --limits, --policy, ...) instead"
         )
+    fig4_only = [
+        flag
+        for flag, value in (
+            ("--policies", args.policies),
+            ("--expert-offload-limit", args.expert_offload_limit),
+        )
+        if value is not None
+    ]
+    if fig4_only and args.experiment != "fig4":
+        ap.error(f"{fig4_only} are set by this script for {args.experiment}; only fig4 takes them")
     pinned = [a for a in passthrough if a.split("=", 1)[0] in _ABLATION_FLAGS]
     if args.experiment == "ablation" and pinned:
         ap.error(f"{pinned}: the ablation runs every arm eager and with host copies")
@@ -175,6 +193,15 @@ def main() -> int:
         if swept and not args.fig4:
             plot_rate_sweep(swept, out / "fig9_rate_sweep.png")
         rows = [_row(r.policy, r) for r in results]
+    elif args.experiment == "fig4":
+        args.model = args.model or "qwen1.5-moe-a2.7b"
+        args.memory_budget = args.memory_budget or "28.8GiB"
+        folder = out / "fig4"
+        extra = ["--policies", args.policies or "resident,fixed,elastic", "--request-rate", "10",
+                 "--expert-offload-limit", args.expert_offload_limit or "30"]  # fmt: skip
+        code = _bench(args, folder, extra)
+        if code == 0:
+            rows = [_row(r.policy, r) for r in read_results(folder / "results.json")]
     elif args.experiment == "rate-sweep":
         args.model = args.model or "qwen3-30b-a3b"
         args.memory_budget = args.memory_budget or "59GiB"

@@ -3,9 +3,8 @@
     python3 bench/step_profile.py --model qwen3-30b-a3b --memory-budget 59GiB --batch 32  # GPU
     python bench/step_profile.py --model tiny --device cpu --batch 4 --steps 3             # CPU smoke
 
-The 2026-11-30 H200 runs decoded at ~66-80 ms per step with 1-30 requests for a 48-layer
-model (docs/benchmarks.md): ~1.4 ms per layer before any expert copy, which points at host
-work between kernel launches. This script makes that measurable: it fills the engine with
+Eager steps of a 48-layer model can be bound by host work between kernel launches rather
+than by the GPU. This script makes that measurable: it fills the engine with
 `--batch` requests from the trace (prompts cut to `--prompt-len`), runs the prefill, then
 profiles `--steps` decode steps with torch.profiler and reports per step:
 

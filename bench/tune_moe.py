@@ -9,7 +9,8 @@ together are fastest. The contiguous twin runs with the same table, which keeps 
 paged-vs-contiguous comparison like for like. Candidates are compiled first in parallel
 worker processes (Triton's on-disk cache is shared), so the timing loop compiles nothing.
 
-Also holds the model shapes and the paged-weight fixtures that bench/kernels_gpu.py uses.
+The model shapes, expert fixtures and timers it shares with bench/kernels_gpu.py live in
+rimuru.kernels.moe_bench.
 """
 
 import argparse
@@ -21,12 +22,23 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, astuple, dataclass, replace
+from dataclasses import asdict, astuple, replace
 from pathlib import Path
 
 import torch
 
 from rimuru.kernels.moe_align import moe_align_block_size
+from rimuru.kernels.moe_bench import (
+    MODELS,
+    TOKEN_COUNTS,
+    MoeShape,
+    PagedExperts,
+    make_experts,
+    model_names,
+    random_routing,
+    replay_ms,
+    run_info,
+)
 from rimuru.kernels.moe_configs import (
     CONFIG_DIR,
     SCHEDULES,
@@ -35,36 +47,9 @@ from rimuru.kernels.moe_configs import (
     config_file_name,
     shape_key,
 )
-from rimuru.kernels.moe_gemm import WeightSource, launch_down_gemm, launch_up_gemm
+from rimuru.kernels.moe_gemm import launch_down_gemm, launch_up_gemm
 
 # Shape key: E = experts, I = expert intermediate, D = hidden, K = top-k, T = tokens.
-
-
-@dataclass(frozen=True)
-class MoeShape:
-    name: str
-    num_experts: int
-    inter_size: int
-    hidden_size: int
-    top_k: int
-
-
-MODELS = {
-    "qwen1.5-moe-a2.7b": MoeShape("Qwen1.5-MoE-A2.7B", 60, 1408, 2048, 4),
-    "qwen3-30b-a3b": MoeShape("Qwen3-30B-A3B", 128, 768, 2048, 8),
-    "mixtral-8x7b": MoeShape("Mixtral-8x7B", 8, 14336, 4096, 2),
-}
-TOKEN_COUNTS = [2**i for i in range(13)]  # 1 .. 4096
-
-
-def model_names(arg: str) -> list[str]:
-    """--models of the GPU scripts: a comma list of MODELS keys, or 'all'."""
-    names = sorted(MODELS) if arg == "all" else arg.split(",")
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        raise ValueError(f"unknown models {unknown}; choose from {sorted(MODELS)}")
-    return names
-
 
 _SMALL_TILES = [  # (block_n, block_k, num_warps, num_stages): weight streaming, few rows
     (64, 128, 4, 4),
@@ -118,9 +103,9 @@ def block_ms_for(num_tokens: int, shape: MoeShape) -> list[int]:
 def tiles_for(block_m: int, up: bool) -> list[GemmTile]:
     if block_m <= 32:
         return [GemmTile(n, k, 1, w, s) for n, k, w, s in _SMALL_TILES]
-    # block_m = 256 (one block per expert at ~128-256 pairs, 256-row tiles) was tried on
-    # 11-30 (11:31, docs/figures/tune_log_h200_huge_1133.json): its best tile was 11-27%
-    # slower than block_m = 128's for every GEMM at 1024-4096 tokens, so it is not offered.
+    # block_m = 256 (one block per expert at ~128-256 pairs, 256-row tiles) is not offered:
+    # on an H200 its best tile was 11-27% slower than block_m = 128's for every GEMM at
+    # 1024-4096 tokens (tuner log of commit 66ee080, in git history).
     shapes = _LARGE_UP_TILES if up else _LARGE_DOWN_TILES
     # Tensor-core tiles both ways: pointer loads and TMA descriptors (moe_gemm.py), each
     # with and without tail tiles (an expert's last block computes 1/2 or 1/4 of its rows),
@@ -140,104 +125,6 @@ def tiles_for(block_m: int, up: bool) -> list[GemmTile]:
             for tail, schedule in ((0, "grid"), (2, "grid"), (2, "persistent"))
         ]
     return tiles
-
-
-@dataclass(frozen=True)
-class PagedExperts:
-    """The experts of one layer three ways: stacks, contiguous twin and pages."""
-
-    w1: torch.Tensor  # [E, I, D]
-    w3: torch.Tensor  # [E, I, D]
-    w2: torch.Tensor  # [E, D, I]
-    w13: torch.Tensor  # [E, 2I, D]
-    pool_pages: torch.Tensor  # [num_pages, I*D]
-    buffer_pages: torch.Tensor  # [num_slots, I*D]
-    expert_table: torch.Tensor  # [E, 3] int32
-
-    def paged_source(self) -> WeightSource:
-        return WeightSource(self.pool_pages, self.buffer_pages, True, self.pool_pages.stride(0), 0)
-
-
-def make_experts(
-    shape: MoeShape, dtype: torch.dtype, device: torch.device, seed: int, buffered_share=0.125
-) -> PagedExperts:
-    """Random experts; pages land in a shuffled pool with spare pages between them, and a
-    share of the experts sits in loading-buffer slots instead."""
-    E, inter, D = shape.num_experts, shape.inter_size, shape.hidden_size
-    gen = torch.Generator(device=device).manual_seed(seed)
-    w1 = (torch.randn(E, inter, D, generator=gen, device=device) * D**-0.5).to(dtype)
-    w3 = (torch.randn(E, inter, D, generator=gen, device=device) * D**-0.5).to(dtype)
-    w2 = (torch.randn(E, D, inter, generator=gen, device=device) * inter**-0.5).to(dtype)
-    num_buffered = int(E * buffered_share)
-    order = torch.randperm(E, generator=torch.Generator().manual_seed(seed)).tolist()
-    buffered, pooled = order[:num_buffered], order[num_buffered:]
-    num_pages = 3 * len(pooled) + max(4, len(pooled) // 2)
-    page_ids = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed + 1))
-    pool = torch.empty(num_pages, inter * D, dtype=dtype, device=device)
-    buffer = torch.empty(max(1, 3 * num_buffered), inter * D, dtype=dtype, device=device)
-    table = torch.full((E, 3), -(2**30), dtype=torch.int32)  # sentinel: must never be read
-    for i, e in enumerate(pooled):
-        for j, w in enumerate((w1[e], w3[e], w2[e])):
-            pid = int(page_ids[3 * i + j])
-            pool[pid].copy_(w.reshape(-1))
-            table[e, j] = pid
-    for i, e in enumerate(buffered):
-        for j, w in enumerate((w1[e], w3[e], w2[e])):
-            buffer[3 * i + j].copy_(w.reshape(-1))
-            table[e, j] = -(3 * i + j) - 1
-    w13 = torch.cat([w1, w3], dim=1)
-    return PagedExperts(w1, w3, w2, w13, pool, buffer, table.to(device))
-
-
-def random_routing(num_tokens: int, shape: MoeShape, device: torch.device, seed: int):
-    gen = torch.Generator(device=device).manual_seed(seed)
-    logits = torch.randn(num_tokens, shape.num_experts, generator=gen, device=device)
-    weights, ids = torch.topk(logits.softmax(-1), shape.top_k, dim=-1)
-    return ids.to(torch.int32), weights / weights.sum(-1, keepdim=True)
-
-
-def graph_of(fn) -> torch.cuda.CUDAGraph:
-    """fn captured in a CUDA graph after two warm-up calls on a side stream."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
-# Ceilings of the floors, measured on this H200 (the task brief): bf16 dense matmul and a
-# device copy (bytes read + written). kernels_gpu.py and moe_breakdown.py use them too.
-PEAK_FLOPS = 755e12
-PEAK_BYTES = 4.17e12
-
-
-def replay_ms(fn, rep_ms: float) -> float:
-    """Median of CUDA-graph replays of fn (L2 flushed before each): at small sizes a direct
-    launch's host time would be timed too."""
-    import triton.testing
-
-    replay = graph_of(fn).replay
-    return triton.testing.do_bench(
-        replay, warmup=max(1, rep_ms // 4), rep=rep_ms, return_mode="median"
-    )
-
-
-def run_info() -> dict:
-    """Date, command, device and versions: the header of every GPU report."""
-    import triton
-
-    return {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "command": " ".join(["python", *sys.argv]),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-    }
 
 
 def _bench(fn, rep_ms: float) -> float:
@@ -321,9 +208,8 @@ def precompile(shapes: list[MoeShape], tokens: list[int], dtype: torch.dtype, wo
 
 
 # Tile orders tried on each GEMM's best tile once it is chosen (not on every candidate: six
-# times the list). 11-30 15:01-15:06, the first tuner run with it (tune_log_h200_groupm_1506):
-# Mixtral's GEMMs at 1024 tokens gained 1.7% (up, group_m 16) and 2.1% (down, 64) over the same
-# tile at 8; bench/dense_check.py's 15:00 run had shown 5-9% there on a slower baseline.
+# times the list). Wide orders pay for Mixtral's few, large experts at 1024 tokens (1.7-2.1%
+# in the tuner's run at 4f59268); the Qwen shapes' best orders stay near 8.
 GROUP_MS = (1, 2, 4, 8, 16, 64)
 
 

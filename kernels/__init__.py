@@ -13,6 +13,8 @@ Imports only torch and triton. Launchers (signatures in each module's docstring)
 - rms_norm.py: rms_norm, optionally fused with the residual add before it.
 - rope.py: qk_norm_rope (RoPE of q and k in one launch, after Qwen3's per-head norms).
 - paged_decode.py / paged_prefill.py: paged attention over block tables (GQA).
+- moe_bench.py: model shapes, expert fixtures and timers of the MoE tuner and kernel table
+  (bench/tune_moe.py, bench/kernels_gpu.py); not imported here, nor by the engine.
 """
 
 from rimuru.kernels.expert_copy import copy_routed_experts, copy_routed_experts_reference

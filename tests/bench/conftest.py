@@ -78,8 +78,3 @@ def make_result():
         return BenchResult.build(policy, rate, config, requests, steps, duration)
 
     return build
-
-
-@pytest.fixture(scope="session")
-def ab_timing() -> ModuleType:
-    return _load("ab_timing")

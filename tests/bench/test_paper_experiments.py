@@ -57,6 +57,21 @@ def test_offload_sweep_honours_each_limit_and_merges_into_one_figure(tmp_path):
     assert not (tmp_path / "bad" / "x.png").exists()
 
 
+def test_fig4_runs_the_asked_policies_on_one_budget_and_draws_the_figure(tmp_path):
+    done = run(
+        "fig4", *TINY, "--num-prompts", "8", "--memory-budget", "300MiB",
+        "--policies", "resident,elastic", "--expert-offload-limit", "6", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = read_results(tmp_path / "fig4" / "results.json")
+    assert [r.policy for r in results] == ["resident", "elastic"]
+    assert {r.config["memory_budget"] for r in results} == {300 * 2**20}
+    assert {r.request_rate for r in results} == {10.0}
+    assert (tmp_path / "fig4" / "fig4_memory_split.png").read_bytes().startswith(b"\x89PNG")
+    rows = json.loads((tmp_path / "fig4_table.json").read_text())
+    assert [r["run"] for r in rows] == ["resident", "elastic"]
+
+
 def test_recovery_is_measured_from_the_deepest_eviction(experiments, make_result):
     base = make_result("elastic", 4.0, num_steps=10)
     resident = [128, 128, 120, 110, 100, 105, 120, 128, 128, 128]
@@ -86,6 +101,8 @@ def test_flags_the_script_sets_itself_are_refused(tmp_path):
     assert done.returncode == 2 and "are set by this script" in done.stderr
     done = run("offload-sweep", *TINY, "--limit", "30", "--out", str(tmp_path))  # not --limits
     assert done.returncode == 2 and "--limit" in done.stderr
+    done = run("rate-sweep", *TINY, "--policies", "fixed", "--out", str(tmp_path))  # fig4's
+    assert done.returncode == 2 and "only fig4 takes them" in done.stderr
     assert not list(tmp_path.iterdir())  # nothing ran
 
 

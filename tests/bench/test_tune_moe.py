@@ -9,9 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from tune_moe import (
     GROUP_MS,
-    MODELS,
     group_m_variants,
-    model_names,
     refine_group_m,
     tiles_for,
     variant_ratios,
@@ -48,13 +46,6 @@ def test_presort_is_offered_for_the_up_gemm_only_and_through_tma():
     # Flattening is offered without tails only (a tail's branch keeps the loops apart).
     assert all(t.tail == 0 for t in up + down if t.schedule == "flattened")
     assert {t.schedule for t in tiles_for(16, up=True)} == {"grid"}
-
-
-def test_models_are_named_or_all_and_an_unknown_one_is_refused():
-    assert model_names("all") == sorted(MODELS)
-    assert model_names("qwen3-30b-a3b,mixtral-8x7b") == ["qwen3-30b-a3b", "mixtral-8x7b"]
-    with pytest.raises(ValueError, match="unknown models \\['qwen3'\\]"):
-        model_names("qwen3")
 
 
 def test_group_m_variants_are_the_same_tile_at_every_other_order():
