@@ -53,7 +53,7 @@ def test_a_matrix_of_many_chunks_is_copied_whole(inter, hidden):
     "programs, block, warps, grid_z", [(32, 1024, 8, 6), (128, 256, 4, 21), (3, 512, 2, 3)]
 )
 def test_every_launch_of_the_sweep_copies_the_same(monkeypatch, programs, block, warps, grid_z):
-    """bench/expert_copy_gpu.py times other launches: each is launched as asked (5,200
+    """Other launch shapes than the default: each is launched as asked (5,200
     elements a matrix: chunks of `block`, spread over at most `programs` programs) and must
     copy what the default does, including a last program whose run passes the matrix's end."""
     w1, w3, w2, buffer = _case(2, E=5, inter=40, hidden=130, slots=3)
