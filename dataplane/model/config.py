@@ -132,21 +132,36 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         raise FileNotFoundError(
             f"{path} not found: point at a Hugging Face model directory containing config.json"
         )
-    hf = json.loads(path.read_text())
+    hf = read_json(path)
     extra_eos: tuple[int, ...] = ()
     gen_path = model_dir / "generation_config.json"
     if gen_path.is_file():
-        extra_eos = _as_ids(json.loads(gen_path.read_text()).get("eos_token_id"))
+        extra_eos = _as_ids(read_json(gen_path).get("eos_token_id"))
     config = config_from_hf(hf, source=str(path))
     merged = config.eos_token_ids + tuple(i for i in extra_eos if i not in config.eos_token_ids)
     return config.replace(eos_token_ids=merged)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; a syntax error names the file, line and column."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text ({exc.reason}): is it a JSON file?") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def config_from_hf(hf: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
     """Parse the dict of a Hugging Face `config.json` (`source` names it in errors); refuse
     what the model does not implement."""
     try:
-        return _parse(hf)
+        return _parse(_Keys(hf, source))
     except KeyError as exc:  # only the keys every family must have are read with hf[...]
         raise ValueError(
             f"{source} lacks {exc.args[0]!r}, which a {hf.get('model_type') or 'MoE'} model "
@@ -154,44 +169,75 @@ def config_from_hf(hf: dict[str, Any], *, source: str = "config.json") -> ModelC
         ) from None
 
 
-def _parse(hf: dict[str, Any]) -> ModelConfig:
+class _Keys(dict):
+    """config.json's dict, with typed reads whose errors name the key and its file."""
+
+    def __init__(self, hf: dict[str, Any], source: str) -> None:
+        super().__init__(hf)
+        self.source = source
+
+    def integer(self, key: str, default: Any = None) -> int:
+        """hf[key] (or `default` when absent or null) as an int; KeyError when required."""
+        value = self[key] if default is None else self.get(key)
+        if value is None:
+            value = default
+        # bool is an int in Python, never in a config; a float like 4.0 is not a count.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(
+                f"{self.source}: {key} must be an integer, got {value!r} ({type(value).__name__})"
+            )
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        value = self.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(
+                f"{self.source}: {key} must be a number, got {value!r} ({type(value).__name__})"
+            )
+        return float(value)
+
+
+def _parse(hf: _Keys) -> ModelConfig:
     family = _family(hf)
     _refuse_unsupported(hf, family)
-    num_heads = int(hf["num_attention_heads"])
-    hidden = int(hf["hidden_size"])
-    num_kv_heads = hf.get("num_key_value_heads") or num_heads
-    head_dim = hf.get("head_dim") or hidden // num_heads
+    num_heads = hf.integer("num_attention_heads")
+    hidden = hf.integer("hidden_size")
+    num_kv_heads = hf.integer("num_key_value_heads", num_heads)
+    head_dim = hf.integer("head_dim", hidden // num_heads if num_heads > 0 else 0)
     if family == "mixtral":
-        num_experts = hf["num_local_experts"]
-        expert_size = hf["intermediate_size"]
+        num_experts = hf.integer("num_local_experts")
+        expert_size = hf.integer("intermediate_size")
     else:
         # transformers 5 writes Qwen3-MoE's count as num_local_experts; real checkpoints say num_experts.
-        num_experts = hf.get("num_experts", hf.get("num_local_experts"))
-        expert_size = hf["moe_intermediate_size"]
-    if num_experts is None:
-        raise ValueError(f"config.json of a {family} model lacks num_experts")
+        key = "num_experts" if hf.get("num_experts") is not None else "num_local_experts"
+        if hf.get(key) is None:
+            raise ValueError(f"{hf.source} of a {family} model lacks num_experts")
+        num_experts = hf.integer(key)
+        expert_size = hf.integer("moe_intermediate_size")
     return ModelConfig(
         family=family,
-        num_layers=int(hf["num_hidden_layers"]),
+        num_layers=hf.integer("num_hidden_layers"),
         hidden_size=hidden,
         num_heads=num_heads,
-        num_kv_heads=int(num_kv_heads),
-        head_dim=int(head_dim),
-        moe_intermediate_size=int(expert_size),
-        num_experts=int(num_experts),
-        top_k=int(hf["num_experts_per_tok"]),
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        moe_intermediate_size=expert_size,
+        num_experts=num_experts,
+        top_k=hf.integer("num_experts_per_tok"),
         # Mixtral always renormalises its top-2; the Qwen families say so in norm_topk_prob.
         norm_topk_prob=True if family == "mixtral" else bool(hf.get("norm_topk_prob", False)),
-        shared_expert_intermediate_size=int(hf.get("shared_expert_intermediate_size") or 0)
+        shared_expert_intermediate_size=hf.integer("shared_expert_intermediate_size", 0)
         if family == "qwen2_moe"
         else 0,
         qkv_bias=_qkv_bias(hf, family),
         o_bias=family == "qwen3_moe" and bool(hf.get("attention_bias", False)),
         qk_norm=family == "qwen3_moe",
-        vocab_size=int(hf["vocab_size"]),
+        vocab_size=hf.integer("vocab_size"),
         rope_theta=_rope_theta(hf, family),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(hf["max_position_embeddings"]),
+        rms_norm_eps=hf.number("rms_norm_eps", 1e-6),
+        max_position_embeddings=hf.integer("max_position_embeddings"),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=_as_ids(hf.get("eos_token_id")),
@@ -212,7 +258,8 @@ def _family(hf: dict[str, Any]) -> str:
     )
 
 
-def _refuse_unsupported(hf: dict[str, Any], family: str) -> None:
+def _refuse_unsupported(hf: _Keys, family: str) -> None:
+    _refuse_quantized(hf)
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' is")
     if family != "mixtral":
@@ -235,10 +282,26 @@ def _refuse_unsupported(hf: dict[str, Any], family: str) -> None:
         raise ValueError(f"RoPE type {rope_type!r} is not supported; only 'default' RoPE is")
 
 
-def _rope_theta(hf: dict[str, Any], family: str) -> float:
+def _refuse_quantized(hf: _Keys) -> None:
+    """The model computes with plain float weights: a quantized checkpoint's weights (FP8
+    with block scales, GPTQ/AWQ ints, ...) read as floats are garbage, so refuse them."""
+    for key in ("quantization_config", "compression_config"):
+        quant = hf.get(key)
+        if quant:
+            method = quant.get("quant_method") if isinstance(quant, dict) else None
+            raise ValueError(
+                f"{hf.source} declares a quantized checkpoint ({key} with quant_method "
+                f"{method!r}); rimuru loads unquantized float32/bfloat16/float16 weights only: "
+                f"use the model's unquantized (e.g. BF16) release"
+            )
+
+
+def _rope_theta(hf: _Keys, family: str) -> float:
     params = hf.get("rope_parameters") or {}
     default = 1e6 if family == "mixtral" else 10000.0  # transformers' defaults per family
-    return float(params.get("rope_theta", hf.get("rope_theta", default)))
+    if "rope_theta" in params:
+        return _Keys(params, f"{hf.source} rope_parameters").number("rope_theta", default)
+    return hf.number("rope_theta", default)
 
 
 def _qkv_bias(hf: dict[str, Any], family: str) -> bool:

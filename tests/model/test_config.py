@@ -176,3 +176,30 @@ def test_a_missing_key_is_named_with_its_file(tmp_path):
         load_config(tmp_path)
     assert "'num_attention_heads'" in str(err.value)
     assert str(tmp_path / "config.json") in str(err.value)
+
+
+def test_invalid_json_names_the_file_line_and_column(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{\n  "hidden_size": 64,\n  "num_attention_heads": 4\n  "x": 1\n}'
+    )
+    with pytest.raises(ValueError) as err:
+        load_config(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / 'config.json'} is not valid JSON: ")
+    assert "at line 4, column 3" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("num_attention_heads", "four", "an integer, got 'four' (str)"),
+        ("num_hidden_layers", 2.5, "an integer, got 2.5 (float)"),
+        ("num_experts", True, "an integer, got True (bool)"),
+        ("head_dim", [128], "an integer, got [128] (list)"),
+        ("rms_norm_eps", "1e-6", "a number, got '1e-6' (str)"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_named_with_its_file(tmp_path, key, value, expected):
+    (tmp_path / "config.json").write_text(json.dumps(dict(QWEN3_30B_A3B, **{key: value})))
+    with pytest.raises(ValueError) as err:
+        load_config(tmp_path)
+    assert str(err.value) == f"{tmp_path / 'config.json'}: {key} must be {expected}"
