@@ -7,8 +7,15 @@ Three families are supported; each key below is what that family's `config.json`
     qwen3_moe   num_experts (or num_local_)  moe_intermediate_size    q/k RMSNorm per head
     mixtral     num_local_experts            intermediate_size        plain
 
-Anything the model does not implement (sliding windows, dense MLP layers between MoE layers,
-scaled RoPE, activations other than SiLU) is refused with an error that names the key, so a
+The Qwen families may interleave dense layers (a plain gated MLP of `intermediate_size`)
+with MoE layers, as transformers decides: layer l is dense when it is in `mlp_only_layers` or
+(l + 1) is not a multiple of `decoder_sparse_step`. Only MoE layers have routed experts, so
+every expert-side structure (host experts, pool pages, hotness ranking, adjuster) counts MoE
+layers only: MoE layer m is decoder layer `moe_layers[m]`.
+
+Anything the model does not implement (sliding windows, scaled RoPE, activations other than
+SiLU, quantized weights, architectures such as DeepSeek-V3 or GLM-4.5 whose attention or
+routing differ) is refused with an error that names the key or the architecture, so a
 checkpoint never runs with silently different math.
 """
 
@@ -29,6 +36,17 @@ _ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+}
+
+# Known MoE architectures the model does not implement, and why (their first_k_dense_replace
+# dense layers alone would fit the dense-layer support; the rest does not).
+_UNSUPPORTED_ARCHITECTURES = {
+    "DeepseekV2ForCausalLM": "multi-head latent attention (kv_lora_rank) is not implemented",
+    "DeepseekV3ForCausalLM": "multi-head latent attention (kv_lora_rank) and sigmoid "
+    "group-limited routing (n_group/topk_group, e_score_correction_bias) are not implemented",
+    "Glm4MoeForCausalLM": "its sigmoid group-limited routing (e_score_correction_bias, "
+    "n_group/topk_group, routed_scaling_factor) and partial rotary embeddings "
+    "(partial_rotary_factor) are not implemented",
 }
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -60,6 +78,8 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     dtype: torch.dtype
+    dense_layers: tuple[int, ...] = ()  # decoder layers with a dense MLP instead of experts
+    dense_intermediate_size: int = 0  # their MLP size; 0 = no dense layers
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -90,6 +110,21 @@ class ModelConfig:
             raise ValueError("shared_expert_intermediate_size must be >= 0 (0 = no shared expert)")
         if self.dtype not in _DTYPES.values():
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype}")
+        dense = self.dense_layers
+        if list(dense) != sorted(set(dense)) or not all(0 <= i < self.num_layers for i in dense):
+            raise ValueError(
+                f"dense_layers must be distinct ascending layers in 0..{self.num_layers - 1}, "
+                f"got {dense}"
+            )
+        if len(dense) == self.num_layers:
+            raise ValueError(
+                "every layer is dense (no MoE layer): rimuru serves mixture-of-experts models"
+            )
+        if dense and self.dense_intermediate_size <= 0:
+            raise ValueError(
+                f"dense layers {dense} need a positive dense_intermediate_size "
+                f"(config.json's intermediate_size), got {self.dense_intermediate_size}"
+            )
 
     @property
     def q_size(self) -> int:
@@ -103,10 +138,31 @@ class ModelConfig:
     def has_shared_expert(self) -> bool:
         return self.shared_expert_intermediate_size > 0
 
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """The decoder layers with routed experts, ascending: MoE layer m is moe_layers[m]."""
+        dense = set(self.dense_layers)
+        return tuple(i for i in range(self.num_layers) if i not in dense)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - len(self.dense_layers)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        self.check_layer(layer)
+        return layer not in self.dense_layers
+
     def check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:
             raise ValueError(
                 f"layer {layer} is out of range: the model has {self.num_layers} layers"
+            )
+
+    def check_moe_layer(self, moe_layer: int) -> None:
+        if not 0 <= moe_layer < self.num_moe_layers:
+            raise ValueError(
+                f"MoE layer {moe_layer} is out of range: the model has {self.num_moe_layers} "
+                f"MoE layers"
             )
 
     def replace(self, **changes: Any) -> ModelConfig:
@@ -216,6 +272,7 @@ def _parse(hf: _Keys) -> ModelConfig:
             raise ValueError(f"{hf.source} of a {family} model lacks num_experts")
         num_experts = hf.integer(key)
         expert_size = hf.integer("moe_intermediate_size")
+    dense = _dense_layers(hf, family)
     return ModelConfig(
         family=family,
         num_layers=hf.integer("num_hidden_layers"),
@@ -242,7 +299,28 @@ def _parse(hf: _Keys) -> ModelConfig:
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=_as_ids(hf.get("eos_token_id")),
         dtype=parse_dtype(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
+        dense_layers=dense,
+        dense_intermediate_size=hf.integer("intermediate_size") if dense else 0,
     )
+
+
+def _dense_layers(hf: _Keys, family: str) -> tuple[int, ...]:
+    """The layers transformers builds with a dense MLP (Qwen2/Qwen3-MoE's decoder layer)."""
+    if family == "mixtral":
+        return ()
+    num_layers = hf.integer("num_hidden_layers")
+    step = hf.integer("decoder_sparse_step", 1)
+    if step <= 0:
+        raise ValueError(f"{hf.source}: decoder_sparse_step must be >= 1, got {step}")
+    only = hf.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_layers for i in only
+    ):
+        raise ValueError(
+            f"{hf.source}: mlp_only_layers must be a list of layer indices in "
+            f"0..{num_layers - 1}, got {only!r}"
+        )
+    return tuple(i for i in range(num_layers) if i in only or (i + 1) % step != 0)
 
 
 def _family(hf: dict[str, Any]) -> str:
@@ -250,6 +328,11 @@ def _family(hf: dict[str, Any]) -> str:
     for arch in architectures:
         if arch in _ARCHITECTURES:
             return _ARCHITECTURES[arch]
+        if arch in _UNSUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"{arch} is not supported: {_UNSUPPORTED_ARCHITECTURES[arch]}; supported: "
+                f"{sorted(_ARCHITECTURES)}"
+            )
     if hf.get("model_type") in FAMILIES:
         return hf["model_type"]
     raise ValueError(
@@ -263,11 +346,6 @@ def _refuse_unsupported(hf: _Keys, family: str) -> None:
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' is")
     if family != "mixtral":
-        if int(hf.get("decoder_sparse_step", 1)) != 1 or hf.get("mlp_only_layers"):
-            raise ValueError(
-                "dense MLP layers between MoE layers (decoder_sparse_step != 1 or a non-empty "
-                "mlp_only_layers) are not supported: every layer must be an MoE layer"
-            )
         if hf.get("use_sliding_window"):
             raise ValueError("use_sliding_window=true is not supported; set it to false")
     else:

@@ -78,7 +78,7 @@ class CheckpointWeights:
 
     def expert_weights(
         self,
-        layer: int,
+        moe_layer: int,
         dtype: torch.dtype,
         *,
         pin_memory: bool = False,
@@ -86,7 +86,8 @@ class CheckpointWeights:
     ) -> ExpertWeights:
         del work_device  # reading a file gains nothing from a device
         cfg = self._config
-        cfg.check_layer(layer)
+        cfg.check_moe_layer(moe_layer)
+        layer = cfg.moe_layers[moe_layer]  # the checkpoint names decoder layers
         n, inter, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
         w1 = host_empty((n, inter, hidden), dtype, pin_memory)
         w3 = host_empty((n, inter, hidden), dtype, pin_memory)
