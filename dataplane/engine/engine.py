@@ -85,9 +85,11 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
         pin = self.device.type == "cuda"
         self.host_experts = [
             self.source.expert_weights(layer, self.dtype, pin_memory=pin, work_device=self.device)
-            for layer in range(mc.num_layers)
+            for layer in range(mc.num_moe_layers)
         ]
-        self.ranking = HotnessRanking.for_model(config.hotness_path, mc.num_layers, mc.num_experts)
+        self.ranking = HotnessRanking.for_model(
+            config.hotness_path, mc.num_moe_layers, mc.num_experts
+        )
         # ---- memory plan
         budget = self._budget_bytes()
         slots = self._buffer_slots()
@@ -146,7 +148,7 @@ class Engine(EngineSetup, CudaGraphSetup, ElasticBoundary, LivePolicy):
                 "policy %s: %d of %d experts resident, %d KV pages free",
                 self.tunables.mode,
                 self.experts.num_resident(),
-                mc.num_layers * mc.num_experts,
+                mc.num_moe_layers * mc.num_experts,
                 self.allocator.num_free(PageType.KV),
             )
 

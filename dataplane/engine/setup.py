@@ -94,7 +94,7 @@ class EngineSetup:
             return int(0.9 * device_memory_bytes(self.device))
         # CPU default: everything resident plus room for max_num_seqs short requests
         mc = self.model_config
-        experts = mc.num_layers * mc.num_experts * 3 * self.geometry.expert_page_bytes
+        experts = mc.num_moe_layers * mc.num_experts * 3 * self.geometry.expert_page_bytes
         return self.model.resident_nbytes() + 2 * experts + 256 * 2**20
 
     def _activation_reserve(self) -> int:
@@ -182,7 +182,7 @@ class EngineSetup:
     def _load_initial_experts(self) -> None:
         chosen = self._initial_experts()
         mc = self.model_config
-        offloaded = max_offloaded(chosen, mc.num_layers, mc.num_experts)
+        offloaded = max_offloaded(chosen, mc.num_moe_layers, mc.num_experts)
         check_offload_fits(self.tunables.mode, offloaded, self.experts.num_buffer_slots)
         self.experts.load_initial(chosen, self.tunables.pages_per_expert)
         # The copy budget prices only experts resident now that the adjuster evicts later.
