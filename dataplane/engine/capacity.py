@@ -47,10 +47,11 @@ def non_pool_weight_bytes(mc: ModelConfig, dtype: torch.dtype, router_skew: floa
     for layer in range(mc.num_layers):
         w = build_layer_weights(mc, layer, meta)
         tensors += [*vars(w.attention).values(), w.input_norm, w.post_attention_norm, w.router]
-        if w.shared_expert is not None:
-            tensors += vars(w.shared_expert).values()
+        for block in (w.shared_expert, w.dense_mlp):
+            if block is not None:
+                tensors += vars(block).values()
     by_id = {id(t): t.numel() * t.element_size() for t in tensors if t is not None}
-    bias = mc.num_layers * mc.num_experts * _ROUTER_BIAS_ITEMSIZE if router_skew else 0
+    bias = mc.num_moe_layers * mc.num_experts * _ROUTER_BIAS_ITEMSIZE if router_skew else 0
     return sum(by_id.values()) + bias
 
 
@@ -89,7 +90,7 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
             mc, config.max_num_batched_tokens, config.max_num_seqs, dtype
         )
     # A ranking of another shape fails the plan, not one policy.
-    ranking = HotnessRanking.for_model(config.hotness_path, mc.num_layers, mc.num_experts)
+    ranking = HotnessRanking.for_model(config.hotness_path, mc.num_moe_layers, mc.num_experts)
     results: list[PolicyCapacity | str] = []
     for policy in policies:
         tunables = replace(config.tunables, mode=policy)
@@ -101,7 +102,7 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
             )
         except ValueError as exc:
             results.append(str(exc))
-    experts = mc.num_layers * mc.num_experts * 3 * geometry.expert_page_bytes
+    experts = mc.num_moe_layers * mc.num_experts * 3 * geometry.expert_page_bytes
     return CapacityPlan(mc, geometry, non_pool, experts, reserve, tuple(results))
 
 
@@ -127,7 +128,7 @@ def _policy(
     chosen = initial_experts(
         t, ranking, allocator.num_free(PageType.EXPERT), config.fixed_expert_share
     )
-    offloaded = max_offloaded(chosen, mc.num_layers, mc.num_experts)
+    offloaded = max_offloaded(chosen, mc.num_moe_layers, mc.num_experts)
     check_offload_fits(t.mode, offloaded, slots)
     expert_pages = len(chosen) * t.pages_per_expert
     if expert_pages > allocator.num_free(PageType.EXPERT):
@@ -140,7 +141,7 @@ def _policy(
     at_start = _kv_tokens(geometry, plan, len(chosen), t, config.block_size, mc.num_layers)
     least = len(chosen)
     if t.mode == "elastic":
-        least = mc.num_layers * max(0, mc.num_experts - t.expert_offload_limit)
+        least = mc.num_moe_layers * max(0, mc.num_experts - t.expert_offload_limit)
     at_most = _kv_tokens(geometry, plan, least, t, config.block_size, mc.num_layers)
     return PolicyCapacity(t.mode, plan, len(chosen), at_start, least, at_most)
 

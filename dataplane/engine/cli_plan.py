@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     cap = plan_capacity(config, policies)
     mc = cap.model_config
     print(
-        f"{args.model}: {mc.num_layers} layers x {mc.num_experts} experts; routed experts "
+        f"{args.model}: {mc.num_moe_layers} MoE layers x {mc.num_experts} experts; routed experts "
         f"{format_bytes(cap.expert_bytes)}, non-pool weights "
         f"{format_bytes(cap.non_pool_weight_bytes)}; activation reserve "
         f"{format_bytes(cap.activation_reserve_bytes)} "

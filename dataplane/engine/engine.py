@@ -75,7 +75,7 @@ class Engine:
         self.host_experts = loaded.host_experts
         self.policy = PolicyState(
             config.tunables,
-            HotnessRanking.for_model(config.hotness_path, mc.num_layers, mc.num_experts),
+            HotnessRanking.for_model(config.hotness_path, mc.num_moe_layers, mc.num_experts),
         )
         # ---- memory plan, before the pool: what else the budget must hold comes first
         budget = budget_bytes(config, loaded)
@@ -142,7 +142,7 @@ class Engine:
                 "policy %s: %d of %d experts resident, %d KV pages free",
                 self.tunables.mode,
                 self.experts.num_resident(),
-                mc.num_layers * mc.num_experts,
+                mc.num_moe_layers * mc.num_experts,
                 self.allocator.num_free(PageType.KV),
             )
 

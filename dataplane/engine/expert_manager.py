@@ -8,6 +8,9 @@ applied to layer l's MoE input, the cross-layer prediction of pre-gating systems
 copied into buffer (l + 1) % 2. Experts that were not predicted are copied before the
 layer computes.
 
+Layers here are MoE layers (ModelConfig.moe_layers): a dense layer has no experts, so layer l
+is the l-th MoE layer and the prediction for "layer l + 1" uses the next MoE layer's router.
+
 Ordering rules that must stay true:
   * a page table row points at pool pages only after the copy into them completed;
   * an evicted expert's pages are released through deferred reclaim, never reused while

@@ -125,7 +125,7 @@ class GraphPlanner:
             return False
         expert_pages = plan.pool_bytes // geometry.bytes_of(PageType.EXPERT)
         margin = t.grow_threshold if t.mode == "elastic" else 0
-        return expert_pages - margin >= mc.num_layers * mc.num_experts * t.pages_per_expert
+        return expert_pages - margin >= mc.num_moe_layers * mc.num_experts * t.pages_per_expert
 
     def plan(self, budget: int, reserve: int, buffers: int) -> GraphPlan:
         """The CUDA graphs' memory, planned before the pool (0 bytes when eager): the largest

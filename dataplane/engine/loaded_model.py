@@ -25,7 +25,7 @@ from rimuru.dataplane.model.weights import ExpertWeights
 class LoadedModel:
     config: ModelConfig
     model: MoETransformer  # its backends raise until the engine sets the pool's
-    host_experts: list[ExpertWeights]  # one per layer, on the host
+    host_experts: list[ExpertWeights]  # one per MoE layer, on the host
     geometry: PageGeometry
     dtype: torch.dtype
     device: torch.device
@@ -45,7 +45,7 @@ def load_model(c: EngineConfig, device: torch.device) -> tuple[LoadedModel, Comp
     pin = device.type == "cuda"
     host_experts = [
         source.expert_weights(layer, dtype, pin_memory=pin, work_device=device)
-        for layer in range(mc.num_layers)
+        for layer in range(mc.num_moe_layers)
     ]
     loaded = LoadedModel(
         config=mc,

@@ -97,7 +97,7 @@ def budget_bytes(c: EngineConfig, loaded: LoadedModel) -> int:
     if loaded.device.type == "cuda":
         return int(0.9 * device_memory_bytes(loaded.device))
     mc = loaded.config
-    experts = mc.num_layers * mc.num_experts * 3 * loaded.geometry.expert_page_bytes
+    experts = mc.num_moe_layers * mc.num_experts * 3 * loaded.geometry.expert_page_bytes
     return loaded.model.resident_nbytes() + 2 * experts + 256 * 2**20
 
 

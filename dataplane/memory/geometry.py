@@ -67,6 +67,23 @@ class MemoryShape:
         return 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
 
+def _kv_does_not_divide(shape: MemoryShape) -> str:
+    """Why a model whose KV page does not divide its expert page cannot be served, in terms a
+    user can check against a config.json (the dtype's bytes cancel out)."""
+    kv_elems = 2 * shape.block_size * shape.num_kv_heads * shape.head_dim
+    expert_elems = shape.moe_intermediate_size * shape.hidden_size
+    return (
+        f"this model cannot be served by this version of rimuru: its KV page (2 x "
+        f"{shape.block_size} tokens x {shape.num_kv_heads} KV heads x head_dim "
+        f"{shape.head_dim} = {kv_elems} elements) does not divide its expert page "
+        f"(moe_intermediate_size {shape.moe_intermediate_size} x hidden_size "
+        f"{shape.hidden_size} = {expert_elems} elements). KV pages are carved from expert "
+        f"pages and the block size is fixed at {BLOCK_SIZE} tokens, so only models whose "
+        f"moe_intermediate_size x hidden_size is a multiple of 2 x {BLOCK_SIZE} x "
+        f"num_key_value_heads x head_dim can be served (every supported preset is one)"
+    )
+
+
 @dataclass(frozen=True)
 class PageGeometry:
     """Page sizes in bytes and the split ratios between levels. Computed once."""
@@ -92,13 +109,14 @@ class PageGeometry:
         if shape.conv_state_bytes > 0:
             sizes[PageType.CONV] = shape.conv_state_bytes
         sizes[PageType.HUGE] = huge
-        for child in (PageType.KV, PageType.CONV):
-            if child in sizes and expert % sizes[child] != 0:
-                raise ValueError(
-                    f"{child.value} page of {sizes[child]} B does not divide the expert page of "
-                    f"{expert} B (huge page {huge} B): this model's KV/conv layout cannot share "
-                    f"the pool; a different block size may fit"
-                )
+        if expert % kv != 0:
+            raise ValueError(_kv_does_not_divide(shape))
+        if PageType.CONV in sizes and expert % sizes[PageType.CONV] != 0:
+            raise ValueError(
+                f"the conv page of {sizes[PageType.CONV]} B does not divide the expert page of "
+                f"{expert} B: conv pages are carved from expert pages, so this version cannot "
+                f"serve this model"
+            )
         return cls(shape=shape, page_bytes=sizes)
 
     def has(self, page_type: PageType) -> bool:

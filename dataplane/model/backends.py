@@ -42,5 +42,6 @@ class ExpertBackend(Protocol):
         topk_weights: torch.Tensor,  # [T, K] fp32 mixing weights
     ) -> torch.Tensor:  # [T, D] in x's dtype
         """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) for the ROUTED experts of
-        `layer` only; the shared expert is added by the model."""
+        `layer` only; the shared expert is added by the model. `layer` counts MoE layers
+        only (dense layers have no experts): it is decoder layer config.moe_layers[layer]."""
         ...

@@ -7,8 +7,15 @@ Three families are supported; each key below is what that family's `config.json`
     qwen3_moe   num_experts (or num_local_)  moe_intermediate_size    q/k RMSNorm per head
     mixtral     num_local_experts            intermediate_size        plain
 
-Anything the model does not implement (sliding windows, dense MLP layers between MoE layers,
-scaled RoPE, activations other than SiLU) is refused with an error that names the key, so a
+The Qwen families may interleave dense layers (a plain gated MLP of `intermediate_size`)
+with MoE layers, as transformers decides: layer l is dense when it is in `mlp_only_layers` or
+(l + 1) is not a multiple of `decoder_sparse_step`. Only MoE layers have routed experts, so
+every expert-side structure (host experts, pool pages, hotness ranking, adjuster) counts MoE
+layers only: MoE layer m is decoder layer `moe_layers[m]`.
+
+Anything the model does not implement (sliding windows, scaled RoPE, activations other than
+SiLU, quantized weights, architectures such as DeepSeek-V3 or GLM-4.5 whose attention or
+routing differ) is refused with an error that names the key or the architecture, so a
 checkpoint never runs with silently different math.
 """
 
@@ -29,6 +36,17 @@ _ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+}
+
+# Known MoE architectures the model does not implement, and why (their first_k_dense_replace
+# dense layers alone would fit the dense-layer support; the rest does not).
+_UNSUPPORTED_ARCHITECTURES = {
+    "DeepseekV2ForCausalLM": "multi-head latent attention (kv_lora_rank) is not implemented",
+    "DeepseekV3ForCausalLM": "multi-head latent attention (kv_lora_rank) and sigmoid "
+    "group-limited routing (n_group/topk_group, e_score_correction_bias) are not implemented",
+    "Glm4MoeForCausalLM": "its sigmoid group-limited routing (e_score_correction_bias, "
+    "n_group/topk_group, routed_scaling_factor) and partial rotary embeddings "
+    "(partial_rotary_factor) are not implemented",
 }
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -60,6 +78,8 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     dtype: torch.dtype
+    dense_layers: tuple[int, ...] = ()  # decoder layers with a dense MLP instead of experts
+    dense_intermediate_size: int = 0  # their MLP size; 0 = no dense layers
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -90,6 +110,21 @@ class ModelConfig:
             raise ValueError("shared_expert_intermediate_size must be >= 0 (0 = no shared expert)")
         if self.dtype not in _DTYPES.values():
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype}")
+        dense = self.dense_layers
+        if list(dense) != sorted(set(dense)) or not all(0 <= i < self.num_layers for i in dense):
+            raise ValueError(
+                f"dense_layers must be distinct ascending layers in 0..{self.num_layers - 1}, "
+                f"got {dense}"
+            )
+        if len(dense) == self.num_layers:
+            raise ValueError(
+                "every layer is dense (no MoE layer): rimuru serves mixture-of-experts models"
+            )
+        if dense and self.dense_intermediate_size <= 0:
+            raise ValueError(
+                f"dense layers {dense} need a positive dense_intermediate_size "
+                f"(config.json's intermediate_size), got {self.dense_intermediate_size}"
+            )
 
     @property
     def q_size(self) -> int:
@@ -103,10 +138,31 @@ class ModelConfig:
     def has_shared_expert(self) -> bool:
         return self.shared_expert_intermediate_size > 0
 
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """The decoder layers with routed experts, ascending: MoE layer m is moe_layers[m]."""
+        dense = set(self.dense_layers)
+        return tuple(i for i in range(self.num_layers) if i not in dense)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - len(self.dense_layers)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        self.check_layer(layer)
+        return layer not in self.dense_layers
+
     def check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:
             raise ValueError(
                 f"layer {layer} is out of range: the model has {self.num_layers} layers"
+            )
+
+    def check_moe_layer(self, moe_layer: int) -> None:
+        if not 0 <= moe_layer < self.num_moe_layers:
+            raise ValueError(
+                f"MoE layer {moe_layer} is out of range: the model has {self.num_moe_layers} "
+                f"MoE layers"
             )
 
     def replace(self, **changes: Any) -> ModelConfig:
@@ -132,21 +188,36 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         raise FileNotFoundError(
             f"{path} not found: point at a Hugging Face model directory containing config.json"
         )
-    hf = json.loads(path.read_text())
+    hf = read_json(path)
     extra_eos: tuple[int, ...] = ()
     gen_path = model_dir / "generation_config.json"
     if gen_path.is_file():
-        extra_eos = _as_ids(json.loads(gen_path.read_text()).get("eos_token_id"))
+        extra_eos = _as_ids(read_json(gen_path).get("eos_token_id"))
     config = config_from_hf(hf, source=str(path))
     merged = config.eos_token_ids + tuple(i for i in extra_eos if i not in config.eos_token_ids)
     return config.replace(eos_token_ids=merged)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; a syntax error names the file, line and column."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text ({exc.reason}): is it a JSON file?") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def config_from_hf(hf: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
     """Parse the dict of a Hugging Face `config.json` (`source` names it in errors); refuse
     what the model does not implement."""
     try:
-        return _parse(hf)
+        return _parse(_Keys(hf, source))
     except KeyError as exc:  # only the keys every family must have are read with hf[...]
         raise ValueError(
             f"{source} lacks {exc.args[0]!r}, which a {hf.get('model_type') or 'MoE'} model "
@@ -154,49 +225,102 @@ def config_from_hf(hf: dict[str, Any], *, source: str = "config.json") -> ModelC
         ) from None
 
 
-def _parse(hf: dict[str, Any]) -> ModelConfig:
+class _Keys(dict):
+    """config.json's dict, with typed reads whose errors name the key and its file."""
+
+    def __init__(self, hf: dict[str, Any], source: str) -> None:
+        super().__init__(hf)
+        self.source = source
+
+    def integer(self, key: str, default: Any = None) -> int:
+        """hf[key] (or `default` when absent or null) as an int; KeyError when required."""
+        value = self[key] if default is None else self.get(key)
+        if value is None:
+            value = default
+        # bool is an int in Python, never in a config; a float like 4.0 is not a count.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(
+                f"{self.source}: {key} must be an integer, got {value!r} ({type(value).__name__})"
+            )
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        value = self.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(
+                f"{self.source}: {key} must be a number, got {value!r} ({type(value).__name__})"
+            )
+        return float(value)
+
+
+def _parse(hf: _Keys) -> ModelConfig:
     family = _family(hf)
     _refuse_unsupported(hf, family)
-    num_heads = int(hf["num_attention_heads"])
-    hidden = int(hf["hidden_size"])
-    num_kv_heads = hf.get("num_key_value_heads") or num_heads
-    head_dim = hf.get("head_dim") or hidden // num_heads
+    num_heads = hf.integer("num_attention_heads")
+    hidden = hf.integer("hidden_size")
+    num_kv_heads = hf.integer("num_key_value_heads", num_heads)
+    head_dim = hf.integer("head_dim", hidden // num_heads if num_heads > 0 else 0)
     if family == "mixtral":
-        num_experts = hf["num_local_experts"]
-        expert_size = hf["intermediate_size"]
+        num_experts = hf.integer("num_local_experts")
+        expert_size = hf.integer("intermediate_size")
     else:
         # transformers 5 writes Qwen3-MoE's count as num_local_experts; real checkpoints say num_experts.
-        num_experts = hf.get("num_experts", hf.get("num_local_experts"))
-        expert_size = hf["moe_intermediate_size"]
-    if num_experts is None:
-        raise ValueError(f"config.json of a {family} model lacks num_experts")
+        key = "num_experts" if hf.get("num_experts") is not None else "num_local_experts"
+        if hf.get(key) is None:
+            raise ValueError(f"{hf.source} of a {family} model lacks num_experts")
+        num_experts = hf.integer(key)
+        expert_size = hf.integer("moe_intermediate_size")
+    dense = _dense_layers(hf, family)
     return ModelConfig(
         family=family,
-        num_layers=int(hf["num_hidden_layers"]),
+        num_layers=hf.integer("num_hidden_layers"),
         hidden_size=hidden,
         num_heads=num_heads,
-        num_kv_heads=int(num_kv_heads),
-        head_dim=int(head_dim),
-        moe_intermediate_size=int(expert_size),
-        num_experts=int(num_experts),
-        top_k=int(hf["num_experts_per_tok"]),
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        moe_intermediate_size=expert_size,
+        num_experts=num_experts,
+        top_k=hf.integer("num_experts_per_tok"),
         # Mixtral always renormalises its top-2; the Qwen families say so in norm_topk_prob.
         norm_topk_prob=True if family == "mixtral" else bool(hf.get("norm_topk_prob", False)),
-        shared_expert_intermediate_size=int(hf.get("shared_expert_intermediate_size") or 0)
+        shared_expert_intermediate_size=hf.integer("shared_expert_intermediate_size", 0)
         if family == "qwen2_moe"
         else 0,
         qkv_bias=_qkv_bias(hf, family),
         o_bias=family == "qwen3_moe" and bool(hf.get("attention_bias", False)),
         qk_norm=family == "qwen3_moe",
-        vocab_size=int(hf["vocab_size"]),
+        vocab_size=hf.integer("vocab_size"),
         rope_theta=_rope_theta(hf, family),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(hf["max_position_embeddings"]),
+        rms_norm_eps=hf.number("rms_norm_eps", 1e-6),
+        max_position_embeddings=hf.integer("max_position_embeddings"),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=_as_ids(hf.get("eos_token_id")),
         dtype=parse_dtype(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
+        dense_layers=dense,
+        dense_intermediate_size=hf.integer("intermediate_size") if dense else 0,
     )
+
+
+def _dense_layers(hf: _Keys, family: str) -> tuple[int, ...]:
+    """The layers transformers builds with a dense MLP (Qwen2/Qwen3-MoE's decoder layer)."""
+    if family == "mixtral":
+        return ()
+    num_layers = hf.integer("num_hidden_layers")
+    step = hf.integer("decoder_sparse_step", 1)
+    if step <= 0:
+        raise ValueError(f"{hf.source}: decoder_sparse_step must be >= 1, got {step}")
+    only = hf.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_layers for i in only
+    ):
+        raise ValueError(
+            f"{hf.source}: mlp_only_layers must be a list of layer indices in "
+            f"0..{num_layers - 1}, got {only!r}"
+        )
+    return tuple(i for i in range(num_layers) if i in only or (i + 1) % step != 0)
 
 
 def _family(hf: dict[str, Any]) -> str:
@@ -204,6 +328,11 @@ def _family(hf: dict[str, Any]) -> str:
     for arch in architectures:
         if arch in _ARCHITECTURES:
             return _ARCHITECTURES[arch]
+        if arch in _UNSUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"{arch} is not supported: {_UNSUPPORTED_ARCHITECTURES[arch]}; supported: "
+                f"{sorted(_ARCHITECTURES)}"
+            )
     if hf.get("model_type") in FAMILIES:
         return hf["model_type"]
     raise ValueError(
@@ -212,15 +341,11 @@ def _family(hf: dict[str, Any]) -> str:
     )
 
 
-def _refuse_unsupported(hf: dict[str, Any], family: str) -> None:
+def _refuse_unsupported(hf: _Keys, family: str) -> None:
+    _refuse_quantized(hf)
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' is")
     if family != "mixtral":
-        if int(hf.get("decoder_sparse_step", 1)) != 1 or hf.get("mlp_only_layers"):
-            raise ValueError(
-                "dense MLP layers between MoE layers (decoder_sparse_step != 1 or a non-empty "
-                "mlp_only_layers) are not supported: every layer must be an MoE layer"
-            )
         if hf.get("use_sliding_window"):
             raise ValueError("use_sliding_window=true is not supported; set it to false")
     else:
@@ -235,10 +360,26 @@ def _refuse_unsupported(hf: dict[str, Any], family: str) -> None:
         raise ValueError(f"RoPE type {rope_type!r} is not supported; only 'default' RoPE is")
 
 
-def _rope_theta(hf: dict[str, Any], family: str) -> float:
+def _refuse_quantized(hf: _Keys) -> None:
+    """The model computes with plain float weights: a quantized checkpoint's weights (FP8
+    with block scales, GPTQ/AWQ ints, ...) read as floats are garbage, so refuse them."""
+    for key in ("quantization_config", "compression_config"):
+        quant = hf.get(key)
+        if quant:
+            method = quant.get("quant_method") if isinstance(quant, dict) else None
+            raise ValueError(
+                f"{hf.source} declares a quantized checkpoint ({key} with quant_method "
+                f"{method!r}); rimuru loads unquantized float32/bfloat16/float16 weights only: "
+                f"use the model's unquantized (e.g. BF16) release"
+            )
+
+
+def _rope_theta(hf: _Keys, family: str) -> float:
     params = hf.get("rope_parameters") or {}
     default = 1e6 if family == "mixtral" else 10000.0  # transformers' defaults per family
-    return float(params.get("rope_theta", hf.get("rope_theta", default)))
+    if "rope_theta" in params:
+        return _Keys(params, f"{hf.source} rope_parameters").number("rope_theta", default)
+    return hf.number("rope_theta", default)
 
 
 def _qkv_bias(hf: dict[str, Any], family: str) -> bool:

@@ -5,7 +5,8 @@ the loader reads the tensor from safetensors, a preset generates it. The names a
 checkpoint's (`model.layers.{l}.self_attn.q_proj.weight`, ...), so a preset's random tensor
 for a name is seeded by that name.
 
-Shape key: V = vocab, D = hidden, Dh = head dim, E = experts, S = shared expert size.
+Shape key: V = vocab, D = hidden, Dh = head dim, E = experts, S = shared expert size,
+F = dense MLP size.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from rimuru.dataplane.model.config import ModelConfig
 from rimuru.dataplane.model.weights import (
     AttentionWeights,
+    DenseMLPWeights,
     GlobalWeights,
     LayerWeights,
     SharedExpertWeights,
@@ -60,6 +62,16 @@ def build_layer_weights(
         q_norm=get("self_attn.q_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
         k_norm=get("self_attn.k_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
     )
+    input_norm = get("input_layernorm.weight", hidden)
+    post_attention_norm = get("post_attention_layernorm.weight", hidden)
+    if not cfg.is_moe_layer(layer):  # transformers' {Family}MLP under the name "mlp"
+        size = cfg.dense_intermediate_size
+        dense = DenseMLPWeights(
+            gate_proj=get("mlp.gate_proj.weight", size, hidden),
+            up_proj=get("mlp.up_proj.weight", size, hidden),
+            down_proj=get("mlp.down_proj.weight", hidden, size),
+        )
+        return LayerWeights(input_norm, attention, post_attention_norm, None, dense_mlp=dense)
     shared = None
     if cfg.has_shared_expert:
         size = cfg.shared_expert_intermediate_size
@@ -70,9 +82,9 @@ def build_layer_weights(
             gate=get("mlp.shared_expert_gate.weight", 1, hidden),
         )
     return LayerWeights(
-        input_norm=get("input_layernorm.weight", hidden),
+        input_norm=input_norm,
         attention=attention,
-        post_attention_norm=get("post_attention_layernorm.weight", hidden),
+        post_attention_norm=post_attention_norm,
         router=get(f"{moe_block}.gate.weight", cfg.num_experts, hidden),  # [E, D]
         shared_expert=shared,
     )

@@ -13,23 +13,40 @@ Routed experts are accepted in the two layouts found on disk:
         mlp.experts.gate_up_proj [E, 2I, D]   (gate rows first, then up)
         mlp.experts.down_proj    [E, D, I]
 
+Every shard is opened (its header parsed) when the source is made, so a truncated or corrupt
+file, or a quantized one the model cannot compute with, is refused before any weight is read.
+Errors about the checkpoint are `CheckpointError`s (a ValueError: the CLI reports them and
+exits 2) naming the file or the tensor.
+
 Shape key: E = experts, I = expert size, D = hidden.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
-from rimuru.dataplane.model.config import ModelConfig, load_config
+from rimuru.dataplane.model.config import ModelConfig, load_config, read_json
 from rimuru.dataplane.model.hf_layout import Fetch, build_global_weights, build_layer_weights
 from rimuru.dataplane.model.weights import ExpertWeights, GlobalWeights, LayerWeights, host_empty
 
 _INDEX = "model.safetensors.index.json"
+
+# safetensors dtypes of unquantized weights; anything else (F8_E4M3, I8, U8, ...) is the
+# storage of a quantization scheme.
+_FLOAT_DTYPES = frozenset({"F32", "F16", "BF16", "F64"})
+# Tensors that exist only beside quantized weights (FP8 block scales, GPTQ/AWQ packs).
+_QUANT_SUFFIXES = (
+    "weight_scale_inv", "weight_scale", "input_scale", ".qweight", ".qzeros", ".scales", ".g_idx",
+)  # fmt: skip
+
+
+class CheckpointError(ValueError):
+    """The checkpoint on disk is unusable: a file unreadable, a tensor missing or of another
+    shape or dtype than config.json implies."""
 
 
 class CheckpointWeights:
@@ -41,7 +58,9 @@ class CheckpointWeights:
             raise FileNotFoundError(f"model directory {self.model_dir} does not exist")
         self._config = load_config(self.model_dir)
         self._files = _tensor_files(self.model_dir)  # tensor name -> shard path
-        self._handles: dict[Path, safe_open] = {}  # opened once: each open parses the header
+        # Opened once, all now: each open parses (and checks) the shard's header.
+        self._handles = {path: _open(path) for path in sorted(set(self._files.values()))}
+        self._refuse_quantized()
         # Mixtral's classic checkpoints call the MoE block block_sparse_moe; transformers 5 says mlp.
         self._moe = "mlp"
         if self._config.family == "mixtral" and "model.layers.0.mlp.gate.weight" not in self._files:
@@ -59,7 +78,7 @@ class CheckpointWeights:
 
     def expert_weights(
         self,
-        layer: int,
+        moe_layer: int,
         dtype: torch.dtype,
         *,
         pin_memory: bool = False,
@@ -67,7 +86,8 @@ class CheckpointWeights:
     ) -> ExpertWeights:
         del work_device  # reading a file gains nothing from a device
         cfg = self._config
-        cfg.check_layer(layer)
+        cfg.check_moe_layer(moe_layer)
+        layer = cfg.moe_layers[moe_layer]  # the checkpoint names decoder layers
         n, inter, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
         w1 = host_empty((n, inter, hidden), dtype, pin_memory)
         w3 = host_empty((n, inter, hidden), dtype, pin_memory)
@@ -90,18 +110,29 @@ class CheckpointWeights:
     def _fetcher(self, device: torch.device, dtype: torch.dtype) -> Fetch:
         return lambda name, shape: self._read(name, shape).to(device=device, dtype=dtype)
 
+    def _refuse_quantized(self) -> None:
+        for name, path in self._files.items():
+            dtype = self._handles[path].get_slice(name).get_dtype()
+            if dtype not in _FLOAT_DTYPES or name.endswith(_QUANT_SUFFIXES):
+                raise CheckpointError(
+                    f"tensor {name!r} in {path} is {dtype}: a quantized checkpoint, which rimuru "
+                    f"cannot compute with (it loads unquantized float32/bfloat16/float16 "
+                    f"weights only); use the model's unquantized (e.g. BF16) release"
+                )
+
     def _read(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         path = self._files.get(name)
         if path is None:
-            raise KeyError(
+            raise CheckpointError(
                 f"tensor {name!r} is missing from the checkpoint in {self.model_dir}; "
                 f"is config.json's architecture ({self._config.family}) the right one?"
             )
-        if path not in self._handles:
-            self._handles[path] = safe_open(path, framework="pt")
-        tensor = self._handles[path].get_tensor(name)
+        try:
+            tensor = self._handles[path].get_tensor(name)
+        except SafetensorError as exc:
+            raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from None
         if tuple(tensor.shape) != shape:
-            raise ValueError(
+            raise CheckpointError(
                 f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, but config.json "
                 f"implies {shape}"
             )
@@ -115,7 +146,9 @@ def _tensor_files(model_dir: Path) -> dict[str, Path]:
     """Map every tensor name to its shard, from the index when there is one."""
     index = model_dir / _INDEX
     if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index} has no weight_map object: is the index complete?")
         shards = {model_dir / f for f in set(weight_map.values())}
         missing = sorted(p.name for p in shards if not p.is_file())
         if missing:
@@ -130,5 +163,17 @@ def _tensor_files(model_dir: Path) -> dict[str, Path]:
 
 
 def _names_in(path: Path) -> Iterable[str]:
-    with safe_open(path, framework="pt") as f:
+    with _open(path) as f:
         return list(f.keys())
+
+
+def _open(path: Path) -> safe_open:
+    """A shard's handle; a file safetensors cannot parse (truncated, not safetensors at all)
+    is named with what to do about it."""
+    try:
+        return safe_open(path, framework="pt")
+    except SafetensorError as exc:
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({exc}): it may be truncated or "
+            f"corrupt, e.g. an interrupted download; fetch it again"
+        ) from None

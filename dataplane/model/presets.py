@@ -180,21 +180,22 @@ class RandomWeights:
 
     def layer_weights(self, layer: int, device: torch.device, dtype: torch.dtype) -> LayerWeights:
         weights = build_layer_weights(self._config, layer, self._fetcher(device, dtype))
-        if self.router_skew == 0:
+        if self.router_skew == 0 or weights.router is None:
             return weights
         bias = zipf_router_bias(self._config.num_experts, self.router_skew, self.seed, layer)
         return dataclasses.replace(weights, router_bias=bias.to(device))
 
     def expert_weights(
         self,
-        layer: int,
+        moe_layer: int,
         dtype: torch.dtype,
         *,
         pin_memory: bool = False,
         work_device: torch.device | None = None,
     ) -> ExpertWeights:
         cfg = self._config
-        cfg.check_layer(layer)
+        cfg.check_moe_layer(moe_layer)
+        layer = cfg.moe_layers[moe_layer]  # tensors are seeded by their decoder layer's name
         n, inter, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
         work_device = torch.device(work_device or "cpu")
         mats = {}

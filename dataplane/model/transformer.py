@@ -11,6 +11,10 @@ Per layer:
     h ── rms_norm ── router (+ skew bias) ── top-k ── expert backend ──────────────────(+)── h
                  └── shared expert · sigmoid(gate) (Qwen2-MoE only) ──────────────────(+)──┘
 
+A dense layer (config.dense_layers) has a resident gated MLP where an MoE layer has the router
+and experts. The expert backend and `router_logits` take MoE-layer indices: MoE layer m is
+decoder layer config.moe_layers[m].
+
 Each (+) into h is fused with the rms_norm after it (`ops.add_rms_norm`, vLLM's
 fused_add_rms_norm); the last one with the final norm.
 
@@ -57,6 +61,8 @@ class MoETransformer:
         self.device = global_weights.embed_tokens.device
         self.dtype = global_weights.embed_tokens.dtype
         self._inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, self.device)
+        self._moe_layers = config.moe_layers  # MoE layer -> decoder layer
+        self._moe_index = {layer: m for m, layer in enumerate(self._moe_layers)}
 
     @classmethod
     def from_source(
@@ -92,6 +98,8 @@ class MoETransformer:
             tensors += [layer.router, layer.router_bias]
             if layer.shared_expert is not None:
                 tensors += vars(layer.shared_expert).values()
+            if layer.dense_mlp is not None:
+                tensors += vars(layer.dense_mlp).values()
         for t in tensors:
             if t is not None:
                 seen[t.data_ptr()] = t.numel() * t.element_size()
@@ -160,11 +168,11 @@ class MoETransformer:
         return F.linear(hidden, self.weights.lm_head).float()
 
     @torch.inference_mode()
-    def router_logits(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """Layer `layer`'s router (+ its skew bias) applied to x [T, D] -> fp32 [T, E].
+    def router_logits(self, moe_layer: int, x: torch.Tensor) -> torch.Tensor:
+        """MoE layer `moe_layer`'s router (+ its skew bias) applied to x [T, D] -> fp32 [T, E].
 
-        The engine may call this with layer l's MoE input to predict layer l+1's experts."""
-        w = self.layers[layer]
+        The engine may call this with MoE layer m's input to predict MoE layer m+1's experts."""
+        w = self.layers[self._moe_layers[moe_layer]]
         logits = F.linear(x, w.router).float()  # [T, E]
         if w.router_bias is not None:
             logits = logits + w.router_bias
@@ -179,10 +187,15 @@ class MoETransformer:
         return topk_ids, topk_weights
 
     def _moe_block(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """x [T, D], already post-attention-normed -> the MoE block's output [T, D]."""
+        """x [T, D], already post-attention-normed -> the MoE block's (or, in a dense layer,
+        the MLP's) output [T, D]."""
         w = self.layers[layer]
-        topk_ids, topk_weights = self.select_experts(self.router_logits(layer, x))
-        out = self.experts.moe(layer, x, topk_ids, topk_weights)  # [T, D]
+        if w.dense_mlp is not None:
+            m = w.dense_mlp
+            return swiglu_mlp(x, m.gate_proj, m.up_proj, m.down_proj)
+        moe_layer = self._moe_index[layer]
+        topk_ids, topk_weights = self.select_experts(self.router_logits(moe_layer, x))
+        out = self.experts.moe(moe_layer, x, topk_ids, topk_weights)  # [T, D]
         shared = w.shared_expert
         if shared is not None:
             gate = torch.sigmoid(F.linear(x, shared.gate))  # [T, 1]

@@ -1,14 +1,14 @@
 """The weights of one MoE decoder, split the way the engine places them.
 
-Non-expert weights (embeddings, attention, norms, routers, shared experts, lm_head) are
-ordinary tensors that stay resident on the compute device. Routed experts are kept apart in
+Non-expert weights (embeddings, attention, norms, routers, shared experts, the dense MLPs of
+dense layers, lm_head) are ordinary tensors that stay resident on the compute device. Routed experts are kept apart in
 `ExpertWeights`: host tensors (pinned when serving on CUDA) that back the pool's expert pages.
 
 A `WeightSource` (a checkpoint on disk, or a preset with random weights) hands out these
 pieces one layer at a time, so a model larger than host RAM never exists whole in one place.
 
 Shape key: V = vocab, D = hidden, Hq/Hkv = query/KV heads, Dh = head dim,
-E = routed experts, I = routed expert size, S = shared expert size.
+E = routed experts, I = routed expert size, S = shared expert size, F = dense MLP size.
 Matrices use Hugging Face layouts ([out, in]); an expert's three pages are (w1, w3, w2).
 """
 
@@ -54,13 +54,30 @@ class SharedExpertWeights:
 
 
 @dataclass(frozen=True)
+class DenseMLPWeights:
+    """A dense layer's gated MLP, in place of the routed experts."""
+
+    gate_proj: torch.Tensor  # [F, D]
+    up_proj: torch.Tensor  # [F, D]
+    down_proj: torch.Tensor  # [D, F]
+
+
+@dataclass(frozen=True)
 class LayerWeights:
+    """An MoE layer has a router (and its experts come from `expert_weights`); a dense
+    layer has `dense_mlp` instead. Exactly one of the two is set."""
+
     input_norm: torch.Tensor  # [D]
     attention: AttentionWeights
     post_attention_norm: torch.Tensor  # [D]
-    router: torch.Tensor  # [E, D]
+    router: torch.Tensor | None  # [E, D]; None in a dense layer
     router_bias: torch.Tensor | None = None  # [E] fp32, the preset's router skew (None = none)
     shared_expert: SharedExpertWeights | None = None
+    dense_mlp: DenseMLPWeights | None = None
+
+    def __post_init__(self) -> None:
+        if (self.router is None) == (self.dense_mlp is None):
+            raise ValueError("a layer has either a router (MoE) or a dense_mlp, not both/neither")
 
 
 @dataclass(frozen=True)
@@ -104,14 +121,16 @@ class WeightSource(Protocol):
 
     def expert_weights(
         self,
-        layer: int,
+        moe_layer: int,
         dtype: torch.dtype,
         *,
         pin_memory: bool = False,
         work_device: torch.device | None = None,
     ) -> ExpertWeights:
-        """Host (CPU) tensors, pinned if asked. `work_device` may speed up producing them
-        (a preset generates random values there); the result is on the host regardless."""
+        """The routed experts of MoE layer `moe_layer` (decoder layer
+        `config.moe_layers[moe_layer]`): host (CPU) tensors, pinned if asked. `work_device`
+        may speed up producing them (a preset generates random values there); the result is
+        on the host regardless."""
         ...
 
 

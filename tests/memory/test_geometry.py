@@ -39,12 +39,19 @@ def test_ssm_makes_huge_page_the_lcm():
     assert g.ratio(PageType.CONV) == 8
 
 
-def test_refuses_kv_page_that_does_not_divide():
+def test_refuses_kv_page_that_does_not_divide_with_advice_a_user_can_follow():
+    """block_size is fixed at 16, so the refusal must not advise another block size: it says
+    the model cannot be served and which shapes can, in config.json's terms."""
     shape = MemoryShape(2, 4, 16, 16, num_kv_heads=3, head_dim=2, dtype_bytes=4)
-    with pytest.raises(
-        ValueError, match=r"kv page of 768 B does not divide the expert page of 1024 B"
-    ):
+    with pytest.raises(ValueError) as err:
         PageGeometry.from_shape(shape)
+    message = str(err.value)
+    assert message.startswith("this model cannot be served by this version of rimuru")
+    assert "(2 x 16 tokens x 3 KV heads x head_dim 2 = 192 elements)" in message
+    assert "(moe_intermediate_size 16 x hidden_size 16 = 256 elements)" in message
+    assert "the block size is fixed at 16 tokens" in message
+    assert "multiple of 2 x 16 x num_key_value_heads x head_dim" in message
+    assert "block size may fit" not in message
 
 
 def test_refuses_bad_sizes():

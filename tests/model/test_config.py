@@ -136,8 +136,10 @@ def test_generation_config_eos_ids_are_merged(tmp_path):
     ("change", "message"),
     [
         ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, "supported: \\["),
-        ({"mlp_only_layers": [0, 1]}, "mlp_only_layers"),
-        ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
+        ({"mlp_only_layers": [0, 48]}, "mlp_only_layers must be a list of layer indices in"),
+        ({"mlp_only_layers": "0"}, "mlp_only_layers must be a list"),
+        ({"decoder_sparse_step": 0}, "decoder_sparse_step must be >= 1, got 0"),
+        ({"mlp_only_layers": list(range(48))}, "every layer is dense"),
         ({"use_sliding_window": True}, "use_sliding_window"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
         ({"hidden_act": "gelu"}, "silu"),
@@ -176,3 +178,59 @@ def test_a_missing_key_is_named_with_its_file(tmp_path):
         load_config(tmp_path)
     assert "'num_attention_heads'" in str(err.value)
     assert str(tmp_path / "config.json") in str(err.value)
+
+
+def test_invalid_json_names_the_file_line_and_column(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{\n  "hidden_size": 64,\n  "num_attention_heads": 4\n  "x": 1\n}'
+    )
+    with pytest.raises(ValueError) as err:
+        load_config(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / 'config.json'} is not valid JSON: ")
+    assert "at line 4, column 3" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("num_attention_heads", "four", "an integer, got 'four' (str)"),
+        ("num_hidden_layers", 2.5, "an integer, got 2.5 (float)"),
+        ("num_experts", True, "an integer, got True (bool)"),
+        ("head_dim", [128], "an integer, got [128] (list)"),
+        ("rms_norm_eps", "1e-6", "a number, got '1e-6' (str)"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_named_with_its_file(tmp_path, key, value, expected):
+    (tmp_path / "config.json").write_text(json.dumps(dict(QWEN3_30B_A3B, **{key: value})))
+    with pytest.raises(ValueError) as err:
+        load_config(tmp_path)
+    assert str(err.value) == f"{tmp_path / 'config.json'}: {key} must be {expected}"
+
+
+def test_dense_layers_between_moe_layers_follow_transformers_rule():
+    """Layer l is dense when listed in mlp_only_layers or when (l + 1) % decoder_sparse_step."""
+    cfg = config_from_hf(dict(QWEN15_MOE_A27B, decoder_sparse_step=2, mlp_only_layers=[1]))
+    assert cfg.dense_layers == (0, 1, *range(2, 24, 2))
+    assert cfg.moe_layers == tuple(range(3, 24, 2))
+    assert (cfg.num_moe_layers, cfg.dense_intermediate_size) == (11, 5632)
+    qwen3 = config_from_hf(dict(QWEN3_30B_A3B, mlp_only_layers=[0, 47]))
+    assert (qwen3.dense_layers, qwen3.num_moe_layers) == ((0, 47), 46)
+    assert qwen3.dense_intermediate_size == QWEN3_30B_A3B["intermediate_size"]
+    # all MoE: nothing dense, and the dense MLP size is not read
+    assert config_from_hf(QWEN3_30B_A3B).dense_layers == ()
+    assert config_from_hf(QWEN3_30B_A3B).dense_intermediate_size == 0
+
+
+@pytest.mark.parametrize(
+    ("arch", "reason"),
+    [
+        ("Glm4MoeForCausalLM", "e_score_correction_bias"),
+        ("DeepseekV3ForCausalLM", "multi-head latent attention"),
+        ("DeepseekV2ForCausalLM", "multi-head latent attention"),
+    ],
+)
+def test_first_k_dense_architectures_are_refused_with_the_reason(arch, reason):
+    with pytest.raises(ValueError) as err:
+        config_from_hf(dict(QWEN3_30B_A3B, architectures=[arch], first_k_dense_replace=1))
+    assert str(err.value).startswith(f"{arch} is not supported: ")
+    assert reason in str(err.value) and "Qwen3MoeForCausalLM" in str(err.value)

@@ -19,13 +19,15 @@ from rimuru.dataplane.model import (
 )
 
 FAMILIES = ["qwen2_moe", "qwen3_moe", "mixtral"]
+# Dense layers between MoE layers (conftest.py): Qwen2's layers 0 and 2, Qwen3's layer 1.
+MIXED = ["qwen2_moe_mixed", "qwen3_moe_mixed"]
 PROMPTS = [[5, 17, 300, 42, 9, 511, 77, 1, 250, 3, 64], [100, 2, 33], [7, 7, 7, 7, 8, 480, 12]]
 
 
 def build(source: WeightSource) -> tuple[MoETransformer, ContiguousKVAttention]:
     attention = ContiguousKVAttention()
     experts = DenseExperts(
-        [source.expert_weights(i, torch.float32) for i in range(source.config.num_layers)]
+        [source.expert_weights(m, torch.float32) for m in range(source.config.num_moe_layers)]
     )
     return MoETransformer.from_source(source, attention, experts, dtype=torch.float32), attention
 
@@ -58,11 +60,11 @@ def greedy(model: MoETransformer, prompts: list[list[int]], max_new_tokens: int)
     return outputs
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + MIXED)
 def test_logits_match_transformers(hf_checkpoints, family):
     ckpt = hf_checkpoints[family]
     model, _ = build(CheckpointWeights(ckpt.path))
-    assert model.config.family == family
+    assert model.config.family == family.removesuffix("_mixed")
     ours = batch_prefill(model, PROMPTS)
     start = 0
     for prompt in PROMPTS:
@@ -72,7 +74,7 @@ def test_logits_match_transformers(hf_checkpoints, family):
         start += len(prompt)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + MIXED)
 def test_greedy_generation_matches_transformers(hf_checkpoints, family):
     ckpt = hf_checkpoints[family]
     model, attention = build(CheckpointWeights(ckpt.path))
@@ -97,12 +99,12 @@ def _save_fused(model, path: Path, config_dir: Path) -> None:
     shutil.copy(config_dir / "config.json", path / "config.json")
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + MIXED)
 def test_fused_expert_layout_loads_the_same_model(hf_checkpoints, family, tmp_path):
     ckpt = hf_checkpoints[family]
     _save_fused(ckpt.model, tmp_path / "fused", ckpt.path)
     fused, classic = CheckpointWeights(tmp_path / "fused"), CheckpointWeights(ckpt.path)
-    for layer in range(classic.config.num_layers):
+    for layer in range(classic.config.num_moe_layers):
         a = fused.expert_weights(layer, torch.float32)
         b = classic.expert_weights(layer, torch.float32)
         for name in ("w1", "w3", "w2"):
@@ -111,3 +113,28 @@ def test_fused_expert_layout_loads_the_same_model(hf_checkpoints, family, tmp_pa
     with torch.no_grad():
         ref = ckpt.model(torch.tensor([PROMPTS[0]])).logits[0]
     torch.testing.assert_close(ours[: len(PROMPTS[0])], ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("name", "dense", "moe", "size"),
+    [("qwen2_moe_mixed", (0, 2), (1, 3), 128), ("qwen3_moe_mixed", (1,), (0, 2, 3), 96)],
+)
+def test_mixed_layers_are_laid_out_as_transformers_builds_them(
+    hf_checkpoints, name, dense, moe, size
+):
+    ckpt = hf_checkpoints[name]
+    built_dense = tuple(
+        i for i, layer in enumerate(ckpt.model.model.layers) if not hasattr(layer.mlp, "gate")
+    )
+    assert built_dense == dense  # the fixture really has dense layers where we expect them
+    source = CheckpointWeights(ckpt.path)
+    cfg = source.config
+    assert (cfg.dense_layers, cfg.moe_layers, cfg.dense_intermediate_size) == (dense, moe, size)
+    assert source.layer_weights(dense[0], "cpu", torch.float32).router is None
+    # MoE layer m reads decoder layer moe[m]'s experts
+    last = source.expert_weights(len(moe) - 1, torch.float32)
+    ref = ckpt.model.model.layers[moe[-1]].mlp.experts
+    assert torch.equal(last.w2, ref.down_proj.detach())
+    n = len(moe)
+    with pytest.raises(ValueError, match=f"MoE layer {n} is out of range: the model has {n} MoE"):
+        source.expert_weights(n, torch.float32)

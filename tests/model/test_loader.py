@@ -8,9 +8,11 @@ import shutil
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from rimuru.cli import main
 from rimuru.dataplane.model import CheckpointWeights, model_config, open_weights
+from rimuru.dataplane.model.loader import CheckpointError
 from rimuru.dataplane.model.presets import RandomWeights
 
 
@@ -73,7 +75,7 @@ def test_missing_tensor_and_wrong_shape_name_the_tensor(hf_checkpoints, tmp_path
     # A Qwen3 config over Qwen2 tensors: the q_norm weights do not exist.
     config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe")
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(KeyError, match=r"model\.layers\.0\.self_attn\.q_norm\.weight"):
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.q_norm\.weight"):
         CheckpointWeights(tmp_path).layer_weights(0, "cpu", torch.float32)
     config = json.loads((src / "config.json").read_text())
     config["moe_intermediate_size"] = 48
@@ -114,3 +116,75 @@ def test_cli_reports_a_wrong_model_without_a_traceback(tmp_path, capsys):
     code = main(["generate", "--model", str(tmp_path / "nope"), "--token-ids", "1"])
     assert code == 2
     assert "is neither a preset" in capsys.readouterr().err
+
+
+def _copy_checkpoint(src, dst):
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(src / name, dst / name)
+
+
+def _generate(model_dir) -> list[str]:
+    return ["generate", "--model", str(model_dir), "--token-ids", "1,2", "--max-tokens", "2"]
+
+
+def _block_fp8(weight: torch.Tensor, block: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3-style block FP8: e4m3 weights and one fp32 `weight_scale_inv` per block."""
+    rows, cols = weight.shape
+    blocks = weight.reshape(rows // block, block, cols // block, block)
+    scale = blocks.abs().amax(dim=(1, 3)) / 448.0  # [rows/block, cols/block]
+    q = (blocks / scale[:, None, :, None]).reshape(rows, cols).to(torch.float8_e4m3fn)
+    return q, scale.float()
+
+
+def test_a_block_fp8_checkpoint_is_refused_naming_its_quantization(
+    hf_checkpoints, tmp_path, capsys
+):
+    """It used to load the e4m3 bytes as floats and generate garbage with exit 0."""
+    src = hf_checkpoints["qwen2_moe"].path
+    tensors = {}
+    for name, t in load_file(src / "model.safetensors").items():
+        if name.endswith("proj.weight") and t.dim() == 2:
+            t, tensors[name + "_scale_inv"] = _block_fp8(t)
+        tensors[name] = t
+    save_file(tensors, tmp_path / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))  # no quantization_config yet
+    with pytest.raises(CheckpointError) as err:
+        CheckpointWeights(tmp_path)
+    assert "F8_E4M3" in str(err.value) or "weight_scale_inv" in str(err.value)
+    assert "quantized checkpoint" in str(err.value)
+    config["quantization_config"] = {
+        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [16, 16],
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for call in (open_weights, model_config):
+        with pytest.raises(ValueError, match=r"quantization_config with quant_method 'fp8'"):
+            call(str(tmp_path))
+    assert main(_generate(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "quant_method 'fp8'" in err and "unquantized" in err and "Traceback" not in err
+
+
+def test_a_truncated_safetensors_file_is_named_and_exits_2(hf_checkpoints, tmp_path, capsys):
+    _copy_checkpoint(hf_checkpoints["mixtral"].path, tmp_path)
+    shard = tmp_path / "model.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])  # an interrupted download
+    with pytest.raises(CheckpointError, match=r"model\.safetensors is not a readable safetensors"):
+        CheckpointWeights(tmp_path)
+    assert main(_generate(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert str(shard) in err and "truncated" in err and "Traceback" not in err
+
+
+def test_a_missing_tensor_is_named_and_exits_2(hf_checkpoints, tmp_path, capsys):
+    src = hf_checkpoints["mixtral"].path
+    shutil.copy(src / "config.json", tmp_path / "config.json")
+    tensors = load_file(src / "model.safetensors")
+    missing = "model.layers.1.self_attn.k_proj.weight"
+    del tensors[missing]
+    save_file(tensors, tmp_path / "model.safetensors")
+    assert main(_generate(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert f"tensor {missing!r} is missing from the checkpoint in {tmp_path}" in err
+    assert "Traceback" not in err

@@ -82,7 +82,7 @@ def test_weights_are_deterministic_by_seed_and_independent_of_order():
 
 def test_layer_out_of_range_is_refused():
     source = RandomWeights.preset("tiny")
-    with pytest.raises(ValueError, match="layer 4 is out of range: the model has 4 layers"):
+    with pytest.raises(ValueError, match="MoE layer 4 is out of range: the model has 4 MoE layers"):
         source.expert_weights(4, torch.float32)
     with pytest.raises(ValueError, match="layer -1 is out of range"):
         source.layer_weights(-1, torch.device("cpu"), torch.float32)

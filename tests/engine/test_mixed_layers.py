@@ -1,0 +1,113 @@
+"""A model with dense layers between MoE layers, served end to end: the dense MLPs are resident
+weights, only the MoE layers' experts are in the pool, the ranking and the expert manager, and
+the elastic policy's evictions change no token (the same greedy tokens as transformers)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import transformers
+
+from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.dataplane.engine.capacity import non_pool_weight_bytes
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.setup import loading_buffer_bytes
+from rimuru.dataplane.memory.geometry import PageType
+
+PROMPTS = [[(7 * i + 3 * j) % 512 for j in range(20 + 9 * i)] for i in range(6)]
+MAX_TOKENS = 10
+DENSE, MOE = (0, 2), (1, 3)  # decoder_sparse_step=2 makes 0 and 2 dense; 0 is listed too
+
+
+@pytest.fixture(scope="module")
+def mixed_checkpoint(tmp_path_factory):
+    torch.manual_seed(99)
+    model = transformers.Qwen2MoeForCausalLM(
+        transformers.Qwen2MoeConfig(
+            vocab_size=512,
+            hidden_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            initializer_range=0.15,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=96,
+            num_experts=8,
+            num_experts_per_tok=2,
+            decoder_sparse_step=2,
+            mlp_only_layers=[0],
+            eos_token_id=None,
+        )
+    ).eval()
+    path = tmp_path_factory.mktemp("qwen2_moe_mixed")
+    model.save_pretrained(path)
+    return model, path
+
+
+def _engine(path, mode: str, extra_kv_blocks: int | None, expert_copy: str = "device") -> Engine:
+    """extra_kv_blocks: pool = every expert + this many 16-token blocks of all layers (None:
+    the CPU default budget, room for everything)."""
+    tunables = Tunables(mode=mode, expert_offload_limit=6)
+    config = EngineConfig(
+        model=str(path),
+        activation_reserve=0,
+        max_num_batched_tokens=128,
+        loading_buffer_slots=8,
+        tunables=tunables,
+        expert_copy=expert_copy,
+    )
+    if extra_kv_blocks is None:
+        return Engine(config, log_plan=False)
+    probe = Engine(config, log_plan=False)
+    g, mc = probe.geometry, probe.model_config
+    experts = mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes
+    kv = extra_kv_blocks * mc.num_layers * g.kv_page_bytes
+    budget = probe.model.resident_nbytes() + loading_buffer_bytes(config, 8, g) + experts + kv
+    return Engine(replace(config, memory_budget=budget), log_plan=False)
+
+
+def test_only_moe_layers_have_experts_and_dense_mlps_are_resident(mixed_checkpoint):
+    model, path = mixed_checkpoint
+    engine = _engine(path, "resident", None)
+    mc = engine.model_config
+    assert (mc.dense_layers, mc.moe_layers) == (DENSE, MOE)
+    assert len(engine.host_experts) == len(engine.experts.resident) == 2
+    assert (engine.ranking.num_layers, engine.ranking.num_experts) == (2, 8)
+    assert engine.experts.num_resident() == 2 * 8
+    owned = engine.allocator.num_owned(PageType.EXPERT)
+    assert owned == 2 * 8 * engine.tunables.pages_per_expert
+    assert engine.model.layers[0].router is None and engine.model.layers[1].dense_mlp is None
+    # Resident bytes = every transformers parameter but the routed experts (fp32): the dense
+    # MLPs count there, like attention; the capacity plan counts the same without weights.
+    resident = sum(
+        p.numel() * 4 for name, p in model.named_parameters() if ".mlp.experts." not in name
+    )
+    assert engine.model.resident_nbytes() == resident
+    assert non_pool_weight_bytes(mc, torch.float32, router_skew=0.0) == resident
+
+
+@pytest.mark.parametrize("expert_copy", ["device", "host"])
+def test_elastic_engine_evicts_and_gives_transformers_greedy_tokens(mixed_checkpoint, expert_copy):
+    """host copies also predict the next MoE layer's experts across the dense layer between."""
+    model, path = mixed_checkpoint
+    engine = _engine(path, "elastic", extra_kv_blocks=4, expert_copy=expert_copy)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    got = engine.generate(PROMPTS, params)
+    engine.check_invariants()
+    assert engine.num_leaked_pages() == 0
+    assert engine.experts.counters.evictions > 0  # KV was short: the adjuster made room
+    assert min(s.num_experts_resident for s in engine.stats) < 2 * 8
+    if expert_copy == "host":
+        assert engine.experts.counters.predictor_needed > 0
+    for prompt, tokens in zip(PROMPTS, got, strict=True):
+        with torch.no_grad():
+            ref = model.generate(
+                torch.tensor([prompt]), do_sample=False, max_new_tokens=MAX_TOKENS
+            )[0, len(prompt) :].tolist()
+        assert tokens == ref
