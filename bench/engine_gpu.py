@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from rimuru.cli import main as rimuru_main
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.policy import Tunables
 
 MiB = 2**20
 

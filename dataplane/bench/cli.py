@@ -14,13 +14,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from rimuru.cli_args import positive_int
-from rimuru.dataplane.adjust.tunables import MODES, Tunables, parse_modes
 from rimuru.dataplane.bench.arrivals import arrival_times, parse_request_rate
 from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_sweep
 from rimuru.dataplane.bench.results import BenchResult, write_results
 from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
 from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES
 from rimuru.dataplane.memory.units import parse_bytes
+from rimuru.policy import MODES, Tunables, parse_modes
 
 DEFAULT_NUM_PROMPTS = 200  # the bundled CPU trace's size
 CPU_DEFAULT_BUDGET = (

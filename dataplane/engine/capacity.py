@@ -15,8 +15,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.budget import MemoryPlan, estimate_activation_bytes, plan_memory
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
@@ -33,6 +31,7 @@ from rimuru.dataplane.memory.units import format_bytes
 from rimuru.dataplane.model import PRESETS, open_weights
 from rimuru.dataplane.model.config import ModelConfig, parse_dtype
 from rimuru.dataplane.model.hf_layout import build_global_weights, build_layer_weights
+from rimuru.policy import HotnessRanking, Tunables
 
 _ROUTER_BIAS_ITEMSIZE = 4  # the presets' skew bias is fp32
 

@@ -63,11 +63,11 @@ def run(args: argparse.Namespace) -> int:
 def _in_process(args: argparse.Namespace, token_ids: list[int] | None, params) -> int:
     import torch
 
-    from rimuru.dataplane.adjust.tunables import Tunables
     from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.engine.engine import Engine
     from rimuru.dataplane.memory.units import parse_bytes
     from rimuru.dataplane.model.tokenizer import load_tokenizer
+    from rimuru.policy import Tunables
 
     if args.device == "cpu":
         torch.set_num_threads(args.threads)

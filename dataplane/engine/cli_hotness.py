@@ -29,11 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rimuru.dataplane.adjust.tunables import Tunables
     from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
     from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.engine.engine import Engine
     from rimuru.dataplane.engine.hotness_profile import profile_hotness
+    from rimuru.policy import Tunables
 
     try:
         trace = load_trace(args.trace)

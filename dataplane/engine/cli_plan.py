@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rimuru.dataplane.adjust.tunables import MODES, Tunables, parse_modes
 from rimuru.dataplane.engine.config import EXPERT_COPY_MODES
+from rimuru.policy import MODES, Tunables, parse_modes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.memory.geometry import BLOCK_SIZE
+from rimuru.policy import Tunables
 
 EXPERT_COPY_MODES = ("device", "host")  # expert_copy's values, the default first
 # cudagraph_mode's values (vLLM's CUDAGraphMode names), the default first

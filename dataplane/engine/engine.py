@@ -21,8 +21,6 @@ from dataclasses import replace
 
 import torch
 
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.boundary import ElasticBoundary
 from rimuru.dataplane.engine.budget import (
     MemoryPlan,
@@ -56,6 +54,7 @@ from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.memory.reclaim import DeferredReclaim
 from rimuru.dataplane.model import PRESETS, MoETransformer, open_weights
 from rimuru.dataplane.model.config import parse_dtype
+from rimuru.policy import HotnessRanking, Tunables
 
 log = logging.getLogger("rimuru.engine")
 

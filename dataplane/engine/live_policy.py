@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.policy import HotnessRanking, Tunables
 
 
 class LivePolicy:

@@ -12,7 +12,6 @@ import logging
 
 import torch
 
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.budget import (
     device_memory_bytes,
     estimate_activation_bytes,
@@ -22,6 +21,7 @@ from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
 from rimuru.dataplane.model.config import ModelConfig
 from rimuru.dataplane.model.ops import LayerOps, TorchOps, TritonOps
+from rimuru.policy import Tunables
 
 log = logging.getLogger(__name__)
 

@@ -158,8 +158,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def engine_config(args: argparse.Namespace):
-    from rimuru.dataplane.adjust.tunables import Tunables
     from rimuru.dataplane.engine.config import EngineConfig
+    from rimuru.policy import Tunables
 
     if args.max_waiting is not None and args.max_waiting < 0:
         raise ValueError(f"--max-waiting must be >= 0; got {args.max_waiting}")

@@ -10,12 +10,11 @@ from dataclasses import replace
 import pytest
 
 from rimuru.cli import main
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import MODES, Tunables
 from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.memory.geometry import PageType
+from rimuru.policy import MODES, HotnessRanking, Tunables
 
 MiB = 2**20
 

@@ -9,7 +9,6 @@ import importlib
 import kubernetes_validate
 import pytest
 
-from rimuru.controlplane.policy import Tunables
 from rimuru.operator.builders import (
     build_children,
     build_controlplane_deployment,
@@ -22,6 +21,7 @@ from rimuru.operator.builders import (
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.engine_config import LIVE_KEYS
 from rimuru.operator.spec import SpecError, parse_spec
+from rimuru.policy import Tunables
 
 CONFIG = OperatorConfig(dataplane_image="reg/dp:1", controlplane_image="reg/cp:1")
 
