@@ -11,7 +11,7 @@ engine measures it with a profiling forward on CUDA, the plan estimates it (or t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -91,12 +91,9 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
     ranking = HotnessRanking.for_model(config.hotness_path, mc.num_layers, mc.num_experts)
     results: list[PolicyCapacity | str] = []
     for policy in policies:
-        tunables = replace(config.tunables, mode=policy)
         try:
             results.append(
-                _policy(
-                    replace(config, tunables=tunables), mc, geometry, non_pool, reserve, ranking
-                )
+                _policy(config.with_mode(policy), mc, geometry, non_pool, reserve, ranking)
             )
         except ValueError as exc:
             results.append(str(exc))
