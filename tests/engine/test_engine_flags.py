@@ -10,7 +10,6 @@ from dataclasses import replace
 
 import pytest
 
-from rimuru.dataplane.bench.cli import BENCH_MAX_NUM_BATCHED_TOKENS
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.flags import engine_config_from_args
 from rimuru.policy import Tunables
@@ -84,15 +83,17 @@ def test_every_command_reads_the_same_flags_into_the_same_config(command):
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_the_same_defaults(command):
     # plan needs a budget; the rest default to EngineConfig(), but for bench's documented
-    # step size (its CPU quick-start budget is applied in its run(), for the bundled trace)
+    # quick-start setup (BENCH_DEFAULTS; its CPU budget is applied in its run())
     argv = ["--memory-budget", "1GiB"] if command == "plan" else []
     config = config_of(command, argv)
     expected = replace(EngineConfig(), memory_budget=2**30 if argv else None)
     if command == "bench":
-        expected = replace(expected, max_num_batched_tokens=BENCH_MAX_NUM_BATCHED_TOKENS)
+        tunables = replace(expected.tunables, expert_offload_limit=16)
+        expected = replace(expected, max_num_batched_tokens=1024, tunables=tunables)
+    else:
+        # the drift that made `rimuru plan` mispredict a server started with defaults
+        assert config.tunables.expert_offload_limit == Tunables().expert_offload_limit
     assert config == expected
-    # the drift that made `rimuru plan` mispredict a server started with defaults
-    assert config.tunables.expert_offload_limit == Tunables().expert_offload_limit
 
 
 def test_bench_and_plan_run_each_policy_of_the_same_config():
