@@ -14,14 +14,13 @@ import random
 import time
 
 from rimuru.dataplane.adjust.adjuster import decide
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.request import Request, SamplingParams
 from rimuru.dataplane.engine.scheduler import Scheduler
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
 from rimuru.dataplane.memory.reclaim import DeferredReclaim
+from rimuru.policy import HotnessRanking, Tunables
 
 MODELS = {
     # name: (shape, pool bytes): every expert resident plus room for 5000 16-token blocks

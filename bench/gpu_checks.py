@@ -41,13 +41,13 @@ from pathlib import Path
 
 import torch
 
-from rimuru.dataplane.adjust.tunables import MODES, Tunables
 from rimuru.dataplane.engine.budget import estimate_activation_bytes
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.piecewise_graphs import graph_driver_bytes
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.model import PRESETS
+from rimuru.policy import MODES, Tunables
 
 MiB = 2**20
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)

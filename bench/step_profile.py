@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.bench.trace import load_trace
 from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.memory.units import parse_bytes
+from rimuru.policy import Tunables
 
 
 def busy_ms(intervals: list[tuple[float, float]]) -> float:

@@ -18,9 +18,10 @@ import grpc
 from rimuru.controlplane import convert
 from rimuru.controlplane.auth import read_token_file
 from rimuru.controlplane.client import ControlPlaneClient
-from rimuru.controlplane.errors import ControlPlaneError, InvalidArgument, NotFound
-from rimuru.controlplane.policy import MODES, Policy, Tunables
+from rimuru.controlplane.errors import DOMAIN_ERRORS, InvalidArgument, NotFound
+from rimuru.controlplane.policy import Policy
 from rimuru.controlplane.status import code_for, error_from_rpc
+from rimuru.policy import MODES, Tunables, check_pushable
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 for s in client.list_subscribers(args.deployment):
                     _print_json(dataclasses.asdict(s))
-    except ControlPlaneError as exc:
+    except DOMAIN_ERRORS as exc:
         print(f"rimuru policy {args.verb}: {code_for(exc).name}: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -130,7 +131,7 @@ def _set(client: ControlPlaneClient, args: argparse.Namespace) -> Policy:
     if not changes and base is not None:
         raise InvalidArgument("tunables", "nothing to change: give at least one tunable flag")
     # Validation happens in the constructor; the server checks again.
-    tunables = dataclasses.replace(base, **changes) if base else Tunables(**changes)
+    tunables = check_pushable(dataclasses.replace(base, **changes) if base else Tunables(**changes))
     return client.set_policy(args.deployment, tunables, expected_version=expected)
 
 

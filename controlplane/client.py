@@ -9,15 +9,15 @@ names the field; Unavailable means the control plane could not be reached in tim
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import grpc
 
 from rimuru.controlplane import convert
-from rimuru.controlplane.policy import Policy, Tunables
-from rimuru.controlplane.ranking import LayerRanking, Ranking
+from rimuru.controlplane.policy import Policy
+from rimuru.controlplane.ranking import Ranking
 from rimuru.controlplane.status import error_from_rpc
 from rimuru.controlplane.subscribers import Subscriber
+from rimuru.policy import HotnessRanking, Tunables
+from rimuru.policy_proto import layers_to_proto, tunables_to_proto
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 
@@ -58,21 +58,17 @@ class ControlPlaneClient:
 
         expected_version: compare-and-set (0 = no policy yet); VersionConflict if stale.
         """
-        request = pb.SetPolicyRequest(
-            deployment=deployment, tunables=convert.tunables_to_proto(tunables)
-        )
+        request = pb.SetPolicyRequest(deployment=deployment, tunables=tunables_to_proto(tunables))
         if expected_version is not None:
             request.expected_version = expected_version
         return convert.policy_from_proto(self._call(self._stub.SetPolicy, request))
 
-    def upload_ranking(
-        self, deployment: str, ranking_id: str, layers: Sequence[LayerRanking]
-    ) -> Policy:
+    def upload_ranking(self, deployment: str, ranking_id: str, hotness: HotnessRanking) -> Policy:
         """Store a ranking and make it the deployment's; returns the new policy version."""
         request = pb.UploadRankingRequest(
             deployment=deployment,
             ranking_id=ranking_id,
-            layers=[convert.layer_to_proto(layer) for layer in layers],
+            layers=layers_to_proto(hotness),
         )
         response = self._call(self._stub.UploadRanking, request)
         return convert.policy_from_proto(response.policy)

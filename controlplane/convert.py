@@ -1,51 +1,23 @@
 """Protos <-> the control plane's dataclasses; the only module that knows both.
 
 Reading a proto validates it: a message that converts is one the domain accepts, and a
-bad field raises InvalidArgument naming it.
+bad field raises InvalidPolicy (a tunables or ranking rule) or InvalidArgument naming it.
+The tunables and ranking themselves convert in rimuru.policy_proto, which the data plane
+uses too.
 """
 
 from __future__ import annotations
 
-from rimuru.controlplane.errors import InvalidArgument
-from rimuru.controlplane.policy import Policy, RankingRef, Tunables
-from rimuru.controlplane.ranking import LayerRanking, Ranking
+from rimuru.controlplane.policy import Policy, RankingRef
+from rimuru.controlplane.ranking import Ranking
 from rimuru.controlplane.subscribers import Subscriber
+from rimuru.policy_proto import (
+    layers_to_proto,
+    ranking_from_layers,
+    tunables_from_proto,
+    tunables_to_proto,
+)
 from rimuru.v1 import control_pb2 as pb
-
-MODE_TO_PROTO = {"resident": pb.MODE_RESIDENT, "fixed": pb.MODE_FIXED, "elastic": pb.MODE_ELASTIC}
-MODE_FROM_PROTO = {v: k for k, v in MODE_TO_PROTO.items()}
-
-
-def tunables_to_proto(t: Tunables) -> pb.Tunables:
-    return pb.Tunables(
-        mode=MODE_TO_PROTO[t.mode],
-        expert_offload_limit=t.expert_offload_limit,
-        shrink_threshold=t.shrink_threshold,
-        grow_threshold=t.grow_threshold,
-        max_grow_per_round=t.max_grow_per_round,
-        pages_per_expert=t.pages_per_expert,
-        online_hotness=t.online_hotness,
-        copy_budget=t.copy_budget,
-    )
-
-
-def tunables_from_proto(msg: pb.Tunables) -> Tunables:
-    if msg.mode not in MODE_FROM_PROTO:
-        raise InvalidArgument(
-            "tunables.mode",
-            "must be MODE_RESIDENT, MODE_FIXED or MODE_ELASTIC; got "
-            f"{pb.Mode.Name(msg.mode) if msg.mode in pb.Mode.values() else msg.mode}",
-        )
-    return Tunables(
-        mode=MODE_FROM_PROTO[msg.mode],
-        expert_offload_limit=msg.expert_offload_limit,
-        shrink_threshold=msg.shrink_threshold,
-        grow_threshold=msg.grow_threshold,
-        max_grow_per_round=msg.max_grow_per_round,
-        pages_per_expert=msg.pages_per_expert,
-        online_hotness=msg.online_hotness,
-        copy_budget=msg.copy_budget,
-    )
 
 
 def ranking_ref_to_proto(ref: RankingRef) -> pb.RankingRef:
@@ -80,21 +52,11 @@ def policy_from_proto(msg: pb.Policy) -> Policy:
     )
 
 
-def layer_to_proto(r: LayerRanking) -> pb.LayerRanking:
-    return pb.LayerRanking(
-        layer=r.layer, expert_ids=list(r.expert_ids), probabilities=list(r.probabilities)
-    )
-
-
-def layer_from_proto(msg: pb.LayerRanking) -> LayerRanking:
-    return LayerRanking(msg.layer, tuple(msg.expert_ids), tuple(msg.probabilities))
-
-
 def ranking_to_proto(r: Ranking) -> pb.Ranking:
     return pb.Ranking(
         ref=ranking_ref_to_proto(r.ref),
         deployment=r.deployment,
-        layers=[layer_to_proto(layer) for layer in r.layers],
+        layers=layers_to_proto(r.hotness),
     )
 
 
@@ -102,7 +64,7 @@ def ranking_from_proto(msg: pb.Ranking) -> Ranking:
     return Ranking(
         ref=ranking_ref_from_proto(msg.ref),
         deployment=msg.deployment,
-        layers=tuple(layer_from_proto(layer) for layer in msg.layers),
+        hotness=ranking_from_layers(msg.layers),
     )
 
 

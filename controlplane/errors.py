@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from rimuru.policy import InvalidPolicy
+
 
 class ControlPlaneError(Exception):
     """Base of every error the control plane reports to a caller."""
 
 
-class InvalidArgument(ControlPlaneError, ValueError):
-    """A request field is out of range or inconsistent; `field` names it (dotted path)."""
+class InvalidArgument(ControlPlaneError, InvalidPolicy):
+    """A request field is out of range or inconsistent; `field` names it (dotted path).
+    The policy vocabulary raises its base, InvalidPolicy: catch that (or DOMAIN_ERRORS)
+    where a tunables or ranking rule may fail."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+
+# What a servicer maps to a status and a CLI reports: the control plane's errors and the
+# policy vocabulary's (INVALID_ARGUMENT).
+DOMAIN_ERRORS = (ControlPlaneError, InvalidPolicy)
 
 
 class NotFound(ControlPlaneError, LookupError):

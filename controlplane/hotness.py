@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rimuru.controlplane.errors import InvalidArgument
-from rimuru.controlplane.ranking import LayerRanking, layers_from_counts
+from rimuru.policy import HotnessRanking
 
 MAX_LAYERS = 4096
 MAX_EXPERTS = 65536
@@ -66,12 +66,6 @@ def check_report(layers: Mapping[int, Sequence[int]]) -> list[list[int]]:
     return [list(layers[layer]) for layer in range(num_layers)]
 
 
-def total_variation(a: LayerRanking, b: LayerRanking) -> float:
-    p = dict(zip(a.expert_ids, a.probabilities, strict=True))
-    q = dict(zip(b.expert_ids, b.probabilities, strict=True))
-    return 0.5 * sum(abs(p.get(e, 0.0) - q.get(e, 0.0)) for e in p.keys() | q.keys())
-
-
 class HotnessAggregator:
     def __init__(self, config: HotnessConfig = HotnessConfig()) -> None:
         self.config = config
@@ -100,8 +94,8 @@ class HotnessAggregator:
         return [list(row) for row in state.counts]
 
     def propose(
-        self, deployment: str, current: Sequence[LayerRanking] | None, now: float
-    ) -> tuple[LayerRanking, ...] | None:
+        self, deployment: str, current: HotnessRanking | None, now: float
+    ) -> HotnessRanking | None:
         """The ranking to push now, or None (too little evidence, too soon, no drift)."""
         state = self._by_deployment.get(deployment)
         if state is None or now - state.last_proposed_at < self.config.min_interval_s:
@@ -109,21 +103,19 @@ class HotnessAggregator:
         self._decay(state, now)
         if min(sum(row) for row in state.counts) < self.config.min_tokens_per_layer:
             return None
-        candidate = layers_from_counts(state.counts)
+        candidate = HotnessRanking.from_counts(state.counts, source="online hotness")
         if current is not None and self.drift(candidate, current) <= self.config.drift_threshold:
             return None
         state.last_proposed_at = now
         return candidate
 
     @staticmethod
-    def drift(candidate: Sequence[LayerRanking], current: Sequence[LayerRanking]) -> float:
-        """Max over layers of the TV distance; 1.0 when the layer sets differ."""
-        if len(candidate) != len(current):
+    def drift(candidate: HotnessRanking, current: HotnessRanking) -> float:
+        """Max over layers of the TV distance; 1.0 when the shapes differ (another model)."""
+        shape = (candidate.num_layers, candidate.num_experts)
+        if shape != (current.num_layers, current.num_experts):
             return 1.0
-        by_layer = {r.layer: r for r in current}
-        return max(
-            total_variation(r, by_layer[r.layer]) if r.layer in by_layer else 1.0 for r in candidate
-        )
+        return max(candidate.total_variation(current, layer) for layer in range(shape[0]))
 
     def _decay(self, state: _Counts, now: float) -> None:
         elapsed = max(0.0, now - state.updated_at)

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from rimuru.controlplane.errors import NotFound
 from rimuru.controlplane.hotness import HotnessAggregator, HotnessConfig
-from rimuru.controlplane.policy import Policy, Tunables, check_deployment
-from rimuru.controlplane.ranking import LayerRanking, Ranking, check_layers, check_ranking_id
+from rimuru.controlplane.policy import Policy, check_deployment
+from rimuru.controlplane.ranking import Ranking, check_ranking_id
 from rimuru.controlplane.store import PolicyStore
 from rimuru.controlplane.subscribers import Subscriber, SubscriberRegistry, Watch
+from rimuru.policy import HotnessRanking, Tunables, check_pushable
 
 ONLINE_RANKING_ID = "online"
 
@@ -56,16 +57,16 @@ class ControlPlane:
         self, deployment: str, tunables: Tunables, expected_version: int | None = None
     ) -> Policy:
         check_deployment(deployment)
-        policy = self.store.set_tunables(deployment, tunables, expected_version)
+        policy = self.store.set_tunables(deployment, check_pushable(tunables), expected_version)
         self.subscribers.notify(deployment)
         return policy
 
     def upload_ranking(
-        self, deployment: str, ranking_id: str, layers: Sequence[LayerRanking]
+        self, deployment: str, ranking_id: str, hotness: HotnessRanking
     ) -> tuple[Ranking, Policy]:
         check_deployment(deployment)
         check_ranking_id(ranking_id)
-        ranking, policy = self.store.set_ranking(deployment, ranking_id, check_layers(layers))
+        ranking, policy = self.store.set_ranking(deployment, ranking_id, hotness)
         self.subscribers.notify(deployment)
         return ranking, policy
 
@@ -109,7 +110,7 @@ class ControlPlane:
             return None
         current = self.ranking_of(policy)
         proposal = self.hotness.propose(
-            deployment, None if current is None else current.layers, now
+            deployment, None if current is None else current.hotness, now
         )
         if proposal is None:
             return None

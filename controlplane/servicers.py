@@ -14,6 +14,7 @@ from rimuru.controlplane.errors import InvalidArgument
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.status import maps_errors
 from rimuru.controlplane.subscribers import Answer, Watch
+from rimuru.policy_proto import ranking_from_layers, tunables_from_proto
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 
@@ -32,7 +33,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
     async def SetPolicy(self, request: pb.SetPolicyRequest, context) -> pb.Policy:
         if not request.HasField("tunables"):
             raise InvalidArgument("tunables", "required: the full set of tunables")
-        tunables = convert.tunables_from_proto(request.tunables)
+        tunables = tunables_from_proto(request.tunables)
         expected = request.expected_version if request.HasField("expected_version") else None
         policy = self._plane.set_policy(request.deployment, tunables, expected)
         log.info("deployment %s: version %d (set)", policy.deployment, policy.version)
@@ -42,8 +43,10 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
     async def UploadRanking(
         self, request: pb.UploadRankingRequest, context
     ) -> pb.UploadRankingResponse:
-        layers = [convert.layer_from_proto(layer) for layer in request.layers]
-        ranking, policy = self._plane.upload_ranking(request.deployment, request.ranking_id, layers)
+        hotness = ranking_from_layers(request.layers)
+        ranking, policy = self._plane.upload_ranking(
+            request.deployment, request.ranking_id, hotness
+        )
         log.info(
             "deployment %s: version %d (ranking %s)", policy.deployment, policy.version, ranking.ref
         )

@@ -13,9 +13,10 @@ from collections.abc import Callable
 import grpc
 
 from rimuru.controlplane import errors
+from rimuru.policy import InvalidPolicy
 
-_CODES: dict[type[errors.ControlPlaneError], grpc.StatusCode] = {
-    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+_CODES: dict[type[Exception], grpc.StatusCode] = {
+    InvalidPolicy: grpc.StatusCode.INVALID_ARGUMENT,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.VersionConflict: grpc.StatusCode.ABORTED,
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
@@ -24,7 +25,7 @@ _CODES: dict[type[errors.ControlPlaneError], grpc.StatusCode] = {
 }
 
 
-def code_for(exc: errors.ControlPlaneError) -> grpc.StatusCode:
+def code_for(exc: errors.ControlPlaneError | InvalidPolicy) -> grpc.StatusCode:
     for cls in type(exc).__mro__:
         if cls in _CODES:
             return _CODES[cls]
@@ -54,7 +55,7 @@ def maps_errors(method: Callable) -> Callable:
             try:
                 async for item in method(self, request, context):
                     yield item
-            except errors.ControlPlaneError as exc:
+            except errors.DOMAIN_ERRORS as exc:
                 await context.abort(code_for(exc), str(exc))
 
         return stream_wrapper
@@ -63,7 +64,7 @@ def maps_errors(method: Callable) -> Callable:
     async def unary_wrapper(self, request, context):
         try:
             return await method(self, request, context)
-        except errors.ControlPlaneError as exc:
+        except errors.DOMAIN_ERRORS as exc:
             await context.abort(code_for(exc), str(exc))
 
     return unary_wrapper

@@ -12,13 +12,14 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 from rimuru.controlplane.errors import FailedPrecondition, VersionConflict
-from rimuru.controlplane.policy import Policy, RankingRef, Tunables
-from rimuru.controlplane.ranking import LayerRanking, Ranking, digest
+from rimuru.controlplane.policy import Policy, RankingRef
+from rimuru.controlplane.ranking import Ranking
+from rimuru.policy import HotnessRanking, Tunables
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS policies (
@@ -85,11 +86,12 @@ class PolicyStore:
         if row is None:
             return None
         ranking_id, ranking_digest, layers_json = row
-        layers = tuple(
-            LayerRanking(layer, tuple(ids), tuple(probs))
-            for layer, ids, probs in json.loads(layers_json)
+        # rows are stored in layer order 0..L-1 (set_ranking writes them from a ranking)
+        rows = json.loads(layers_json)
+        hotness = HotnessRanking(
+            tuple(tuple(ids) for _, ids, _ in rows), tuple(tuple(probs) for _, _, probs in rows)
         )
-        return Ranking(RankingRef(ranking_id, version, ranking_digest), deployment, layers)
+        return Ranking(RankingRef(ranking_id, version, ranking_digest), deployment, hotness)
 
     # -- writes --------------------------------------------------------------------------
 
@@ -114,7 +116,7 @@ class PolicyStore:
         self,
         deployment: str,
         ranking_id: str,
-        layers: Sequence[LayerRanking],
+        hotness: HotnessRanking,
         reason: str = "upload-ranking",
     ) -> tuple[Ranking, Policy]:
         """Store a ranking and append a version that uses it (same tunables), atomically."""
@@ -129,9 +131,14 @@ class PolicyStore:
                 "SELECT COALESCE(MAX(version), 0) FROM rankings WHERE deployment=?",
                 (deployment,),
             ).fetchone()
-            ref = RankingRef(ranking_id, last + 1, digest(layers))
+            ref = RankingRef(ranking_id, last + 1, hotness.digest())
             layers_json = json.dumps(
-                [[r.layer, list(r.expert_ids), list(r.probabilities)] for r in layers]
+                [
+                    [layer, list(order), list(prob)]
+                    for layer, (order, prob) in enumerate(
+                        zip(hotness.order, hotness.prob, strict=True)
+                    )
+                ]
             )
             self._db.execute(
                 "INSERT INTO rankings VALUES (?, ?, ?, ?, ?, ?)",
@@ -139,7 +146,7 @@ class PolicyStore:
             )
             policy = self._append(deployment, current.tunables, ref, reason)
         self._current[deployment] = policy
-        return Ranking(ref, deployment, tuple(layers)), policy
+        return Ranking(ref, deployment, hotness), policy
 
     def _append(
         self, deployment: str, tunables: Tunables, ranking: RankingRef | None, reason: str

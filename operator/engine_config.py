@@ -16,9 +16,9 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from rimuru.controlplane.policy import Tunables
 from rimuru.operator.naming import MODEL_MOUNT
 from rimuru.operator.spec import GPU_RESOURCE, DeploymentSpec
+from rimuru.policy import Tunables
 
 
 def engine_config(spec: DeploymentSpec) -> dict[str, str]:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.errors import NotFound, VersionConflict
-from rimuru.controlplane.policy import Policy, Tunables
-from rimuru.controlplane.ranking import LayerRanking, digest, layers_from_hotness_json
+from rimuru.controlplane.policy import Policy
+from rimuru.policy import HotnessRanking, Tunables
 
 # Compare-and-set attempts when online hotness adds versions between our read and write.
 MAX_CAS_ATTEMPTS = 3
@@ -27,7 +27,7 @@ MAX_CAS_ATTEMPTS = 3
 @dataclass(frozen=True)
 class RankingUpload:
     ranking_id: str
-    layers: tuple[LayerRanking, ...]
+    hotness: HotnessRanking
     digest: str
 
 
@@ -52,12 +52,10 @@ def parse_ranking(config_map_name: str, key: str, text: str) -> RankingUpload:
     if not isinstance(data, dict):
         raise ValueError(f"ConfigMap {config_map_name} key {key}: want a JSON object")
     try:
-        layers = layers_from_hotness_json(data)
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"ConfigMap {config_map_name} key {key}: malformed ({exc!r})") from exc
+        hotness = HotnessRanking.from_json(data)
     except ValueError as exc:
         raise ValueError(f"ConfigMap {config_map_name} key {key}: {exc}") from exc
-    return RankingUpload(f"configmap/{config_map_name}/{key}", layers, digest(layers))
+    return RankingUpload(f"configmap/{config_map_name}/{key}", hotness, hotness.digest())
 
 
 def _current(client: ControlPlaneClient, deployment: str) -> Policy | None:
@@ -97,7 +95,7 @@ def sync_policy(
     if current is None:
         raise VersionConflict(f"{deployment}: policy kept changing while being set")
     if ranking is not None and (current.ranking is None or ranking.digest != uploaded_digest):
-        current = client.upload_ranking(deployment, ranking.ranking_id, ranking.layers)
+        current = client.upload_ranking(deployment, ranking.ranking_id, ranking.hotness)
         uploaded_digest = ranking.digest
     return current, uploaded_digest
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from rimuru.controlplane.errors import InvalidArgument
-from rimuru.controlplane.policy import Tunables
+from rimuru.policy import InvalidPolicy, Tunables, check_pushable
 
 GROUP = "rimuru.dev"
 VERSION = "v1alpha1"
@@ -135,22 +134,24 @@ def _require(obj: Mapping[str, Any], key: str, path: str) -> Any:
 
 
 def parse_policy(policy: Mapping[str, Any]) -> PolicySpec:
-    """spec.policy (camelCase) -> the control plane's Tunables (snake_case)."""
+    """spec.policy (camelCase) -> the Tunables both planes share (snake_case)."""
     path = "spec.policy"
     try:
-        tunables = Tunables(
-            mode=_require(policy, "mode", path),
-            expert_offload_limit=_require(policy, "expertOffloadLimit", path),
-            shrink_threshold=_require(policy, "shrinkThreshold", path),
-            grow_threshold=_require(policy, "growThreshold", path),
-            max_grow_per_round=_require(policy, "maxGrowPerRound", path),
-            pages_per_expert=_require(policy, "pagesPerExpert", path),
-            online_hotness=_require(policy, "onlineHotness", path),
-            # optional: newer than the other tunables (a CRD without it means none)
-            copy_budget=policy.get("copyBudget", 0.0),
+        tunables = check_pushable(
+            Tunables(
+                mode=_require(policy, "mode", path),
+                expert_offload_limit=_require(policy, "expertOffloadLimit", path),
+                shrink_threshold=_require(policy, "shrinkThreshold", path),
+                grow_threshold=_require(policy, "growThreshold", path),
+                max_grow_per_round=_require(policy, "maxGrowPerRound", path),
+                pages_per_expert=_require(policy, "pagesPerExpert", path),
+                online_hotness=_require(policy, "onlineHotness", path),
+                # optional: newer than the other tunables (a CRD without it means none)
+                copy_budget=policy.get("copyBudget", 0.0),
+            )
         )
-    except InvalidArgument as exc:
-        # The control plane names the proto field (tunables.grow_threshold); say where the
+    except InvalidPolicy as exc:
+        # The policy vocabulary names the proto field (tunables.grow_threshold); say where the
         # user fixes it (spec.policy.growThreshold).
         field = _camel(exc.field.removeprefix("tunables."))
         raise SpecError(f"{path}.{field}", str(exc).split(": ", 1)[-1]) from exc

@@ -50,10 +50,9 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
+from rimuru.policy import HotnessRanking, Tunables
 
 ExpertKey = tuple[int, int]  # (layer, expert)
 

@@ -18,8 +18,6 @@ from rimuru.dataplane.adjust.adjuster import (
     decide,
     reserve,
 )
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.copy_budget import CopyControl
 from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
@@ -27,6 +25,7 @@ from rimuru.dataplane.engine.policy_state import PolicyState
 from rimuru.dataplane.engine.scheduler import RoundState
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
+from rimuru.policy import HotnessRanking, Tunables
 
 
 def move_boundary(

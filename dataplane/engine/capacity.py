@@ -11,12 +11,10 @@ engine measures it with a profiling forward on CUDA, the plan estimates it (or t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.budget import MemoryPlan, estimate_activation_bytes, plan_memory
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
@@ -33,6 +31,7 @@ from rimuru.dataplane.memory.units import format_bytes
 from rimuru.dataplane.model import PRESETS, open_weights
 from rimuru.dataplane.model.config import ModelConfig, parse_dtype
 from rimuru.dataplane.model.hf_layout import build_global_weights, build_layer_weights
+from rimuru.policy import HotnessRanking, Tunables
 
 _ROUTER_BIAS_ITEMSIZE = 4  # the presets' skew bias is fp32
 
@@ -93,12 +92,9 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
     ranking = HotnessRanking.for_model(config.hotness_path, mc.num_moe_layers, mc.num_experts)
     results: list[PolicyCapacity | str] = []
     for policy in policies:
-        tunables = replace(config.tunables, mode=policy)
         try:
             results.append(
-                _policy(
-                    replace(config, tunables=tunables), mc, geometry, non_pool, reserve, ranking
-                )
+                _policy(config.with_mode(policy), mc, geometry, non_pool, reserve, ranking)
             )
         except ValueError as exc:
             results.append(str(exc))

@@ -13,6 +13,7 @@ import sys
 import time
 
 from rimuru.cli_args import positive_int
+from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 from rimuru.dataplane.model.tokenizer import format_token_ids, parse_token_ids
 
 
@@ -29,12 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--timeout", type=float, default=300.0, help="--target: deadline in seconds")
     engine = p.add_argument_group("in-process engine")
-    engine.add_argument("--model", default="tiny", help="preset name or local HF directory")
-    engine.add_argument("--device", default="cpu")
-    engine.add_argument("--dtype", default=None)
-    engine.add_argument("--memory-budget", default=None, help="bytes, e.g. 28.8GiB")
-    engine.add_argument("--mode", default="elastic", choices=("resident", "fixed", "elastic"))
-    engine.add_argument("--expert-offload-limit", type=int, default=8)
+    # --seed above is the sampling seed (as vLLM's); presets' weights keep the default seed.
+    add_engine_arguments(engine, skip=("seed",))
     engine.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
 
 
@@ -63,24 +60,13 @@ def run(args: argparse.Namespace) -> int:
 def _in_process(args: argparse.Namespace, token_ids: list[int] | None, params) -> int:
     import torch
 
-    from rimuru.dataplane.adjust.tunables import Tunables
-    from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.engine.engine import Engine
-    from rimuru.dataplane.memory.units import parse_bytes
     from rimuru.dataplane.model.tokenizer import load_tokenizer
 
+    config = engine_config_from_args(args)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    engine = Engine(
-        EngineConfig(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
-            tunables=Tunables(mode=args.mode, expert_offload_limit=args.expert_offload_limit),
-        ),
-        log_plan=False,
-    )
+    engine = Engine(config, log_plan=False)
     mc = engine.model_config
     tokenizer = load_tokenizer(mc.family, mc.vocab_size)
     if token_ids is None:

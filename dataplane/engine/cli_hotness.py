@@ -7,12 +7,13 @@ import sys
 from dataclasses import replace
 
 from rimuru.cli_args import positive_int
+from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="preset name or local HF directory")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--router-skew", type=float, default=1.0)
+    # The engine that routes the prompts is the one `rimuru serve` would start with the
+    # same flags (routing does not depend on the memory policy).
+    add_engine_arguments(p)
     p.add_argument(
         "--trace", default="sharegpt_qwen_cpu", help="bundled trace or .npz with sample prompts"
     )
@@ -29,9 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rimuru.dataplane.adjust.tunables import Tunables
     from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
-    from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.engine.engine import Engine
     from rimuru.dataplane.engine.hotness_profile import profile_hotness
 
@@ -47,16 +46,7 @@ def run(args: argparse.Namespace) -> int:
         )
         trace = replace(trace, requests=cut)
         check_trace_fits_model(trace, args.model)
-        engine = Engine(
-            EngineConfig(
-                model=args.model,
-                device=args.device,
-                router_skew=args.router_skew,
-                tunables=Tunables(mode="resident"),
-                max_num_batched_tokens=1024,
-                max_num_seqs=64,
-            )
-        )
+        engine = Engine(engine_config_from_args(args))
         prompts = [list(r.prompt_token_ids) for r in trace.requests]
         ranking = profile_hotness(engine, prompts, source=f"{args.trace}: {len(prompts)} prompts")
     except ValueError as exc:

@@ -11,34 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rimuru.dataplane.adjust.tunables import MODES, Tunables, parse_modes
-from rimuru.dataplane.engine.config import EXPERT_COPY_MODES
+from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
+from rimuru.policy import MODES, parse_modes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="preset name or local HF directory")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--memory-budget", required=True, help="bytes, e.g. 59GiB")
+    # The engine's flags, --memory-budget required, and --policies for --mode: plan
+    # compares the policies on one budget.
+    add_engine_arguments(p, skip=("mode",), required=("memory_budget",))
     p.add_argument("--policies", default=",".join(MODES))
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
-    p.add_argument(
-        "--activation-reserve", default=None, help="bytes (default: estimated from the shapes)"
-    )
-    p.add_argument("--expert-offload-limit", type=int, default=16)
-    p.add_argument("--fixed-expert-share", type=float, default=0.5)
-    p.add_argument("--loading-buffer-slots", type=int, default=None)
-    p.add_argument("--hotness", default=None, help="offline ranking file (default: uniform)")
-    p.add_argument(
-        "--expert-copy",
-        choices=EXPERT_COPY_MODES,
-        default="device",
-        help="as rimuru bench: device copy-in needs one loading buffer, not two",
-    )
-    p.add_argument("--grow-threshold", type=int, default=Tunables.grow_threshold)
-    p.add_argument(
-        "--router-skew", type=float, default=1.0, help="presets: adds the skew's router bias"
-    )
     p.add_argument(
         "--context-len",
         type=int,
@@ -49,29 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
-    from rimuru.dataplane.engine.config import EngineConfig
-    from rimuru.dataplane.memory.units import format_bytes, parse_bytes
+    from rimuru.dataplane.memory.units import format_bytes
 
     policies = parse_modes(args.policies)
     if args.context_len < 1:
         raise ValueError("--context-len must be >= 1")
-    reserve = args.activation_reserve
-    config = EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        router_skew=args.router_skew,
-        memory_budget=parse_bytes(args.memory_budget),
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        fixed_expert_share=args.fixed_expert_share,
-        loading_buffer_slots=args.loading_buffer_slots,
-        hotness_path=args.hotness,
-        expert_copy=args.expert_copy,
-        activation_reserve=parse_bytes(reserve) if reserve is not None else None,
-        tunables=Tunables(
-            expert_offload_limit=args.expert_offload_limit, grow_threshold=args.grow_threshold
-        ),
-    )
+    config = engine_config_from_args(args)
     cap = plan_capacity(config, policies)
     mc = cap.model_config
     print(
@@ -79,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(cap.expert_bytes)}, non-pool weights "
         f"{format_bytes(cap.non_pool_weight_bytes)}; activation reserve "
         f"{format_bytes(cap.activation_reserve_bytes)} "
-        f"({'given' if reserve is not None else 'estimated; the engine measures it on CUDA'})"
+        f"({'given' if config.activation_reserve is not None else 'estimated; the engine measures it on CUDA'})"
     )
     header = (
         "policy",

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.memory.geometry import BLOCK_SIZE
+from rimuru.policy import Tunables
 
 EXPERT_COPY_MODES = ("device", "host")  # expert_copy's values, the default first
 # cudagraph_mode's values (vLLM's CUDAGraphMode names), the default first
@@ -116,6 +116,12 @@ class EngineConfig:
     @property
     def policy(self) -> str:
         return self.tunables.mode
+
+    def with_mode(self, mode: str) -> EngineConfig:
+        """This config under another memory policy (bench and plan compare policies): the
+        copy budget belongs to elastic alone, so the other modes drop it."""
+        budget = self.tunables.copy_budget if mode == "elastic" else 0.0
+        return replace(self, tunables=replace(self.tunables, mode=mode, copy_budget=budget))
 
 
 def check_device_name(device: str) -> None:

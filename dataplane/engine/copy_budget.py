@@ -26,9 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rimuru.dataplane.adjust.adjuster import Residency, max_batch_within_budget
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.expert_manager import ExpertManager
+from rimuru.policy import HotnessRanking, Tunables
 
 
 class CopyMeter:

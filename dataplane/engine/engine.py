@@ -21,8 +21,6 @@ from dataclasses import replace
 
 import torch
 
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.boundary import ElasticBoundary
 from rimuru.dataplane.engine.budget import MemoryPlan, plan_memory
 from rimuru.dataplane.engine.config import EngineConfig, check_device_available
@@ -52,6 +50,7 @@ from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.memory.reclaim import DeferredReclaim, Pending
+from rimuru.policy import HotnessRanking, Tunables
 
 log = logging.getLogger("rimuru.engine")
 

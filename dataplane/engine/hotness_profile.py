@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.policy import HotnessRanking
 
 
 def profile_hotness(

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.copy_budget import CopyControl
 from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.dataplane.engine.policy_state import PolicyState
@@ -21,6 +19,7 @@ from rimuru.dataplane.engine.setup import check_buffer_fits, check_offload_fits
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.reclaim import DeferredReclaim
+from rimuru.policy import HotnessRanking, Tunables
 
 
 class LivePolicy:

@@ -14,8 +14,7 @@ non-resident expert and the highest routing probability goes first.
 from __future__ import annotations
 
 from rimuru.dataplane.adjust.adjuster import ExpertKey, hottest
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.policy import HotnessRanking, Tunables
 
 
 def initial_experts(

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.budget import (
     device_memory_bytes,
     estimate_activation_bytes,
@@ -22,6 +21,7 @@ from rimuru.dataplane.engine.budget import (
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry
 from rimuru.dataplane.model.config import ModelConfig
+from rimuru.policy import Tunables
 
 if TYPE_CHECKING:  # loaded_model.py builds its geometry with page_geometry below
     from rimuru.dataplane.engine.compute_paths import ComputePaths

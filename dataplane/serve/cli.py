@@ -3,7 +3,8 @@
 Every flag also reads an environment variable, RIMURU_<FLAG> (e.g. RIMURU_PORT,
 RIMURU_CONTROL_PLANE), so the operator's pods need no arguments; flags win over the
 environment. The operator's ConfigMap names are read too (RIMURU_PRESET,
-RIMURU_MODEL_PATH, RIMURU_MEMORY_BUDGET_BYTES, RIMURU_POLICY_MODE).
+RIMURU_MODEL_PATH, RIMURU_MEMORY_BUDGET_BYTES, RIMURU_POLICY_MODE). The engine's flags
+and their defaults are every engine command's (engine/flags.py).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import signal
 import socket
 
 from rimuru.cli_args import port, positive_int
-from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES
-from rimuru.dataplane.memory.units import parse_bytes
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 
 log = logging.getLogger("rimuru.serve")
 DEFAULT_PORT = 50052  # the control plane's default is 50051
@@ -44,75 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     option("--host", default="[::]", help="bind address")
     option("--port", default=str(DEFAULT_PORT), type=port, help="gRPC port, 0 = any free port")
-    option(
-        "--model",
-        "RIMURU_MODEL_PATH",
-        "RIMURU_PRESET",
-        default="tiny",
-        help="preset name or local Hugging Face directory",
-    )
-    option("--device", default="cpu", help="cpu or cuda[:N]")
-    option("--dtype", default=None, help="float32, bfloat16 or float16; default: the model's")
-    option(
-        "--memory-budget",
-        "RIMURU_MEMORY_BUDGET_BYTES",
-        help="bytes the engine may use on the device, e.g. 28.8GiB",
-    )
-    option("--gpu-memory-utilization", type=float, help="or a share of the GPU's memory")
-    option("--max-num-seqs", default="256", type=int, help="requests in one batch, at most")
-    option("--max-num-batched-tokens", default="2048", type=int, help="tokens per step, at most")
-    option("--max-model-len", type=int, help="context length; default: the model's")
-    option("--block-size", default="16", type=int, help="tokens per KV page (16)")
-    option(
-        "--mode",
-        "RIMURU_POLICY_MODE",
-        default="elastic",
-        choices=("resident", "fixed", "elastic"),
-        help="memory policy",
-    )
-    option("--expert-offload-limit", default="8", type=int, help="experts per layer off the device")
-    option("--shrink-threshold", default="2", type=int, help="adjuster: evict below this")
-    option("--grow-threshold", default="9", type=int, help="adjuster: load above this")
-    option("--max-grow-per-round", default="5", type=int, help="adjuster: loads per round")
-    option("--pages-per-expert", default="3", type=int, help="pool pages per expert (w1, w3, w2)")
-    option("--copy-budget", default="0", type=float,
-           help="elastic: expert copies per decode step the offloaded experts may cost "
-           "(expected or measured, the larger); evictions stop and admission is capped there "
-           "(0 = no budget)")  # fmt: skip
-    option("--fixed-expert-share", default="0.5", type=float, help="fixed policy: pool share")
-    option(
-        "--evict-to-admit",
-        default="on",
-        help="on or off: elastic evicts experts inside a scheduling round before preempting a "
-        "running request short of KV pages (off: preempt, move the boundary between rounds)",
-    )
-    option(
-        "--expert-copy",
-        default="device",
-        choices=EXPERT_COPY_MODES,
-        help="host: host-driven expert copies with prefetch; device: a kernel copies routed "
-        "offloaded experts into fixed slots (graph-safe)",
-    )
-    option(
-        "--enforce-eager",
-        default="off",
-        help="on or off: on = never replay CUDA graphs, decode or piecewise (vLLM's --enforce-eager)",
-    )
-    option(
-        "--cudagraph-mode",
-        default=CUDAGRAPH_MODES[0],
-        choices=CUDAGRAPH_MODES,
-        help="full_and_piecewise: decode steps as whole graphs, the others as piecewise "
-        "graphs with eager attention; full_decode_only: the others eager",
-    )
-    option(
-        "--loading-buffer-slots",
-        type=int,
-        help="experts per loading buffer; caps the live expert_offload_limit (default: "
-        "enough for the start-up policy)",
-    )
-    option("--hotness", help="offline hotness ranking file (rimuru profile-hotness)")
-    option("--seed", default="0", type=int, help="weights seed of presets")
+    add_engine_arguments(p, environ=os.environ)
     option(
         "--max-waiting",
         default="1024",
@@ -157,55 +90,12 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(args, config, link))
 
 
-def engine_config(args: argparse.Namespace):
-    from rimuru.dataplane.adjust.tunables import Tunables
-    from rimuru.dataplane.engine.config import EngineConfig
-
+def engine_config(args: argparse.Namespace) -> EngineConfig:
     if args.max_waiting is not None and args.max_waiting < 0:
         raise ValueError(f"--max-waiting must be >= 0; got {args.max_waiting}")
     if args.drain_grace_seconds < 0:
         raise ValueError(f"--drain-grace-seconds must be >= 0; got {args.drain_grace_seconds}")
-    dtype = None if args.dtype in (None, "", "auto") else args.dtype
-    return EngineConfig(
-        model=args.model,
-        dtype=dtype,
-        device=args.device,
-        seed=args.seed,
-        memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        fixed_expert_share=args.fixed_expert_share,
-        loading_buffer_slots=args.loading_buffer_slots,
-        hotness_path=args.hotness,
-        evict_to_admit=_on_off("--evict-to-admit", args.evict_to_admit),
-        enforce_eager=_on_off("--enforce-eager", args.enforce_eager),
-        cudagraph_mode=args.cudagraph_mode,
-        expert_copy=args.expert_copy,
-        tunables=Tunables(
-            mode=args.mode,
-            expert_offload_limit=args.expert_offload_limit,
-            shrink_threshold=args.shrink_threshold,
-            grow_threshold=args.grow_threshold,
-            max_grow_per_round=args.max_grow_per_round,
-            pages_per_expert=args.pages_per_expert,
-            copy_budget=args.copy_budget,
-        ),
-    )
-
-
-_ON, _OFF = ("on", "true", "1", "yes"), ("off", "false", "0", "no")
-
-
-def _on_off(flag: str, value: str) -> bool:
-    """A switch from the command line or the environment (argparse does not check an
-    environment default against `choices`, so both are checked here)."""
-    text = str(value).strip().lower()
-    if text in _ON or text in _OFF:
-        return text in _ON
-    raise ValueError(f"{flag} must be on or off (or true/false, 1/0, yes/no); got {value!r}")
+    return engine_config_from_args(args)
 
 
 def control_plane_link(args: argparse.Namespace):

@@ -7,8 +7,6 @@ bad field raises InvalidArgument naming it as the proto spells it.
 
 from __future__ import annotations
 
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.model.tokenizer import Tokenizer
 from rimuru.dataplane.serve.errors import FailedPrecondition, InvalidArgument
@@ -19,6 +17,7 @@ from rimuru.dataplane.serve.events import (
     ModelInfo,
     PolicyChange,
 )
+from rimuru.policy_proto import ranking_from_layers, tunables_from_proto
 from rimuru.v1 import control_pb2 as cpb
 from rimuru.v1 import inference_pb2 as pb
 
@@ -29,7 +28,6 @@ FINISH_REASONS = {
     "stopped": pb.FINISH_REASON_STOP,
     "aborted": pb.FINISH_REASON_ABORT,
 }
-MODES = {cpb.MODE_RESIDENT: "resident", cpb.MODE_FIXED: "fixed", cpb.MODE_ELASTIC: "elastic"}
 
 
 def generate_spec(
@@ -182,30 +180,10 @@ def engine_stats_response(s: EngineSnapshot) -> pb.EngineStatsResponse:
 
 def policy_change(update: cpb.PolicyUpdate) -> PolicyChange:
     """A pushed version as the engine's values; ValueError (-> NACK) if it does not convert."""
-    t = update.policy.tunables
-    if t.mode not in MODES:
-        raise ValueError(
-            f"tunables.mode: {t.mode} is not MODE_RESIDENT, MODE_FIXED or MODE_ELASTIC"
-        )
-    tunables = Tunables(
-        mode=MODES[t.mode],
-        expert_offload_limit=t.expert_offload_limit,
-        shrink_threshold=t.shrink_threshold,
-        grow_threshold=t.grow_threshold,
-        max_grow_per_round=t.max_grow_per_round,
-        pages_per_expert=t.pages_per_expert,
-        copy_budget=t.copy_budget,
-    )
-    ranking = _ranking(update.ranking) if update.HasField("ranking") else None
+    tunables = tunables_from_proto(update.policy.tunables)
+    ranking = None
+    if update.HasField("ranking"):
+        ref = update.ranking.ref
+        source = f"control plane: {ref.id} v{ref.version}"
+        ranking = ranking_from_layers(update.ranking.layers, source)
     return PolicyChange(update.version, tunables, ranking)
-
-
-def _ranking(msg: cpb.Ranking) -> HotnessRanking:
-    layers = sorted(msg.layers, key=lambda layer: layer.layer)
-    if [layer.layer for layer in layers] != list(range(len(layers))):
-        raise ValueError("ranking: layers must be numbered 0..L-1, each once")
-    return HotnessRanking(
-        tuple(tuple(int(e) for e in layer.expert_ids) for layer in layers),
-        tuple(tuple(float(p) for p in layer.probabilities) for layer in layers),
-        source=f"control plane: {msg.ref.id} v{msg.ref.version}",
-    )

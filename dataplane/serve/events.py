@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.serve.errors import ServeError
+from rimuru.policy import HotnessRanking, Tunables
 
 
 @dataclass(frozen=True)

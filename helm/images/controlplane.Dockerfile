@@ -5,6 +5,7 @@
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY rimuru rimuru
 COPY protos protos
 COPY dataplane dataplane
 COPY controlplane controlplane

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import pytest
 
 from rimuru.controlplane.errors import InvalidArgument
-from rimuru.controlplane.policy import Policy, Tunables
-from rimuru.controlplane.ranking import LayerRanking, digest, layers_from_hotness_json
+from rimuru.controlplane.policy import Policy
 from rimuru.controlplane.subscribers import Answer, SubscriberRegistry
-from rimuru.dataplane.adjust.tunables import Tunables as DataPlaneTunables
+from rimuru.policy import HotnessRanking, InvalidPolicy, Tunables, check_pushable
+from rimuru.policy_proto import ranking_from_layers
+from rimuru.v1 import control_pb2 as pb
 
 
 @pytest.mark.parametrize(
@@ -28,13 +30,22 @@ from rimuru.dataplane.adjust.tunables import Tunables as DataPlaneTunables
         ({"copy_budget": float("inf")}, "tunables.copy_budget"),
         ({"copy_budget": True}, "tunables.copy_budget"),
         ({"mode": "fixed", "copy_budget": 1.0}, "tunables.copy_budget"),
-        ({"mode": "resident"}, "tunables.expert_offload_limit"),
     ],
 )
 def test_tunables_rules(kwargs, field):
-    with pytest.raises(InvalidArgument) as info:
+    with pytest.raises(InvalidPolicy) as info:
         Tunables(**kwargs)
     assert info.value.field == field
+
+
+def test_a_pushed_resident_policy_offloads_nothing():
+    # The data plane ignores the limit in mode resident; the control plane refuses to
+    # store one, so a policy never claims an offload that cannot happen.
+    assert Tunables(mode="resident").expert_offload_limit == 8
+    with pytest.raises(InvalidPolicy) as info:
+        check_pushable(Tunables(mode="resident"))
+    assert info.value.field == "tunables.expert_offload_limit"
+    assert check_pushable(Tunables(mode="resident", expert_offload_limit=0)).mode == "resident"
 
 
 def test_defaults_are_valid_and_match_the_data_plane():
@@ -46,14 +57,22 @@ def test_defaults_are_valid_and_match_the_data_plane():
         9,
     )
     assert (t.max_grow_per_round, t.pages_per_expert, t.online_hotness) == (5, 3, False)
-    assert t.copy_budget == 0.0 == DataPlaneTunables().copy_budget  # off on both sides
+    assert t.copy_budget == 0.0
     assert Tunables(mode="resident", expert_offload_limit=0).mode == "resident"
 
 
-def test_digest_ignores_layer_order_but_not_content():
-    a = [LayerRanking(0, (1, 0), (0.6, 0.4)), LayerRanking(1, (0, 1), (0.5, 0.5))]
-    assert digest(a) == digest(list(reversed(a)))
-    assert digest(a) != digest([a[0], LayerRanking(1, (1, 0), (0.5, 0.5))])
+def test_digest_ignores_layer_order_on_the_wire_but_not_content():
+    a = [
+        pb.LayerRanking(layer=0, expert_ids=[1, 0], probabilities=[0.6, 0.4]),
+        pb.LayerRanking(layer=1, expert_ids=[0, 1], probabilities=[0.5, 0.5]),
+    ]
+    digest = ranking_from_layers(a).digest()
+    assert digest == ranking_from_layers(list(reversed(a))).digest()
+    # The stored digests (RankingRef.digest) were made from this canonical form.
+    canonical = b"[[0,[1,0],[0.6,0.4]],[1,[0,1],[0.5,0.5]]]"
+    assert digest == hashlib.sha256(canonical).hexdigest()
+    other = HotnessRanking(((1, 0), (1, 0)), ((0.6, 0.4), (0.5, 0.5)))
+    assert other.digest() != digest
 
 
 def test_reads_the_data_planes_ranking_file_format():
@@ -63,12 +82,11 @@ def test_reads_the_data_planes_ranking_file_format():
         "num_experts": 2,
         "layers": [{"order": [1, 0], "prob": [0.7, 0.3]}, {"order": [0, 1], "prob": [0.5, 0.5]}],
     }
-    assert layers_from_hotness_json(data) == (
-        LayerRanking(0, (1, 0), (0.7, 0.3)),
-        LayerRanking(1, (0, 1), (0.5, 0.5)),
+    assert HotnessRanking.from_json(data) == HotnessRanking(
+        ((1, 0), (0, 1)), ((0.7, 0.3), (0.5, 0.5))
     )
-    with pytest.raises(InvalidArgument):
-        layers_from_hotness_json({"format": "other"})
+    with pytest.raises(ValueError, match="not a hotness ranking"):
+        HotnessRanking.from_json({"format": "other"})
 
 
 async def test_watch_state_machine():

@@ -8,8 +8,8 @@ import grpc
 import pytest
 
 from rimuru.controlplane.errors import InvalidArgument
-from rimuru.controlplane.hotness import HotnessAggregator, HotnessConfig, total_variation
-from rimuru.controlplane.ranking import LayerRanking
+from rimuru.controlplane.hotness import HotnessAggregator, HotnessConfig
+from rimuru.policy import HotnessRanking
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 
@@ -28,10 +28,10 @@ def test_counts_halve_every_half_life():
 
 
 def test_total_variation():
-    p = LayerRanking(0, (0, 1, 2), (0.5, 0.5, 0.0))
-    q = LayerRanking(0, (2, 1, 0), (0.6, 0.4, 0.0))
-    assert total_variation(p, q) == pytest.approx(0.5 * (0.5 + 0.1 + 0.6))
-    assert total_variation(p, p) == 0.0
+    p = HotnessRanking(((0, 1, 2),), ((0.5, 0.5, 0.0),))
+    q = HotnessRanking(((2, 1, 0),), ((0.6, 0.4, 0.0),))
+    assert p.total_variation(q, 0) == pytest.approx(0.5 * (0.5 + 0.1 + 0.6))
+    assert p.total_variation(p, 0) == 0.0
 
 
 def test_propose_needs_evidence_drift_and_time():
@@ -40,25 +40,25 @@ def test_propose_needs_evidence_drift_and_time():
     assert agg.propose("qwen", None, now=0.0) is None  # 4 tokens < 10
     agg.add("qwen", {0: [27, 9, 0]}, now=0.0)
     first = agg.propose("qwen", None, now=0.0)
-    assert first == (LayerRanking(0, (0, 1, 2), (0.75, 0.25, 0.0)),)
+    assert first == HotnessRanking(((0, 1, 2),), ((0.75, 0.25, 0.0),))
     # Same traffic again: no drift. Later, shifted traffic but too soon after the last.
     agg.add("qwen", {0: [30, 10, 0]}, now=1.0)
     assert agg.propose("qwen", first, now=1.0) is None
     agg.add("qwen", {0: [0, 0, 1000]}, now=2.0)
     assert agg.propose("qwen", first, now=2.0) is None  # min_interval_s = 5
     second = agg.propose("qwen", first, now=5.0)
-    assert second is not None and second[0].expert_ids == (2, 0, 1)
+    assert second is not None and second.order[0] == (2, 0, 1)
     assert HotnessAggregator.drift(second, first) > CONFIG.drift_threshold
 
 
 def test_small_drift_is_not_pushed():
     agg = HotnessAggregator(CONFIG)
-    current = (LayerRanking(0, (0, 1), (0.6, 0.4)),)
+    current = HotnessRanking(((0, 1),), ((0.6, 0.4),))
     agg.add("qwen", {0: [55, 45]}, now=0.0)  # TV 0.05 <= 0.2
     assert agg.propose("qwen", current, now=100.0) is None
     agg.add("qwen", {0: [0, 300]}, now=100.0)
     proposal = agg.propose("qwen", current, now=100.0)
-    assert proposal is not None and proposal[0].expert_ids == (1, 0)
+    assert proposal is not None and proposal.order[0] == (1, 0)
 
 
 @pytest.mark.parametrize(

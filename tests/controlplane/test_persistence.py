@@ -7,11 +7,10 @@ import sqlite3
 import pytest
 
 from rimuru.controlplane.plane import ControlPlane
-from rimuru.controlplane.policy import Tunables
-from rimuru.controlplane.ranking import LayerRanking
 from rimuru.controlplane.store import DB_FILE, PolicyStore
+from rimuru.policy import HotnessRanking, Tunables
 
-RANKING = (LayerRanking(0, (2, 0, 1), (0.5, 0.3, 0.2)), LayerRanking(1, (0, 1, 2), (0.4, 0.4, 0.2)))
+RANKING = HotnessRanking(((2, 0, 1), (0, 1, 2)), ((0.5, 0.3, 0.2), (0.4, 0.4, 0.2)))
 
 
 def test_restart_resumes_versions_and_rankings(tmp_path):

@@ -11,8 +11,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rimuru.controlplane import errors
 from rimuru.controlplane.client import ControlPlaneClient
-from rimuru.controlplane.policy import Tunables
-from rimuru.controlplane.ranking import LayerRanking, digest
+from rimuru.policy import HotnessRanking, Tunables
 from rimuru.v1 import control_pb2 as pb
 
 GOOD = pb.Tunables(
@@ -156,9 +155,9 @@ async def test_upload_ranking_makes_a_version_and_get_ranking_returns_it(policy_
         pb.UploadRankingRequest(deployment="qwen", ranking_id="offline-sharegpt", layers=layers),
         metadata=auth,
     )
-    expected_digest = digest(
-        [LayerRanking(1, (2, 0, 1), (0.5, 0.3, 0.2)), LayerRanking(0, (0, 1, 2), (0.6, 0.3, 0.1))]
-    )
+    expected_digest = HotnessRanking(
+        ((0, 1, 2), (2, 0, 1)), ((0.6, 0.3, 0.1), (0.5, 0.3, 0.2))
+    ).digest()
     assert response.policy.version == 2 and response.policy.reason == "upload-ranking"
     assert response.policy.tunables == GOOD
     assert response.ranking == pb.RankingRef(
@@ -252,9 +251,10 @@ async def test_typed_client_round_trip_and_errors(cp):
             policy = client.set_policy("qwen", Tunables(mode="fixed", expert_offload_limit=3))
             assert policy.version == 1 and policy.tunables.mode == "fixed"
             assert client.get_policy("qwen") == policy
-            ranked = client.upload_ranking("qwen", "offline", [LayerRanking(0, (1, 0), (0.9, 0.1))])
+            hotness = HotnessRanking(((1, 0),), ((0.9, 0.1),))
+            ranked = client.upload_ranking("qwen", "offline", hotness)
             assert ranked.version == 2 and ranked.ranking.id == "offline"
-            assert client.get_ranking("qwen").layers == (LayerRanking(0, (1, 0), (0.9, 0.1)),)
+            assert client.get_ranking("qwen").hotness == hotness
             assert client.list_subscribers("qwen") == []
             with pytest.raises(errors.VersionConflict):
                 client.set_policy("qwen", Tunables(), expected_version=1)

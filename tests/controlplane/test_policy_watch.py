@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from rimuru.controlplane.policy import Tunables
 from rimuru.dataplane.serve.policy_watch import Backoff, PolicyWatcher, RoutingReporter
+from rimuru.policy import Tunables
 from rimuru.v1 import control_pb2 as pb
 
 FAST = Backoff(initial_s=0.05, multiplier=2.0, max_s=0.2, jitter=0.2)

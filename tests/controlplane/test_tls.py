@@ -9,8 +9,8 @@ import pytest
 from rimuru.controlplane import errors
 from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.plane import ControlPlane
-from rimuru.controlplane.policy import Tunables
 from rimuru.controlplane.server import TlsFiles, create_server
+from rimuru.policy import Tunables
 
 
 async def test_tls_round_trip_and_plaintext_refused(self_signed):

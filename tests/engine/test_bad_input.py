@@ -2,10 +2,10 @@
 
 import pytest
 
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.policy import Tunables
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,8 @@ from dataclasses import replace
 import pytest
 
 from rimuru.dataplane.adjust.adjuster import StepShape, expected_copies
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.policy import HotnessRanking, Tunables
 
 
 def a_burst_of_40(engine, max_tokens: int) -> None:

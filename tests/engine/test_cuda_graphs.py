@@ -30,7 +30,9 @@ def _graph_engine(make_engine, mode, sizes=None, **overrides):
         graphs.sizes = sizes
     # one padding page per layer, owned as such, and zeroed
     assert engine.allocator.num_free(PageType.KV) == free_before - engine.model_config.num_layers
-    owners = {engine.allocator.owner_of(PageType.KV, p) for p in engine.cuda_graphs.decode.pad_pages}
+    owners = {
+        engine.allocator.owner_of(PageType.KV, p) for p in engine.cuda_graphs.decode.pad_pages
+    }
     assert owners == {GRAPH_PADDING}
     return engine
 

@@ -11,7 +11,7 @@ import sys
 SCRIPT = r"""
 import json, random, torch
 torch.set_num_threads(1)
-from rimuru.dataplane.adjust.tunables import Tunables
+from rimuru.policy import Tunables
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams

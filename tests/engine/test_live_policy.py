@@ -5,9 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.policy import HotnessRanking, Tunables
 
 PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
 

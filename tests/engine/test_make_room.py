@@ -4,10 +4,10 @@ request is preempted only once the limit binds. Tokens do not depend on either."
 
 import random
 
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.policy import Tunables
 
 MiB = 2**20
 LAYERS, EXPERTS = 4, 32  # the tiny preset

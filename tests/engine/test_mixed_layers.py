@@ -10,13 +10,13 @@ import pytest
 import torch
 import transformers
 
-from rimuru.dataplane.adjust.tunables import Tunables
 from rimuru.dataplane.engine.capacity import non_pool_weight_bytes
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.engine.setup import loading_buffer_bytes
 from rimuru.dataplane.memory.geometry import PageType
+from rimuru.policy import Tunables
 
 PROMPTS = [[(7 * i + 3 * j) % 512 for j in range(20 + 9 * i)] for i in range(6)]
 MAX_TOKENS = 10

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from rimuru.cli import main
-from rimuru.dataplane.adjust.hotness import HotnessRanking
 from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
+from rimuru.policy import HotnessRanking
 
 
 def _ranking(path, num_layers: int, num_experts: int) -> str:

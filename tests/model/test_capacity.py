@@ -10,12 +10,11 @@ from dataclasses import replace
 import pytest
 
 from rimuru.cli import main
-from rimuru.dataplane.adjust.hotness import HotnessRanking
-from rimuru.dataplane.adjust.tunables import MODES, Tunables
 from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.memory.geometry import PageType
+from rimuru.policy import MODES, HotnessRanking, Tunables
 
 MiB = 2**20
 
@@ -79,7 +78,10 @@ def test_plan_equals_a_real_engine_for_the_tiny_preset_with_router_skew():
 
 
 def test_cli_prints_each_policy_and_says_why_one_does_not_fit(capsys):
-    code = main(["plan", "--model", "qwen3-30b-a3b", "--memory-budget", "20GiB"])
+    code = main(
+        ["plan", "--model", "qwen3-30b-a3b", "--memory-budget", "20GiB",
+         "--max-num-batched-tokens", "1024"]
+    )  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0  # fixed fits
     *table, graphs = out.splitlines()[2:]
@@ -91,7 +93,8 @@ def test_cli_prints_each_policy_and_says_why_one_does_not_fit(capsys):
     assert [r[0] for r in rows] == ["fixed"]
     assert rows[0][5:7] == [str(fixed.experts_at_start), str(fixed.kv_tokens_at_start)]
     assert "resident: does not fit: the pool" in err and "cannot hold the 6144 experts" in err
-    assert "elastic: does not fit" in err and "expert_offload_limit=16" in err
+    # the limit `rimuru serve` starts with by default (plan used to assume 16)
+    assert "elastic: does not fit" in err and "expert_offload_limit=8" in err
     # the graphs' driver memory the engine will set aside on CUDA: qwen3's 48 layers, 35
     # decode graphs (max_num_seqs 256) and 32 piecewise sizes (1024 tokens) at the prices
     assert "the driver's part 231.0 MiB for the decode graphs and 431.2 MiB" in graphs

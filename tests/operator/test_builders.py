@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+from dataclasses import replace
 
 import kubernetes_validate
 import pytest
 
-from rimuru.controlplane.policy import Tunables
 from rimuru.operator.builders import (
     build_children,
     build_controlplane_deployment,
@@ -22,6 +22,7 @@ from rimuru.operator.builders import (
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.engine_config import LIVE_KEYS
 from rimuru.operator.spec import SpecError, parse_spec
+from rimuru.policy import Tunables
 
 CONFIG = OperatorConfig(dataplane_image="reg/dp:1", controlplane_image="reg/cp:1")
 
@@ -459,3 +460,43 @@ def test_optional_engine_fields_reach_rimuru_serve_only_when_set(
         monkeypatch.setenv(key, value)
     engine = serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", []))
     assert getattr(engine, attribute) == engine_value
+
+
+@pytest.mark.parametrize("rd_name", ["tiny_rd", "gpu_rd"])
+def test_the_pod_starts_the_engine_the_spec_means(rd_name, request, monkeypatch):
+    """The data-plane pod's argv and ConfigMap environment, read by `rimuru serve`'s own
+    parser and builder, give exactly the EngineConfig the spec's values mean."""
+    import os
+
+    from rimuru.dataplane.engine.config import EngineConfig
+    from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
+
+    spec = _parse(request.getfixturevalue(rd_name))
+    for name in [n for n in os.environ if n.startswith("RIMURU_")]:
+        monkeypatch.delenv(name)
+    for key, value in build_engine_config_map(spec)["data"].items():
+        monkeypatch.setenv(key, value)
+    (container,) = build_dataplane_deployment(spec, CONFIG)["spec"]["template"]["spec"][
+        "containers"
+    ]
+    engine = serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", container["args"][1:]))
+    model, eng, has_gpu = spec.model, spec.engine, spec.data_plane.resources.get("limits", {})
+    optional = {
+        name: getattr(eng, name)
+        for name in ("loading_buffer_slots", "evict_to_admit", "enforce_eager", "expert_copy",
+                     "cudagraph_mode")
+        if getattr(eng, name) is not None
+    }  # fmt: skip
+    assert engine == EngineConfig(
+        model=model.preset if model.preset is not None else f"/models/{model.path.lstrip('/')}",
+        dtype=model.dtype,
+        device="cuda" if "nvidia.com/gpu" in has_gpu else "cpu",
+        memory_budget=eng.memory_budget_bytes,
+        gpu_memory_utilization=eng.gpu_memory_utilization,
+        max_num_seqs=eng.max_num_seqs,
+        max_num_batched_tokens=eng.max_num_batched_tokens,
+        block_size=eng.block_size,
+        # online_hotness is the control plane's: the engine never reads it
+        tunables=replace(spec.policy.tunables, online_hotness=False),
+        **optional,
+    )

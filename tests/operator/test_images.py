@@ -41,6 +41,18 @@ def test_dockerfile_installs_the_right_extras(dockerfile, extras, heavy):
     assert 'ENTRYPOINT ["rimuru"]' in text
 
 
+@pytest.mark.parametrize("dockerfile", sorted(p.name for p in IMAGES.glob("*.Dockerfile")))
+def test_dockerfile_copies_every_package_folder(dockerfile):
+    # The wheel is built from the copied tree: a folder left out is a package missing
+    # from the image, found only when a pod imports it.
+    package_dir = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ]
+    copied = set(re.findall(r"^COPY (\S+) \1$", (IMAGES / dockerfile).read_text(), re.M))
+    needed = {folder.split("/")[0] for folder in package_dir.values()}
+    assert needed <= copied, needed - copied
+
+
 @pytest.mark.parametrize(
     "module", ["rimuru.operator.handlers", "rimuru.operator.cli", "rimuru.controlplane.cli"]
 )

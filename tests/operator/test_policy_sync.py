@@ -11,9 +11,9 @@ import pytest
 
 from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.plane import ControlPlane
-from rimuru.controlplane.policy import Tunables
 from rimuru.controlplane.server import create_server
 from rimuru.operator.policy_sync import observe_policy, parse_ranking, sync_policy
+from rimuru.policy import Tunables
 
 TOKEN = "sync-token"
 TUNABLES = Tunables(mode="elastic", expert_offload_limit=4)
@@ -88,7 +88,7 @@ def test_ranking_uploads_only_when_its_content_changes(cp):
     edited = parse_ranking("qwen-ranking", "ranking.json", _hotness([1, 2, 0]))
     newer, new_digest = sync_policy(cp, "qwen", TUNABLES, edited, digest, overwrite=False)
     assert (newer.version, new_digest) == (3, edited.digest)
-    assert cp.get_ranking("qwen").layers[0].expert_ids == (1, 2, 0)
+    assert cp.get_ranking("qwen").hotness.order[0] == (1, 2, 0)
 
 
 def test_observe_reports_versions_without_subscribers(cp):

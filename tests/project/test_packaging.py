@@ -37,7 +37,10 @@ def test_subpackages_import_under_one_root():
 
     assert Path(rimuru.dataplane.__file__).parent == ROOT / "dataplane"
     assert Path(rimuru.operator.__file__).parent == ROOT / "operator"
+    import rimuru
+
     for package, folder in (
+        (rimuru, "rimuru"),
         (rimuru.v1, "protos/rimuru/v1"),
         (rimuru.controlplane, "controlplane"),
         (rimuru.kernels, "kernels"),
@@ -56,7 +59,8 @@ def test_every_package_folder_is_listed_in_pyproject():
         "controlplane": "rimuru.controlplane",
         "kernels": "rimuru.kernels",
         "operator": "rimuru.operator",
-        "protos/rimuru": "rimuru",
+        "rimuru": "rimuru",
+        "protos/rimuru/v1": "rimuru.v1",
     }
     found = set()
     for folder, package in roots.items():
@@ -87,7 +91,10 @@ def test_plain_wheel_contains_every_subpackage(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for module in (
         "rimuru/cli.py",
+        "rimuru/__main__.py",
         "rimuru/v1/control_pb2.py",
+        "rimuru/v1/inference_pb2_grpc.py",
+        "rimuru/v1/control.proto",
         "rimuru/dataplane/memory/allocator.py",
         "rimuru/kernels/__init__.py",
         "rimuru/operator/__init__.py",
@@ -95,7 +102,7 @@ def test_plain_wheel_contains_every_subpackage(tmp_path):
         "rimuru/dataplane/data/sharegpt_qwen_cpu.npz",
     ):
         assert module in names, module
-    assert not any(n.startswith("operator/") for n in names)
+    assert not any(n.startswith(("operator/", "protos/")) for n in names)
 
 
 def test_ruff_lint_and_format_clean():

@@ -48,7 +48,7 @@ class BackgroundServer:
 def server():
     from dataclasses import replace
 
-    from rimuru.dataplane.adjust.tunables import Tunables
+    from rimuru.policy import Tunables
 
     config = EngineConfig(
         memory_budget=160 * 2**20,

@@ -1,22 +1,27 @@
 """Hotness ranking: per layer, experts ordered hottest first with routing probabilities.
 
-File format (JSON, `rimuru.hotness/v1`):
+File format (JSON, `rimuru.hotness/v1`; `num_layers`, `num_experts` and `source` optional):
 
     {"format": "rimuru.hotness/v1", "num_layers": L, "num_experts": E,
      "source": "free text: how it was measured",
      "layers": [{"order": [e0, e1, ...], "prob": [p(e0), p(e1), ...]}, ...]}
 
-`order` is a permutation of 0..E-1, hottest first; `prob[i]` is the mean routing
-probability of expert `order[i]` (non-increasing, each in [0, 1]).
+`order` is a permutation of 0..E-1 (the same E in every layer), hottest first; `prob[i]`
+is the mean routing probability of expert `order[i]` (non-increasing, each in [0, 1]).
+A ranking the control plane accepts is therefore one every data plane can apply.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from rimuru.policy.errors import InvalidPolicy
 
 FORMAT = "rimuru.hotness/v1"
 
@@ -25,26 +30,34 @@ FORMAT = "rimuru.hotness/v1"
 class HotnessRanking:
     order: tuple[tuple[int, ...], ...]  # [L][E] expert ids, hottest first
     prob: tuple[tuple[float, ...], ...]  # [L][E] probability of order[l][i]
-    source: str = ""
+    # How it was measured; not content: two rankings of the same numbers are equal.
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        if len(self.order) != len(self.prob) or not self.order:
-            raise ValueError("a ranking needs the same number (>= 1) of layers in order and prob")
+        if not self.order:
+            raise InvalidPolicy("layers", "a ranking needs at least one layer")
+        if len(self.order) != len(self.prob):
+            raise InvalidPolicy(
+                "layers", f"{len(self.order)} layers of order, {len(self.prob)} of prob"
+            )
         num_experts = len(self.order[0])
         for layer, (order, prob) in enumerate(zip(self.order, self.prob, strict=True)):
-            if sorted(order) != list(range(num_experts)):
-                raise ValueError(
-                    f"layer {layer}: order must be a permutation of 0..{num_experts - 1}"
+            where = f"layers[{layer}]"
+            if num_experts == 0 or sorted(order) != list(range(num_experts)):
+                raise InvalidPolicy(
+                    f"{where}.expert_ids",
+                    f"must be a permutation of 0..{num_experts - 1} (the same experts in "
+                    "every layer)",
                 )
             if len(prob) != num_experts:
-                raise ValueError(
-                    f"layer {layer}: {len(prob)} probabilities for {num_experts} experts"
+                raise InvalidPolicy(
+                    f"{where}.probabilities", f"{len(prob)} probabilities for {num_experts} experts"
                 )
-            if any(not 0.0 <= p <= 1.0 for p in prob):
-                raise ValueError(f"layer {layer}: probabilities must lie in [0, 1]")
+            if any(not (math.isfinite(p) and 0.0 <= p <= 1.0) for p in prob):
+                raise InvalidPolicy(f"{where}.probabilities", "each must lie in [0, 1]")
             if any(a < b for a, b in itertools.pairwise(prob)):
-                raise ValueError(
-                    f"layer {layer}: probabilities must be non-increasing (hottest first)"
+                raise InvalidPolicy(
+                    f"{where}.probabilities", "must be non-increasing (hottest expert first)"
                 )
 
     @property
@@ -105,6 +118,21 @@ class HotnessRanking:
             ranks[e] = position
         return ranks
 
+    def total_variation(self, other: HotnessRanking, layer: int) -> float:
+        """TV(p, q) = 1/2 * sum_e |p(e) - q(e)| of one layer's routing distributions."""
+        p, q = self._prob_by_expert[layer], other._prob_by_expert[layer]
+        return 0.5 * sum(abs(a - b) for a, b in zip(p, q, strict=True))
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of the layers: same numbers, same digest. The
+        control plane stores it (RankingRef.digest): its form must not change."""
+        canonical = [
+            [layer, list(order), [float(p) for p in prob]]
+            for layer, (order, prob) in enumerate(zip(self.order, self.prob, strict=True))
+        ]
+        text = json.dumps(canonical, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
     def to_json(self) -> dict:
         return {
             "format": FORMAT,
@@ -123,11 +151,10 @@ class HotnessRanking:
             raise ValueError(
                 f"not a hotness ranking: format is {data.get('format')!r}, want {FORMAT!r}"
             )
-        missing = [k for k in ("layers", "num_layers") if k not in data]
-        if missing:
-            raise ValueError(f"hotness ranking file lacks {', '.join(missing)}")
+        if "layers" not in data:
+            raise ValueError("hotness ranking file lacks layers")
         layers = data["layers"]
-        if len(layers) != data["num_layers"]:
+        if "num_layers" in data and len(layers) != data["num_layers"]:
             raise ValueError("num_layers does not match the number of layers")
         try:
             return cls(

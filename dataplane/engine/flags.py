@@ -1,0 +1,182 @@
+"""The engine's command-line flags: one table, one set of defaults, one builder.
+
+Every command that builds an engine (`rimuru serve`, `bench`, `generate`, `plan`,
+`profile-hotness`) adds these flags with `add_engine_arguments` and builds its
+EngineConfig with `engine_config_from_args`, so the same flags mean the same engine
+everywhere: `rimuru plan` predicts the server that `rimuru serve` starts with the same
+flags. The defaults are EngineConfig's and Tunables' own, never written again here.
+
+No torch: the operator's tests and `--help` import this (config.py imports no torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES, EngineConfig
+from rimuru.dataplane.memory.units import parse_bytes
+from rimuru.policy import MODES, Tunables
+
+ON, OFF = ("on", "true", "1", "yes"), ("off", "false", "0", "no")
+
+
+@dataclass(frozen=True)
+class EngineFlag:
+    dest: str  # the EngineConfig field, or the Tunables field where `tunable`
+    help: str
+    type: Any = None  # argparse type; None = the string as given
+    choices: tuple[str, ...] | None = None
+    tunable: bool = False
+    switch: bool = False  # on/off (a bare flag means on)
+    bytes: bool = False  # a size such as 28.8GiB, parsed by the builder
+    env_aliases: tuple[str, ...] = ()  # the operator's ConfigMap names, read after RIMURU_<FLAG>
+    field: str = ""  # the field's name where it is not dest
+
+    @property
+    def field_name(self) -> str:
+        return self.field or self.dest
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+    @property
+    def env(self) -> tuple[str, ...]:
+        return ("RIMURU_" + self.dest.upper(), *self.env_aliases)
+
+    @property
+    def default(self) -> Any:
+        owner = Tunables if self.tunable else EngineConfig
+        value = {f.name: f.default for f in dataclasses.fields(owner)}[self.field_name]
+        if self.switch:
+            return "on" if value else "off"
+        return value
+
+
+ENGINE_FLAGS: tuple[EngineFlag, ...] = (
+    EngineFlag("model", "preset name or local Hugging Face directory",
+               env_aliases=("RIMURU_MODEL_PATH", "RIMURU_PRESET")),
+    EngineFlag("dtype", "float32, bfloat16 or float16; default (or auto): the model's"),
+    EngineFlag("device", "cpu or cuda[:N]"),
+    EngineFlag("seed", "weights seed of presets", type=int),
+    EngineFlag("router_skew", "presets: Zipf exponent of expert popularity (0 = none)",
+               type=float),
+    EngineFlag("memory_budget", "bytes the engine may use on the device, e.g. 28.8GiB",
+               bytes=True, env_aliases=("RIMURU_MEMORY_BUDGET_BYTES",)),
+    EngineFlag("gpu_memory_utilization", "or a share of the GPU's memory", type=float),
+    EngineFlag("max_num_seqs", "requests in one batch, at most", type=int),
+    EngineFlag("max_num_batched_tokens", "tokens per step, at most", type=int),
+    EngineFlag("max_model_len", "context length; default: the model's", type=int),
+    EngineFlag("block_size", "tokens per KV page", type=int),
+    EngineFlag("activation_reserve", "bytes kept for activations; default: measured (CUDA) "
+               "or estimated from the shapes", bytes=True),
+    EngineFlag("mode", "memory policy", choices=MODES, tunable=True,
+               env_aliases=("RIMURU_POLICY_MODE",)),
+    EngineFlag("expert_offload_limit", "experts per layer off the device", type=int,
+               tunable=True),
+    EngineFlag("shrink_threshold", "adjuster: evict below this many free expert pages",
+               type=int, tunable=True),
+    EngineFlag("grow_threshold", "adjuster: load above this many free expert pages", type=int,
+               tunable=True),
+    EngineFlag("max_grow_per_round", "adjuster: loads per round", type=int, tunable=True),
+    EngineFlag("pages_per_expert", "pool pages per expert (w1, w3, w2)", type=int,
+               tunable=True),
+    EngineFlag("copy_budget", "elastic: expert copies per decode step the offloaded experts "
+               "may cost (expected from the ranking or measured, the larger); evictions stop "
+               "and admission is capped there (0 = no budget)", type=float, tunable=True),
+    EngineFlag("fixed_expert_share", "fixed policy: the pool's share for experts", type=float),
+    EngineFlag("loading_buffer_slots", "experts per loading buffer; caps the live "
+               "expert_offload_limit (default: enough for the start-up policy)", type=int),
+    EngineFlag("hotness", "offline hotness ranking file (rimuru profile-hotness); default: "
+               "uniform", field="hotness_path"),
+    EngineFlag("evict_to_admit", "on or off: elastic evicts experts inside a scheduling round "
+               "before preempting a running request short of KV pages (off: preempt, move "
+               "the boundary between rounds)", switch=True),
+    EngineFlag("expert_copy", "host: host-driven expert copies with prefetch; device: a "
+               "kernel copies routed offloaded experts into fixed slots (graph-safe)",
+               choices=EXPERT_COPY_MODES),
+    EngineFlag("enforce_eager", "on or off: on = never replay CUDA graphs, decode or "
+               "piecewise (vLLM's --enforce-eager)", switch=True),
+    EngineFlag("cudagraph_mode", "full_and_piecewise: decode steps as whole graphs, the "
+               "others as piecewise graphs with eager attention; full_decode_only: the "
+               "others eager", choices=CUDAGRAPH_MODES),
+    EngineFlag("moe_path", "paged: read experts in place; gather: copy them to contiguous "
+               "stacks first (ablation; needs --expert-copy host)", choices=("paged", "gather")),
+)  # fmt: skip
+
+ENGINE_DESTS = frozenset(f.dest for f in ENGINE_FLAGS)
+
+
+def add_engine_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    environ: Mapping[str, str] | None = None,
+    skip: Collection[str] = (),
+    required: Collection[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+) -> None:
+    """Add the engine's flags. environ: read RIMURU_<FLAG> (and the operator's names) as
+    defaults, flags winning (`rimuru serve` in a pod). skip: flags the command replaces
+    with its own (say why there). required: flags without a default for this command.
+    defaults: a command's own default for a flag (say why there)."""
+    defaults = dict(defaults or {})
+    unknown = (set(skip) | set(required) | set(defaults)) - ENGINE_DESTS
+    if unknown:
+        raise ValueError(f"not engine flags: {sorted(unknown)}")
+    added = tuple(f.dest for f in ENGINE_FLAGS if f.dest not in skip)
+    # The builder reads exactly these: a skipped flag's dest may be the command's own
+    # (generate's --seed is the sampling seed).
+    parser.set_defaults(engine_flags=added)
+    for flag in ENGINE_FLAGS:
+        if flag.dest not in added:
+            continue
+        default = defaults.get(flag.dest, flag.default)
+        env_note = ""
+        if environ is not None:
+            # A string default goes through `type` like a flag, so a bad value in the
+            # environment is a usage error too (exit 2), naming the flag.
+            default = next((environ[n] for n in flag.env if environ.get(n)), default)
+            env_note = f" (env {', '.join(flag.env)})"
+        kwargs: dict[str, Any] = {"type": flag.type, "choices": flag.choices}
+        if flag.switch:
+            # on/off is checked by the builder: argparse does not check an environment
+            # default against choices. A bare switch means on.
+            kwargs = {"nargs": "?", "const": "on", "metavar": "on|off"}
+        if flag.dest in required:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = default
+        shown = "" if flag.dest in required else f" (default: {default})"
+        parser.add_argument(flag.flag, dest=flag.dest, help=flag.help + shown + env_note, **kwargs)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig the engine flags in `args` (parsed by a parser that
+    add_engine_arguments set up) mean; a flag the command skipped keeps the default.
+    ValueError names the flag or field that is wrong."""
+    config: dict[str, Any] = {}
+    tunables: dict[str, Any] = {}
+    for flag in ENGINE_FLAGS:
+        if flag.dest not in args.engine_flags:
+            continue
+        value = getattr(args, flag.dest)
+        if flag.switch:
+            value = on_off(flag.flag, value)
+        elif flag.bytes and value is not None:
+            value = parse_bytes(str(value))
+        elif flag.dest == "dtype" and value in ("", "auto"):
+            value = None
+        (tunables if flag.tunable else config)[flag.field_name] = value
+    return EngineConfig(**config, tunables=Tunables(**tunables))
+
+
+def on_off(flag: str, value: object) -> bool:
+    """A switch from the command line or the environment."""
+    text = str(value).strip().lower()
+    if text in ON or text in OFF:
+        return text in ON
+    raise ValueError(f"{flag} must be on or off (or true/false, 1/0, yes/no); got {value!r}")

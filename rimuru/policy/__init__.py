@@ -1,0 +1,20 @@
+"""The policy vocabulary both planes speak: the adjuster's tunables and the hotness ranking.
+
+A leaf: stdlib only (no torch, numpy or grpc), so the operator's slim image, the control
+plane and the allocator/adjuster can all import it. rimuru.policy_proto translates it to
+and from the rimuru.v1 messages; nothing here knows the wire.
+"""
+
+from rimuru.policy.errors import InvalidPolicy
+from rimuru.policy.ranking import FORMAT, HotnessRanking
+from rimuru.policy.tunables import MODES, Tunables, check_pushable, parse_modes
+
+__all__ = [
+    "FORMAT",
+    "MODES",
+    "HotnessRanking",
+    "InvalidPolicy",
+    "Tunables",
+    "check_pushable",
+    "parse_modes",
+]

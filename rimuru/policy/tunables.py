@@ -1,0 +1,102 @@
+"""The adjuster's tunables: data, validated on construction, pushed live by the control plane.
+
+An invalid Tunables never exists, on either plane: the rules here are the ones the wire
+contract (rimuru.v1.Tunables, int32 fields) and the adjuster both need.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from rimuru.policy.errors import InvalidPolicy
+
+MODES = ("resident", "fixed", "elastic")
+INT32_MAX = 2**31 - 1
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    """A comma list of memory policies (the --policies flag of `rimuru bench` and `plan`)."""
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"unknown policy {unknown}: choose from {', '.join(MODES)}")
+    return modes
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidPolicy(f"tunables.{name}", f"must be an integer; got {value!r}")
+    if not low <= value <= INT32_MAX:
+        raise InvalidPolicy(f"tunables.{name}", f"must be in [{low}, {INT32_MAX}]; got {value}")
+
+
+@dataclass(frozen=True)
+class Tunables:
+    mode: str = "elastic"
+    expert_offload_limit: int = 8  # at most this many experts per layer off the device
+    shrink_threshold: int = 2  # nothing short but fewer free expert pages than this -> evict 1
+    grow_threshold: int = 9  # more free expert pages than this -> bring experts back
+    max_grow_per_round: int = 5
+    pages_per_expert: int = 3  # w1, w3, w2
+    # The control plane may replace the ranking from the replicas' routing reports; the
+    # data plane only carries it.
+    online_hotness: bool = False
+    # Elastic: the expert copies per decode step that the experts the adjuster offloaded
+    # may cost: the larger of what the ranking's routing probabilities expect at the batch
+    # and what the steps measurably copy; it stops evictions and caps admission
+    # (adjust/adjuster.py, engine/copy_budget.py). Experts offloaded at start-up are
+    # outside it. 0 = no budget: offload up to expert_offload_limit whatever it costs.
+    copy_budget: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidPolicy(
+                "tunables.mode", f"must be one of {', '.join(MODES)}; got {self.mode!r}"
+            )
+        _check_int("expert_offload_limit", self.expert_offload_limit, 0)
+        _check_int("shrink_threshold", self.shrink_threshold, 0)
+        _check_int("grow_threshold", self.grow_threshold, 1)
+        _check_int("max_grow_per_round", self.max_grow_per_round, 1)
+        _check_int("pages_per_expert", self.pages_per_expert, 1)
+        if not isinstance(self.online_hotness, bool):
+            raise InvalidPolicy("tunables.online_hotness", "must be true or false")
+        if (
+            not isinstance(self.copy_budget, int | float)
+            or isinstance(self.copy_budget, bool)
+            or not math.isfinite(self.copy_budget)
+            or self.copy_budget < 0
+        ):
+            raise InvalidPolicy(
+                "tunables.copy_budget", f"must be a finite number >= 0; got {self.copy_budget!r}"
+            )
+        if self.copy_budget and self.mode != "elastic":
+            raise InvalidPolicy(
+                "tunables.copy_budget",
+                "applies only to mode elastic (its evictions and admission); "
+                f"set it to 0 for mode {self.mode}",
+            )
+        # A gap between the thresholds keeps one free-page count from both shrinking and
+        # growing the pool round after round.
+        if self.grow_threshold <= self.shrink_threshold:
+            raise InvalidPolicy(
+                "tunables.grow_threshold",
+                f"must exceed shrink_threshold ({self.shrink_threshold}); got "
+                f"{self.grow_threshold}",
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_pushable(tunables: Tunables) -> Tunables:
+    """The control plane's extra rule for a policy it stores and pushes: mode resident
+    offloads nothing, so a limit there could only mislead whoever reads the policy. (The
+    data plane ignores the limit in mode resident: its flags' default 8 is fine there.)"""
+    if tunables.mode == "resident" and tunables.expert_offload_limit != 0:
+        raise InvalidPolicy(
+            "tunables.expert_offload_limit",
+            "must be 0 in mode resident (all experts stay in the pool); "
+            f"got {tunables.expert_offload_limit}",
+        )
+    return tunables

@@ -1,0 +1,69 @@
+"""rimuru.policy <-> the rimuru.v1 control messages: the one converter both planes use.
+
+Reading a message validates it: what converts is a valid Tunables or HotnessRanking, and
+a bad field raises InvalidPolicy naming it as the proto spells it (the control plane
+answers INVALID_ARGUMENT with it, the data plane NACKs the version with it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rimuru.policy import HotnessRanking, InvalidPolicy, Tunables
+from rimuru.v1 import control_pb2 as pb
+
+MODE_TO_PROTO = {"resident": pb.MODE_RESIDENT, "fixed": pb.MODE_FIXED, "elastic": pb.MODE_ELASTIC}
+MODE_FROM_PROTO = {v: k for k, v in MODE_TO_PROTO.items()}
+
+
+def tunables_to_proto(t: Tunables) -> pb.Tunables:
+    return pb.Tunables(
+        mode=MODE_TO_PROTO[t.mode],
+        expert_offload_limit=t.expert_offload_limit,
+        shrink_threshold=t.shrink_threshold,
+        grow_threshold=t.grow_threshold,
+        max_grow_per_round=t.max_grow_per_round,
+        pages_per_expert=t.pages_per_expert,
+        online_hotness=t.online_hotness,
+        copy_budget=t.copy_budget,
+    )
+
+
+def tunables_from_proto(msg: pb.Tunables) -> Tunables:
+    if msg.mode not in MODE_FROM_PROTO:
+        raise InvalidPolicy(
+            "tunables.mode",
+            "must be MODE_RESIDENT, MODE_FIXED or MODE_ELASTIC; got "
+            f"{pb.Mode.Name(msg.mode) if msg.mode in pb.Mode.values() else msg.mode}",
+        )
+    return Tunables(
+        mode=MODE_FROM_PROTO[msg.mode],
+        expert_offload_limit=msg.expert_offload_limit,
+        shrink_threshold=msg.shrink_threshold,
+        grow_threshold=msg.grow_threshold,
+        max_grow_per_round=msg.max_grow_per_round,
+        pages_per_expert=msg.pages_per_expert,
+        online_hotness=msg.online_hotness,
+        copy_budget=msg.copy_budget,
+    )
+
+
+def layers_to_proto(ranking: HotnessRanking) -> list[pb.LayerRanking]:
+    return [
+        pb.LayerRanking(layer=layer, expert_ids=list(order), probabilities=list(prob))
+        for layer, (order, prob) in enumerate(zip(ranking.order, ranking.prob, strict=True))
+    ]
+
+
+def ranking_from_layers(layers: Sequence[pb.LayerRanking], source: str = "") -> HotnessRanking:
+    """The wire numbers each layer; any order of them converts, each number once."""
+    ordered = sorted(layers, key=lambda r: r.layer)
+    if [r.layer for r in ordered] != list(range(len(ordered))):
+        raise InvalidPolicy(
+            "layers.layer", f"layers must be 0..{len(ordered) - 1}, each exactly once"
+        )
+    return HotnessRanking(
+        tuple(tuple(int(e) for e in r.expert_ids) for r in ordered),
+        tuple(tuple(float(p) for p in r.probabilities) for r in ordered),
+        source,
+    )
