@@ -93,6 +93,7 @@ def test_plain_wheel_contains_every_subpackage(tmp_path):
         "rimuru/cli.py",
         "rimuru/__main__.py",
         "rimuru/v1/control_pb2.py",
+        "rimuru/policy/tunables.py",
         "rimuru/v1/inference_pb2_grpc.py",
         "rimuru/v1/control.proto",
         "rimuru/dataplane/memory/allocator.py",
