@@ -32,3 +32,24 @@ def test_the_planes_share_one_type():
     from rimuru.policy import Tunables
 
     assert config.Tunables is Tunables is store.Tunables
+
+
+def test_the_root_package_serves_the_api_without_importing_the_engine_until_asked():
+    # `import rimuru` happens in every pod (the CLI); the engine's torch only when used.
+    probe = (
+        "import json, sys\n"
+        "import rimuru\n"
+        f"before = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "from rimuru import Engine, EngineConfig, SamplingParams, Tunables, HotnessRanking\n"
+        "from rimuru.dataplane.engine.engine import Engine as E\n"
+        "print(json.dumps([before, Engine is E, 'torch' in sys.modules]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [[], True, True]
+    missing = subprocess.run(
+        [sys.executable, "-c", "from rimuru import Engin"], capture_output=True, text=True
+    )
+    assert "cannot import name 'Engin' from 'rimuru'" in missing.stderr
