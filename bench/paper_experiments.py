@@ -199,6 +199,10 @@ def main() -> int:
         folder = out / "fig4"
         extra = ["--policies", args.policies or "resident,fixed,elastic", "--request-rate", "10",
                  "--expert-offload-limit", args.expert_offload_limit or "30"]  # fmt: skip
+        if not any(a.split("=", 1)[0] == "--max-num-batched-tokens" for a in args.passthrough):
+            # the engine's 2048-token steps (the recorded Fig. 4 runs), not the CPU quick
+            # start's 1024 that `rimuru bench` defaults to
+            extra += ["--max-num-batched-tokens", "2048"]
         code = _bench(args, folder, extra)
         if code == 0:
             rows = [_row(r.policy, r) for r in read_results(folder / "results.json")]

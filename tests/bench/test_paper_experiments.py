@@ -61,10 +61,12 @@ def test_fig4_runs_the_asked_policies_on_one_budget_and_draws_the_figure(tmp_pat
     done = run(
         "fig4", *TINY, "--num-prompts", "8", "--memory-budget", "300MiB",
         "--policies", "resident,elastic", "--expert-offload-limit", "6", "--out", str(tmp_path),
+        "--max-num-batched-tokens", "512",  # the GPU setup's 2048 unless given
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     results = read_results(tmp_path / "fig4" / "results.json")
     assert [r.policy for r in results] == ["resident", "elastic"]
+    assert {r.config["max_num_batched_tokens"] for r in results} == {512}
     assert {r.config["memory_budget"] for r in results} == {300 * 2**20}
     assert {r.request_rate for r in results} == {10.0}
     assert (tmp_path / "fig4" / "fig4_memory_split.png").read_bytes().startswith(b"\x89PNG")
