@@ -1,6 +1,7 @@
 """rimuru.dataplane.model: the MoE decoder in plain PyTorch, its weights and its backends.
 
 config.py       ModelConfig, parsed from a Hugging Face config.json
+hybrid_config.py  the hybrid (Gated DeltaNet) families' layer types and GDN shapes
 weights.py      typed weight pieces and the WeightSource protocol
 loader.py       CheckpointWeights: a local HF directory of safetensors
 presets.py      RandomWeights: public shapes, seeded random weights, router skew
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from rimuru.dataplane.model.backends import AttentionBackend, ExpertBackend
 from rimuru.dataplane.model.config import ModelConfig, config_from_hf, load_config
+from rimuru.dataplane.model.hybrid_config import HYBRID_NOT_SERVED
 from rimuru.dataplane.model.loader import CheckpointWeights
 from rimuru.dataplane.model.presets import PRESETS, RandomWeights, preset_config
 from rimuru.dataplane.model.reference import ContiguousKVAttention, ContiguousKVMeta, DenseExperts
@@ -38,11 +40,16 @@ __all__ = [
     "model_config",
     "open_weights",
     "preset_config",
+    "refuse_unserved",
 ]
 
 
 def open_weights(model: str, *, seed: int = 0, router_skew: float = 0.0) -> WeightSource:
-    """A preset name (random weights) or the path of a local Hugging Face directory."""
+    """A preset name (random weights) or the path of a local Hugging Face directory.
+
+    This is where the engine (and `rimuru plan`) get their model, so it is where a model the
+    engine cannot serve yet is refused: hybrid ones, until their states have pool pages."""
+    refuse_unserved(model_config(model))
     if model in PRESETS:
         return RandomWeights.preset(model, seed=seed, router_skew=router_skew)
     if router_skew:
@@ -63,6 +70,12 @@ def model_config(model: str) -> ModelConfig:
         return preset_config(model)
     _check_model_dir(model)
     return load_config(model)
+
+
+def refuse_unserved(config: ModelConfig) -> None:
+    """ValueError (the CLI exits 2) for a model that parses but the engine cannot run."""
+    if config.is_hybrid:
+        raise ValueError(HYBRID_NOT_SERVED)
 
 
 def _check_model_dir(model: str) -> None:

@@ -1,11 +1,20 @@
 """The model's shape and numerics, parsed from a Hugging Face `config.json`.
 
-Three families are supported; each key below is what that family's `config.json` calls it:
+Five families parse; each key below is what that family's `config.json` calls it:
 
-    family      experts                      expert size              attention
-    qwen2_moe   num_experts + shared expert  moe_intermediate_size    q/k/v biases
-    qwen3_moe   num_experts (or num_local_)  moe_intermediate_size    q/k RMSNorm per head
-    mixtral     num_local_experts            intermediate_size        plain
+    family       experts                      expert size              attention
+    qwen2_moe    num_experts + shared expert  moe_intermediate_size    q/k/v biases
+    qwen3_moe    num_experts (or num_local_)  moe_intermediate_size    q/k RMSNorm per head
+    mixtral      num_local_experts            intermediate_size        plain
+    qwen3_next   num_experts + shared expert  moe_intermediate_size    hybrid, see below
+    qwen3_5_moe  num_experts + shared expert  moe_intermediate_size    hybrid, see below
+
+The two hybrid families (hybrid_config.py) mix Gated DeltaNet layers with gated full
+attention: the attention's q_proj also yields a sigmoid output gate, its q/k norms and every
+decoder RMSNorm scale by (1 + w) (zero-centred weights), and RoPE turns only the first
+`partial_rotary_factor` of each head. Qwen3.5-MoE's config.json nests the text model under
+`text_config` (the multimodal wrapper's); that is what is parsed. The engine does not serve
+hybrids yet: `rimuru.dataplane.model.open_weights` refuses them (HYBRID_NOT_SERVED).
 
 The Qwen families may interleave dense layers (a plain gated MLP of `intermediate_size`)
 with MoE layers, as transformers decides: layer l is dense when it is in `mlp_only_layers` or
@@ -29,14 +38,26 @@ from typing import Any
 
 import torch
 
-FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral")
+from rimuru.dataplane.model.hybrid_config import (
+    LinearAttentionConfig,
+    parse_layer_types,
+    parse_linear_attention,
+)
+
+FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_moe")
+HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_moe")
 
 # HF `architectures[0]` -> family; `model_type` is accepted too.
 _ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",  # the text model alone (model_type ..._text)
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",  # the published checkpoints
 }
+# model_type values that name a family under another name.
+_MODEL_TYPES = {"qwen3_5_moe_text": "qwen3_5_moe"}
 
 # Known MoE architectures the model does not implement, and why (their first_k_dense_replace
 # dense layers alone would fit the dense-layer support; the rest does not).
@@ -80,6 +101,12 @@ class ModelConfig:
     dtype: torch.dtype
     dense_layers: tuple[int, ...] = ()  # decoder layers with a dense MLP instead of experts
     dense_intermediate_size: int = 0  # their MLP size; 0 = no dense layers
+    # Hybrid families only (empty / None / 1.0 / False elsewhere):
+    layer_types: tuple[str, ...] = ()  # per decoder layer, "linear_attention" / "full_attention"
+    linear_attention: LinearAttentionConfig | None = None  # the GDN layers' shapes
+    partial_rotary_factor: float = 1.0  # RoPE turns the first rotary_dim of each head
+    attn_output_gate: bool = False  # q_proj also yields a sigmoid gate on attention's output
+    zero_centred_norms: bool = False  # RMSNorms scale by (1 + w) (gated GDN norm excepted)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -102,8 +129,12 @@ class ModelConfig:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.head_dim % 2 or self.rotary_dim % 2:
+            raise ValueError(
+                f"head_dim ({self.head_dim}) and its rotary part ({self.rotary_dim}) must be "
+                f"even for RoPE"
+            )
+        self._check_hybrid()
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) cannot exceed num_experts ({self.num_experts})")
         if self.shared_expert_intermediate_size < 0:
@@ -125,6 +156,42 @@ class ModelConfig:
                 f"dense layers {dense} need a positive dense_intermediate_size "
                 f"(config.json's intermediate_size), got {self.dense_intermediate_size}"
             )
+
+    def _check_hybrid(self) -> None:
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(
+                f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor}"
+            )
+        if self.family not in HYBRID_FAMILIES:
+            if self.layer_types or self.linear_attention is not None:
+                raise ValueError(f"layer_types/linear_attention are for {HYBRID_FAMILIES} only")
+            return
+        if len(self.layer_types) != self.num_layers or self.linear_attention is None:
+            raise ValueError(
+                f"a {self.family} model needs one layer type per layer ({self.num_layers}) and "
+                f"its linear_attention shapes"
+            )
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Gated DeltaNet layers beside full attention: not served by the engine yet."""
+        return self.family in HYBRID_FAMILIES
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dims of each head that RoPE turns (transformers truncates with int())."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def full_attention_layers(self) -> tuple[int, ...]:
+        """The decoder layers with attention (all of them unless hybrid)."""
+        if not self.layer_types:
+            return tuple(range(self.num_layers))
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "full_attention")
+
+    def is_linear_attention_layer(self, layer: int) -> bool:
+        self.check_layer(layer)
+        return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
 
     @property
     def q_size(self) -> int:
@@ -217,12 +284,22 @@ def config_from_hf(hf: dict[str, Any], *, source: str = "config.json") -> ModelC
     """Parse the dict of a Hugging Face `config.json` (`source` names it in errors); refuse
     what the model does not implement."""
     try:
-        return _parse(_Keys(hf, source))
+        return _parse(_Keys(_text_config(hf), source))
     except KeyError as exc:  # only the keys every family must have are read with hf[...]
         raise ValueError(
             f"{source} lacks {exc.args[0]!r}, which a {hf.get('model_type') or 'MoE'} model "
             f"needs: is this a complete Hugging Face config.json?"
         ) from None
+
+
+def _text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal wrapper's (Qwen3.5-MoE's) text model: its `text_config` keys over the
+    top level's (which keep `architectures`, and `tie_word_embeddings` when text omits it)."""
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        return hf
+    outer = {k: v for k, v in hf.items() if k not in ("text_config", "vision_config")}
+    return {**outer, **text}
 
 
 class _Keys(dict):
@@ -273,9 +350,11 @@ def _parse(hf: _Keys) -> ModelConfig:
         num_experts = hf.integer(key)
         expert_size = hf.integer("moe_intermediate_size")
     dense = _dense_layers(hf, family)
+    hybrid = family in HYBRID_FAMILIES
+    num_layers = hf.integer("num_hidden_layers")
     return ModelConfig(
         family=family,
-        num_layers=hf.integer("num_hidden_layers"),
+        num_layers=num_layers,
         hidden_size=hidden,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
@@ -284,13 +363,15 @@ def _parse(hf: _Keys) -> ModelConfig:
         num_experts=num_experts,
         top_k=hf.integer("num_experts_per_tok"),
         # Mixtral always renormalises its top-2; the Qwen families say so in norm_topk_prob.
-        norm_topk_prob=True if family == "mixtral" else bool(hf.get("norm_topk_prob", False)),
+        norm_topk_prob=_norm_topk_prob(hf, family),
         shared_expert_intermediate_size=hf.integer("shared_expert_intermediate_size", 0)
-        if family == "qwen2_moe"
+        if family in ("qwen2_moe", *HYBRID_FAMILIES)
         else 0,
         qkv_bias=_qkv_bias(hf, family),
-        o_bias=family == "qwen3_moe" and bool(hf.get("attention_bias", False)),
-        qk_norm=family == "qwen3_moe",
+        o_bias=family != "qwen2_moe"
+        and family != "mixtral"
+        and bool(hf.get("attention_bias", False)),
+        qk_norm=family == "qwen3_moe" or hybrid,
         vocab_size=hf.integer("vocab_size"),
         rope_theta=_rope_theta(hf, family),
         rms_norm_eps=hf.number("rms_norm_eps", 1e-6),
@@ -301,12 +382,34 @@ def _parse(hf: _Keys) -> ModelConfig:
         dtype=parse_dtype(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
         dense_layers=dense,
         dense_intermediate_size=hf.integer("intermediate_size") if dense else 0,
+        layer_types=parse_layer_types(hf, num_layers) if hybrid else (),
+        linear_attention=parse_linear_attention(hf) if hybrid else None,
+        partial_rotary_factor=_partial_rotary_factor(hf) if hybrid else 1.0,
+        attn_output_gate=hybrid,
+        zero_centred_norms=hybrid,
     )
+
+
+def _norm_topk_prob(hf: _Keys, family: str) -> bool:
+    # Mixtral and Qwen3.5-MoE always renormalise their top-k (the latter's config has no key);
+    # Qwen3-Next's transformers default is True, the older Qwen families' False.
+    if family in ("mixtral", "qwen3_5_moe"):
+        return True
+    return bool(hf.get("norm_topk_prob", family == "qwen3_next"))
+
+
+def _partial_rotary_factor(hf: _Keys) -> float:
+    """rope_parameters' value (transformers 5), else the top-level key; 0.25 when absent,
+    transformers' default for both hybrid families."""
+    params = hf.get("rope_parameters") or {}
+    if "partial_rotary_factor" in params:
+        return _Keys(params, f"{hf.source} rope_parameters").number("partial_rotary_factor", 0.25)
+    return hf.number("partial_rotary_factor", 0.25)
 
 
 def _dense_layers(hf: _Keys, family: str) -> tuple[int, ...]:
     """The layers transformers builds with a dense MLP (Qwen2/Qwen3-MoE's decoder layer)."""
-    if family == "mixtral":
+    if family in ("mixtral", "qwen3_5_moe"):  # Qwen3.5-MoE: every layer is MoE
         return ()
     num_layers = hf.integer("num_hidden_layers")
     step = hf.integer("decoder_sparse_step", 1)
@@ -333,8 +436,9 @@ def _family(hf: dict[str, Any]) -> str:
                 f"{arch} is not supported: {_UNSUPPORTED_ARCHITECTURES[arch]}; supported: "
                 f"{sorted(_ARCHITECTURES)}"
             )
-    if hf.get("model_type") in FAMILIES:
-        return hf["model_type"]
+    model_type = _MODEL_TYPES.get(hf.get("model_type"), hf.get("model_type"))
+    if model_type in FAMILIES:
+        return model_type
     raise ValueError(
         f"unsupported architecture {architectures or hf.get('model_type')!r}; "
         f"supported: {sorted(_ARCHITECTURES)} (model_type {list(FAMILIES)})"
@@ -345,6 +449,8 @@ def _refuse_unsupported(hf: _Keys, family: str) -> None:
     _refuse_quantized(hf)
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' is")
+    if family in HYBRID_FAMILIES and hf.get("attn_output_gate", True) is not True:
+        raise ValueError("attn_output_gate=false is not supported; the hybrid models gate it")
     if family != "mixtral":
         if hf.get("use_sliding_window"):
             raise ValueError("use_sliding_window=true is not supported; set it to false")
@@ -385,9 +491,9 @@ def _rope_theta(hf: _Keys, family: str) -> float:
 def _qkv_bias(hf: dict[str, Any], family: str) -> bool:
     if family == "qwen2_moe":
         return bool(hf.get("qkv_bias", True))  # Qwen1.5-MoE checkpoints predate the key
-    if family == "qwen3_moe":
-        return bool(hf.get("attention_bias", False))
-    return False
+    if family == "mixtral":
+        return False
+    return bool(hf.get("attention_bias", False))
 
 
 def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:

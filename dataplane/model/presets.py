@@ -5,6 +5,13 @@
     qwen1.5-moe-a2.7b    qwen2_moe  24      2048  60       1408   4      16 (16)     5632
     qwen3-30b-a3b        qwen3_moe  48      2048  128      768    8      32 (4)      -
     mixtral-8x7b         mixtral    32      4096  8        14336  2      32 (8)      -
+    qwen3-next-80b-a3b   qwen3_next   48    2048  512      512    10     16 (2)      512
+    qwen3.5-35b-a3b      qwen3_5_moe  40    2048  256      512    8      16 (2)      512
+
+The last two are hybrids (hybrid_config.py): 3 of every 4 layers are Gated DeltaNet (16 key
+heads, 32 value heads, dims 128, conv kernel 4), the 4th gated attention with head_dim 256 and
+a quarter of it rotary. The engine refuses them (HYBRID_NOT_SERVED), and so does
+RandomWeights: their shapes are here for the memory plan and the tests, not for serving.
 
 `tiny` is the CPU default: fp32, but with Qwen's vocabulary (151936) so real Qwen token ids
 are valid input. The others are bf16 like their checkpoints.
@@ -44,6 +51,7 @@ from rimuru.dataplane.model.hf_layout import (
     is_norm_weight,
     is_router_weight,
 )
+from rimuru.dataplane.model.hybrid_config import HYBRID_NOT_SERVED, LinearAttentionConfig
 from rimuru.dataplane.model.weights import ExpertWeights, GlobalWeights, LayerWeights, host_empty
 
 _QWEN_VOCAB = 151936
@@ -88,6 +96,68 @@ _TINY = _QWEN3_30B_A3B.replace(
     max_position_embeddings=32768,
     tie_word_embeddings=True,  # halves the 151936-row vocabulary's memory, as small Qwen3s do
     dtype=torch.float32,
+)
+
+# Qwen3-Next-80B-A3B. Shapes: transformers' Qwen3NextConfig() defaults, which are this model
+# (tests/model/test_hybrid_config.py pins them). From the published config.json, where the
+# defaults differ or are absent: rope_theta 1e7, max_position_embeddings 262144, bos/eos ids,
+# bf16 (values as published on the Hub; not re-read offline).
+_QWEN3_NEXT_80B_A3B = ModelConfig(
+    family="qwen3_next",
+    num_layers=48,
+    hidden_size=2048,
+    num_heads=16,
+    num_kv_heads=2,
+    head_dim=256,
+    moe_intermediate_size=512,
+    num_experts=512,
+    top_k=10,
+    norm_topk_prob=True,
+    shared_expert_intermediate_size=512,
+    qkv_bias=False,
+    o_bias=False,
+    qk_norm=True,
+    vocab_size=_QWEN_VOCAB,
+    rope_theta=1e7,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=262144,
+    tie_word_embeddings=False,
+    bos_token_id=151643,
+    eos_token_ids=(151645,),
+    dtype=torch.bfloat16,
+    # every 4th layer full attention: transformers' default full_attention_interval 4
+    layer_types=tuple(
+        "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(48)
+    ),
+    linear_attention=LinearAttentionConfig(
+        num_key_heads=16,
+        num_value_heads=32,
+        key_head_dim=128,
+        value_head_dim=128,
+        conv_kernel_size=4,
+    ),
+    partial_rotary_factor=0.25,
+    attn_output_gate=True,
+    zero_centred_norms=True,
+)
+
+# Qwen3.5-35B-A3B's text model. Shapes: transformers' Qwen3_5MoeTextConfig() defaults, which
+# are this model (pinned by the same test): 40 layers, vocab 248320, 256 experts top-8,
+# renormalised top-k (its router always renormalises). From the published config.json:
+# rope_theta 1e7, max_position_embeddings 262144, eos 248044, no bos, bf16 (as published;
+# not re-read offline). Its mrope_section is irrelevant to text: with the three position
+# streams equal, interleaved M-RoPE is plain RoPE.
+_QWEN3_5_35B_A3B = _QWEN3_NEXT_80B_A3B.replace(
+    family="qwen3_5_moe",
+    num_layers=40,
+    num_experts=256,
+    top_k=8,
+    vocab_size=248320,
+    bos_token_id=None,
+    eos_token_ids=(248044,),
+    layer_types=tuple(
+        "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(40)
+    ),
 )
 
 PRESETS: dict[str, ModelConfig] = {
@@ -141,6 +211,8 @@ PRESETS: dict[str, ModelConfig] = {
         eos_token_ids=(2,),
         dtype=torch.bfloat16,
     ),
+    "qwen3-next-80b-a3b": _QWEN3_NEXT_80B_A3B,
+    "qwen3.5-35b-a3b": _QWEN3_5_35B_A3B,
 }
 
 
@@ -161,6 +233,8 @@ class RandomWeights:
     """WeightSource of seeded random weights at a config's shapes (see the module docstring)."""
 
     def __init__(self, config: ModelConfig, seed: int = 0, router_skew: float = 0.0) -> None:
+        if config.is_hybrid:  # hf_layout builds attention-only layers
+            raise ValueError(HYBRID_NOT_SERVED)
         if not (math.isfinite(router_skew) and router_skew >= 0):
             raise ValueError(f"router_skew must be a finite number >= 0, got {router_skew}")
         self._config = config
