@@ -8,6 +8,11 @@ presets.py      RandomWeights: public shapes, seeded random weights, router skew
 backends.py     AttentionBackend / ExpertBackend, where the engine plugs in
 transformer.py  MoETransformer: forward, compute_logits, router_logits
 reference.py    dense reference backends (the oracle)
+
+Hybrid models (Gated DeltaNet + gated attention + MoE), parsed and computed, not served yet:
+hybrid_weights.py / hybrid_layout.py   their layer weights, read from either family's layout
+gated_delta.py / causal_conv.py        the gated delta rule and short conv, with their states
+hybrid_reference.py                    HybridReference: the whole-sequence torch oracle
 """
 
 from pathlib import Path

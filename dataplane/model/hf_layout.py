@@ -65,28 +65,34 @@ def build_layer_weights(
     input_norm = get("input_layernorm.weight", hidden)
     post_attention_norm = get("post_attention_layernorm.weight", hidden)
     if not cfg.is_moe_layer(layer):  # transformers' {Family}MLP under the name "mlp"
-        size = cfg.dense_intermediate_size
-        dense = DenseMLPWeights(
-            gate_proj=get("mlp.gate_proj.weight", size, hidden),
-            up_proj=get("mlp.up_proj.weight", size, hidden),
-            down_proj=get("mlp.down_proj.weight", hidden, size),
-        )
+        dense = build_dense_mlp(cfg, p, fetch)
         return LayerWeights(input_norm, attention, post_attention_norm, None, dense_mlp=dense)
-    shared = None
-    if cfg.has_shared_expert:
-        size = cfg.shared_expert_intermediate_size
-        shared = SharedExpertWeights(
-            gate_proj=get("mlp.shared_expert.gate_proj.weight", size, hidden),
-            up_proj=get("mlp.shared_expert.up_proj.weight", size, hidden),
-            down_proj=get("mlp.shared_expert.down_proj.weight", hidden, size),
-            gate=get("mlp.shared_expert_gate.weight", 1, hidden),
-        )
+    shared = build_shared_expert(cfg, p, fetch) if cfg.has_shared_expert else None
     return LayerWeights(
         input_norm=input_norm,
         attention=attention,
         post_attention_norm=post_attention_norm,
         router=get(f"{moe_block}.gate.weight", cfg.num_experts, hidden),  # [E, D]
         shared_expert=shared,
+    )
+
+
+def build_dense_mlp(cfg: ModelConfig, layer_prefix: str, fetch: Fetch) -> DenseMLPWeights:
+    size, hidden, p = cfg.dense_intermediate_size, cfg.hidden_size, layer_prefix + "mlp."
+    return DenseMLPWeights(
+        gate_proj=fetch(p + "gate_proj.weight", (size, hidden)),
+        up_proj=fetch(p + "up_proj.weight", (size, hidden)),
+        down_proj=fetch(p + "down_proj.weight", (hidden, size)),
+    )
+
+
+def build_shared_expert(cfg: ModelConfig, layer_prefix: str, fetch: Fetch) -> SharedExpertWeights:
+    size, hidden, p = cfg.shared_expert_intermediate_size, cfg.hidden_size, layer_prefix + "mlp."
+    return SharedExpertWeights(
+        gate_proj=fetch(p + "shared_expert.gate_proj.weight", (size, hidden)),
+        up_proj=fetch(p + "shared_expert.up_proj.weight", (size, hidden)),
+        down_proj=fetch(p + "shared_expert.down_proj.weight", (hidden, size)),
+        gate=fetch(p + "shared_expert_gate.weight", (1, hidden)),
     )
 
 

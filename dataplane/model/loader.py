@@ -13,6 +13,11 @@ Routed experts are accepted in the two layouts found on disk:
         mlp.experts.gate_up_proj [E, 2I, D]   (gate rows first, then up)
         mlp.experts.down_proj    [E, D, I]
 
+Hybrid models (Qwen3-Next, Qwen3.5-MoE) get `HybridLayerWeights` from `layer_weights`
+(hybrid_layout.py). Qwen3.5-MoE's published checkpoints are the multimodal model: its text
+model's tensors are `model.language_model.*` where transformers' text-only save writes
+`model.*`; both are read (the vision tower's and MTP's tensors are ignored).
+
 Every shard is opened (its header parsed) when the source is made, so a truncated or corrupt
 file, or a quantized one the model cannot compute with, is refused before any weight is read.
 Errors about the checkpoint are `CheckpointError`s (a ValueError: the CLI reports them and
@@ -31,6 +36,8 @@ from safetensors import SafetensorError, safe_open
 
 from rimuru.dataplane.model.config import ModelConfig, load_config, read_json
 from rimuru.dataplane.model.hf_layout import Fetch, build_global_weights, build_layer_weights
+from rimuru.dataplane.model.hybrid_layout import build_hybrid_layer_weights
+from rimuru.dataplane.model.hybrid_weights import HybridLayerWeights
 from rimuru.dataplane.model.weights import ExpertWeights, GlobalWeights, LayerWeights, host_empty
 
 _INDEX = "model.safetensors.index.json"
@@ -63,6 +70,9 @@ class CheckpointWeights:
         self._refuse_quantized()
         # Mixtral's classic checkpoints call the MoE block block_sparse_moe; transformers 5 says mlp.
         self._moe = "mlp"
+        self._text_prefix = "model."  # what "model." in a tensor name stands for on disk
+        if "model.language_model.embed_tokens.weight" in self._files:
+            self._text_prefix = "model.language_model."
         if self._config.family == "mixtral" and "model.layers.0.mlp.gate.weight" not in self._files:
             self._moe = "block_sparse_moe"
 
@@ -73,7 +83,11 @@ class CheckpointWeights:
     def global_weights(self, device: torch.device, dtype: torch.dtype) -> GlobalWeights:
         return build_global_weights(self._config, self._fetcher(device, dtype))
 
-    def layer_weights(self, layer: int, device: torch.device, dtype: torch.dtype) -> LayerWeights:
+    def layer_weights(
+        self, layer: int, device: torch.device, dtype: torch.dtype
+    ) -> LayerWeights | HybridLayerWeights:
+        if self._config.is_hybrid:
+            return build_hybrid_layer_weights(self._config, layer, self._fetcher(device, dtype))
         return build_layer_weights(self._config, layer, self._fetcher(device, dtype), self._moe)
 
     def expert_weights(
@@ -93,7 +107,7 @@ class CheckpointWeights:
         w3 = host_empty((n, inter, hidden), dtype, pin_memory)
         w2 = host_empty((n, hidden, inter), dtype, pin_memory)
         fused = f"model.layers.{layer}.mlp.experts."
-        if fused + "gate_up_proj" in self._files:
+        if self._disk_name(fused + "gate_up_proj") in self._files:
             gate_up = self._read(fused + "gate_up_proj", (n, 2 * inter, hidden))
             w1.copy_(gate_up[:, :inter])
             w3.copy_(gate_up[:, inter:])
@@ -120,7 +134,13 @@ class CheckpointWeights:
                     f"weights only); use the model's unquantized (e.g. BF16) release"
                 )
 
+    def _disk_name(self, name: str) -> str:
+        if name.startswith("model."):
+            return self._text_prefix + name.removeprefix("model.")
+        return name
+
     def _read(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        name = self._disk_name(name)
         path = self._files.get(name)
         if path is None:
             raise CheckpointError(
