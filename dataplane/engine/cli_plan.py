@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(cap.activation_reserve_bytes)} "
         f"({'given' if config.activation_reserve is not None else 'estimated; the engine measures it on CUDA'})"
     )
+    print(cap.geometry.describe())  # page sizes, and each padded slot's waste
     header = (
         "policy",
         "pool",

@@ -276,7 +276,8 @@ class PageAllocator:
 
     # ------------------------------------------------------------------ invariants
     def check_invariants(self) -> None:
-        """Every byte of the pool is in exactly one state: free, owned, or split further."""
+        """Every byte of the pool is in exactly one state: free, owned, or split further;
+        every page is free or owned exactly once; affinity counts match the owners."""
         g = self.geometry
         total = 0
         seen_free_huge = set()
@@ -313,6 +314,27 @@ class PageAllocator:
         }
         if flat != counts:
             raise AssertionError("affinity counts disagree with page owners")
+        self._check_bytes_tile_the_pool()
+
+    def _check_bytes_tile_the_pool(self) -> None:
+        """Byte ranges, from ids alone: page p of slot size S covers [p*S, (p+1)*S). The
+        free and owned pages (split marks excluded: their bytes are their children's) must
+        tile the pool exactly, so no two live pages share a byte and none is lost."""
+        g = self.geometry
+        ranges = [(h * g.huge_page_bytes, g.huge_page_bytes, "free huge") for h in self._free_huge]
+        for split in self._splits.values():
+            size = g.bytes_of(split.child_type)
+            ranges += [(c * size, size, "free") for c in split.free_children]
+        for t, p, o in self.owned_pages():
+            if o is not _SPLIT:
+                ranges.append((p * g.bytes_of(t), g.bytes_of(t), f"{t.value} page {p}"))
+        end = 0
+        for start, size, what in sorted(ranges):
+            if start != end:
+                raise AssertionError(f"{what} at byte {start}: expected one at byte {end}")
+            end = start + size
+        if end != self.num_huge_pages * g.huge_page_bytes:
+            raise AssertionError(f"pages end at byte {end}, not at the end of the pool")
 
     def _check_subtree(self, page_type: PageType, page_id: int) -> int:
         split = self._splits[(page_type, page_id)]

@@ -8,9 +8,15 @@ page type sees the same bytes through its own view, made with `.view(dtype).view
     expert  [ e0        | e1        | e2      | e3 ...                  (I*D elems each)
     kv      [ k0|k1|k2|...                                     ([2, 16, H_kv, Dh] each)
 
-A page id times its page size is its byte offset, so expert page 5 and KV pages
+A page id times its slot size is its byte offset, so expert page 5 and KV pages
 5*r .. 5*r+r-1 (r = KV pages per expert page) are the same bytes. The allocator makes
 sure no two live users ever hold overlapping pages.
+
+A padded page type (its content smaller than its slot, see geometry.py) is viewed as
+[P, slot] sliced to [P, content]: page p still starts at p * slot, the view's page stride
+is the slot and its padding is never addressed. Every consumer of the KV view indexes
+pages through stride(0) (the Triton kernels take it as `stride_page`), never through a
+page size of its own.
 """
 
 from __future__ import annotations
@@ -74,15 +80,21 @@ class UnifiedPool:
     def _make_view(self, page_type: PageType) -> torch.Tensor:
         shape = self.geometry.shape
         n = self.num_pages(page_type)
-        typed = self.buffer.view(self.dtype)
+        slot, content = self.geometry.bytes_of(page_type), self.geometry.content_bytes_of(page_type)
         if page_type is PageType.KV:
-            # [P, 2, block, H_kv, Dh]: K then V of one layer's 16-token block
-            return typed.view(n, 2, shape.block_size, shape.num_kv_heads, shape.head_dim)
+            # [P, 2, block, H_kv, Dh]: K then V of one layer's 16-token block; page stride =
+            # slot elements, which exceeds the block's elements when the KV page is padded
+            itemsize = shape.dtype_bytes
+            slots = self.buffer.view(self.dtype).view(n, slot // itemsize)
+            block = slots[:, : content // itemsize]
+            return block.view(n, 2, shape.block_size, shape.num_kv_heads, shape.head_dim)
         if page_type is PageType.EXPERT:
             # [P, I*D]: one expert matrix per page; w1/w3 read it as [I, D], w2 as [D, I]
-            return typed.view(n, shape.moe_intermediate_size * shape.hidden_size)
+            return self.buffer.view(self.dtype).view(
+                n, shape.moe_intermediate_size * shape.hidden_size
+            )
         if page_type in (PageType.SSM, PageType.CONV, PageType.HUGE):
-            return self.buffer.view(n, self.geometry.bytes_of(page_type))
+            return self.buffer.view(n, slot)[:, :content]  # raw bytes of each page's content
         raise ValueError(f"no view for page type {page_type!r}")
 
     def expert_matrix(self, page_id: int, rows: int, cols: int) -> torch.Tensor:

@@ -115,3 +115,40 @@ def test_deferred_reclaim_frees_after_step_completes(geometry):
     with pytest.raises(ValueError, match="completed after"):
         reclaim.complete(3)
     a.check_invariants()
+
+
+def qwen35_geometry() -> PageGeometry:
+    # 2 MiB expert = SSM = huge page; 32 KiB KV pages (64 per expert page), 48 KiB conv
+    # states in 64 KiB slots (32 per expert page)
+    shape = MemoryShape(
+        40, 256, 2048, 512, 2, 256, 2, ssm_state_bytes=2**21, conv_state_bytes=49152
+    )
+    return PageGeometry.from_shape(shape)
+
+
+def test_exact_ids_of_all_four_page_types_at_qwen35_sizes():
+    a = PageAllocator(qwen35_geometry(), num_huge_pages=3)
+    assert a.allocate(PageType.SSM, 1, "r") == [0]  # huge 0 is one SSM page
+    assert a.allocate(PageType.CONV, 2, "r") == [32, 33]  # huge 1 -> expert 1 -> conv 32..63
+    assert a.allocate(KV, 2, "r") == [128, 129]  # huge 2 -> expert 2 -> KV 128..191
+    assert a.allocate(EXPERT, 1, "e") is None and a.allocate(PageType.SSM, 1, "s") is None
+    assert (a.num_free(PageType.CONV), a.num_free(KV)) == (30, 62)
+    # the conv slots' bytes: 64 KiB apart inside expert page 1 (bytes 2 MiB .. 4 MiB)
+    assert [p * a.geometry.bytes_of(PageType.CONV) for p in (32, 33)] == [2**21, 2**21 + 2**16]
+    a.check_invariants()
+    a.free(PageType.CONV, [32, 33], "r")
+    a.free(KV, [128, 129], "r")
+    a.free(PageType.SSM, [0], "r")
+    assert a.num_free(HUGE) == 3 and not a._splits
+    a.check_invariants()
+
+
+def test_byte_check_catches_a_page_that_overlaps_a_free_one():
+    """The byte ranges are recomputed from page ids: a KV page recorded as owned while its
+    bytes are still on a free list shows up as two pages at the same offset."""
+    a = PageAllocator(qwen35_geometry(), num_huge_pages=1)
+    a.allocate(KV, 1, "r")
+    a._check_bytes_tile_the_pool()
+    a._owner[KV][1] = "intruder"  # KV page 1 is also still free
+    with pytest.raises(AssertionError, match="at byte 32768: expected one at byte 65536"):
+        a._check_bytes_tile_the_pool()

@@ -1,6 +1,12 @@
 import pytest
 
-from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
+from rimuru.dataplane.memory.geometry import (
+    MemoryShape,
+    PageGeometry,
+    PagePadding,
+    PageType,
+    padded_slot_bytes,
+)
 from rimuru.dataplane.memory.units import parse_bytes
 
 
@@ -39,19 +45,62 @@ def test_ssm_makes_huge_page_the_lcm():
     assert g.ratio(PageType.CONV) == 8
 
 
-def test_refuses_kv_page_that_does_not_divide_with_advice_a_user_can_follow():
+def test_kv_page_that_does_not_divide_is_padded_to_the_next_divisor():
+    """Refused before padding: 768 B of KV do not divide a 1024 B expert page."""
+    g = PageGeometry.from_shape(
+        MemoryShape(2, 4, 16, 16, num_kv_heads=3, head_dim=2, dtype_bytes=4)
+    )
+    assert g.content_bytes_of(PageType.KV) == 2 * 16 * 3 * 2 * 4 == 768
+    assert g.kv_page_bytes == 1024 and g.kv_pages_per_expert_page == 1
+    assert g.padding[1] == PagePadding(PageType.KV, 768, 1024)
+
+
+def test_mixtral_like_model_with_six_kv_heads_gets_a_56_kib_kv_slot():
+    """Mixtral-8x7B's experts with 6 KV heads: 48 KiB of KV (3 * 2^14) do not divide the
+    7 * 2^24 B expert page; the smallest divisor above is 7 * 2^13 = 56 KiB, not 64 KiB."""
+    shape = MemoryShape(32, 8, 4096, 14336, num_kv_heads=6, head_dim=128, dtype_bytes=2)
+    g = PageGeometry.from_shape(shape)
+    assert g.expert_page_bytes == 14336 * 4096 * 2 == 7 * 2**24
+    assert g.content_bytes_of(PageType.KV) == 2 * 16 * 6 * 128 * 2 == 49_152
+    assert g.kv_page_bytes == 57_344 and g.kv_pages_per_expert_page == 2048
+    (kv,) = [p for p in g.padding if p.page_type is PageType.KV]
+    assert kv.waste_bytes == 8192 and kv.waste_fraction == 1 / 7
+    assert g.huge_page_bytes == g.expert_page_bytes
+
+
+def test_refuses_kv_page_larger_than_expert_page_with_advice_a_user_can_follow():
     """block_size is fixed at 16, so the refusal must not advise another block size: it says
     the model cannot be served and which shapes can, in config.json's terms."""
-    shape = MemoryShape(2, 4, 16, 16, num_kv_heads=3, head_dim=2, dtype_bytes=4)
+    shape = MemoryShape(2, 4, 16, 16, num_kv_heads=3, head_dim=4, dtype_bytes=4)
     with pytest.raises(ValueError) as err:
         PageGeometry.from_shape(shape)
     message = str(err.value)
     assert message.startswith("this model cannot be served by this version of rimuru")
-    assert "(2 x 16 tokens x 3 KV heads x head_dim 2 = 192 elements)" in message
+    assert "(2 x 16 tokens x 3 KV heads x head_dim 4 = 384 elements) is larger" in message
     assert "(moe_intermediate_size 16 x hidden_size 16 = 256 elements)" in message
     assert "the block size is fixed at 16 tokens" in message
-    assert "multiple of 2 x 16 x num_key_value_heads x head_dim" in message
+    assert "is at least 2 x 16 x num_key_value_heads x head_dim" in message
     assert "block size may fit" not in message
+
+
+def test_refuses_conv_state_larger_than_expert_page():
+    with pytest.raises(ValueError, match="conv state of 1028 B is larger than the expert page"):
+        PageGeometry.from_shape(MemoryShape(2, 4, 16, 16, 1, 2, 4, conv_state_bytes=1028))
+
+
+@pytest.mark.parametrize(
+    ("content", "parent", "align", "slot"),
+    [
+        (256, 1024, 4, 256),  # divides: no padding
+        (768, 1024, 4, 1024),
+        (160, 768, 4, 192),  # 768 = 3 * 2^8: 192 divides it, 256 would too but is larger
+        (4, 30, 2, 6),  # 5 B divides 30 B but is not a whole 2 B element
+        (30, 30, 2, 30),
+        (31, 30, 2, None),  # larger than the parent
+    ],
+)
+def test_padded_slot_is_the_smallest_aligned_divisor(content, parent, align, slot):
+    assert padded_slot_bytes(content, parent, align) == slot
 
 
 def test_refuses_bad_sizes():

@@ -52,3 +52,38 @@ def test_ssm_and_conv_views_cover_the_pool():
     assert pool.view(PageType.CONV).shape == (48, 128)
     pool.view(PageType.SSM)[1, :4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
     assert pool.buffer[768:772].tolist() == [1, 2, 3, 4]
+
+
+def test_padded_kv_pages_start_at_slot_offsets_and_never_touch_their_padding():
+    """3 KV heads x head_dim 2 in fp32: 768 B of KV in a 1024 B slot, 2 per 2048 B expert
+    page. The KV view's page stride is the slot; writing every element of every KV page
+    leaves the last 256 B of each slot as they were."""
+    from rimuru.dataplane.memory.geometry import MemoryShape
+
+    g = PageGeometry.from_shape(MemoryShape(2, 4, 16, 32, 3, 2, 4))
+    assert (g.content_bytes_of(PageType.KV), g.kv_page_bytes, g.ratio(PageType.KV)) == (
+        768,
+        1024,
+        2,
+    )
+    pool = UnifiedPool(g, 2, torch.float32)
+    pool.buffer.fill_(0xAB)
+    kv = pool.view(PageType.KV)
+    assert kv.shape == (4, 2, 16, 3, 2) and kv.stride() == (256, 96, 6, 2, 1)
+    kv.copy_(torch.arange(4 * 192, dtype=torch.float32).view(4, 2, 16, 3, 2))
+    slots = pool.buffer.view(4, 1024)
+    for page in range(4):
+        content = slots[page, :768].view(torch.float32)
+        assert torch.equal(content, torch.arange(page * 192, (page + 1) * 192, dtype=torch.float32))
+        assert bool((slots[page, 768:] == 0xAB).all())
+    # expert page 1 is KV pages 2 and 3, padding included
+    assert pool.view(PageType.EXPERT)[1].view(torch.uint8).data_ptr() == slots[2].data_ptr()
+
+
+def test_padded_conv_view_exposes_each_slot_content():
+    from rimuru.dataplane.memory.geometry import MemoryShape
+
+    g = PageGeometry.from_shape(MemoryShape(2, 4, 16, 16, 1, 2, 4, conv_state_bytes=96))
+    assert g.bytes_of(PageType.CONV) == 128  # 96 B padded to the next divisor of 1024 B
+    conv = UnifiedPool(g, 1, torch.float32).view(PageType.CONV)
+    assert conv.shape == (8, 96) and conv.stride() == (128, 1)

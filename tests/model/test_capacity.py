@@ -84,7 +84,9 @@ def test_cli_prints_each_policy_and_says_why_one_does_not_fit(capsys):
     )  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0  # fixed fits
-    *table, graphs = out.splitlines()[2:]
+    _, geometry, _, *table, graphs = out.splitlines()
+    # 768 x 2048 bf16 expert pages; 32 KiB KV pages divide them: no padding
+    assert geometry == "page geometry: huge page 3145728 B; expert page 3145728 B, kv page 32768 B"
     rows = [line.split() for line in table]
     fixed = plan_capacity(
         EngineConfig(model="qwen3-30b-a3b", memory_budget=20 * 2**30, max_num_batched_tokens=1024),
