@@ -25,6 +25,9 @@ session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
    kernel reads pinned host memory; graphs replay with experts offloaded) give the eager
    host-copy tokens, prompt steps replayed as piecewise graphs (CUDA only; the pool is
    sized so that both policies really copy).
+9. padded KV pages: a checkpoint whose KV page does not divide its expert page (KV slots
+   padded, the kernels step pages by the slot) gives the CPU torch path's greedy tokens,
+   resident and a tight elastic that evicts (CUDA only).
 Prints a table last: check, result, detail. Exit status 1 if any check failed.
 """
 
@@ -296,6 +299,64 @@ def device_copy_matches_host(device: str) -> str:
     return "; ".join(details) + "; tokens identical"
 
 
+def _padded_kv_checkpoint(path: Path) -> None:
+    """A tiny fp32 Qwen2-MoE: expert page 40 x 64 x 4 = 10,240 B; KV page 2 x 16 x 2 x 16 x 4
+    = 4,096 B does not divide it, so KV pages sit in 5,120 B slots."""
+    import transformers
+
+    torch.manual_seed(5)
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.15,
+        moe_intermediate_size=40, shared_expert_intermediate_size=64, num_experts=8,
+        num_experts_per_tok=2, eos_token_id=None,
+    )  # fmt: skip
+    transformers.Qwen2MoeForCausalLM(config).eval().save_pretrained(path)
+
+
+def padded_kv_pages(device: str) -> str:
+    import tempfile
+
+    from rimuru.dataplane.engine.setup import loading_buffer_bytes
+    from rimuru.dataplane.memory.geometry import PageType
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _padded_kv_checkpoint(Path(tmp))
+        asks = [[(5 * i + 11 * j) % 256 for j in range(18 + 13 * i)] for i in range(5)]
+        params = SamplingParams(max_tokens=8, ignore_eos=True)
+
+        def run(dev: str, mode: str, kernels: bool, kv_blocks: int | None) -> Engine:
+            config = EngineConfig(
+                model=tmp, device=dev, activation_reserve=0, max_num_batched_tokens=128,
+                loading_buffer_slots=8, use_kernels=kernels, enforce_eager=True,
+                tunables=Tunables(mode=mode, expert_offload_limit=6),
+            )  # fmt: skip  # eager: the budget below is exact (graphs are check 7's)
+            if kv_blocks is not None:  # every expert + this many blocks of KV: evictions
+                probe = Engine(replace(config, device="cpu", use_kernels=False), log_plan=False)
+                g, mc = probe.geometry, probe.model_config
+                budget = (
+                    probe.model.resident_nbytes() + loading_buffer_bytes(config, 8, g)
+                    + mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes
+                    + kv_blocks * mc.num_layers * g.kv_page_bytes
+                )  # fmt: skip
+                config = replace(config, memory_budget=budget)
+            return Engine(config, log_plan=False)
+
+        reference = run("cpu", "resident", False, None).generate(asks, params)
+        details = []
+        for mode, kv_blocks in (("resident", None), ("elastic", 4)):
+            e = run(device, mode, True, kv_blocks)
+            slot = e.pool.view(PageType.KV).stride(0) * 4
+            tokens = e.generate(asks, params)
+            e.check_invariants()
+            if tokens != reference:
+                raise AssertionError(f"{mode}: {tokens} differ from the torch path's {reference}")
+            if kv_blocks is not None and not e.experts.counters.evictions:
+                raise AssertionError(f"{mode} evicted nothing: the pool is not tight")
+            details.append(f"{mode} {e.experts.counters.evictions} evictions")
+        return f"KV slot {slot} B for 4096 B pages; " + ", ".join(details) + "; tokens identical"
+
+
 CHECKS = {
     "one-block": ("one-block requests", one_block),
     "paths": ("triton == torch tokens", paths_agree),
@@ -305,6 +366,7 @@ CHECKS = {
     "compile": ("no compile mid-serving", no_compile_mid_serving),
     "graphs": ("CUDA graphs == eager", graphs_match_eager),
     "device-copy": ("device copy == host copy", device_copy_matches_host),
+    "padded-kv": ("padded KV pages", padded_kv_pages),
 }
 
 
@@ -328,6 +390,7 @@ def main() -> int:
         "compile": cuda,  # the interpreter compiles nothing
         "graphs": cuda,
         "device-copy": cuda,
+        "padded-kv": cuda,
     }
     checks = [CHECKS[n] for n in names if wanted[n]]
     rows = []
