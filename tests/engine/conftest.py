@@ -29,6 +29,33 @@ def tight_engine(mode: str, pool_mib: float = 26, **overrides) -> Engine:
     return Engine(config, log_plan=False)
 
 
+def checkpoint_engine(path, mode: str, extra_kv_blocks: int | None, **overrides) -> Engine:
+    """A local checkpoint in fp32 with 8 loading-buffer slots; `extra_kv_blocks`: a pool of
+    every expert plus this many 16-token blocks of all layers, so that KV runs short (None:
+    the CPU default budget, room for everything)."""
+    config = EngineConfig(
+        model=str(path),
+        activation_reserve=0,
+        max_num_batched_tokens=128,
+        loading_buffer_slots=8,
+        tunables=Tunables(mode=mode, expert_offload_limit=6),
+        **overrides,
+    )
+    if extra_kv_blocks is None:
+        return Engine(config, log_plan=False)
+    probe = Engine(config, log_plan=False)
+    g, mc = probe.geometry, probe.model_config
+    experts = mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes
+    kv = extra_kv_blocks * mc.num_layers * g.kv_page_bytes
+    budget = probe.model.resident_nbytes() + loading_buffer_bytes(config, 8, g) + experts + kv
+    return Engine(replace(config, memory_budget=budget), log_plan=False)
+
+
+@pytest.fixture
+def make_checkpoint_engine():
+    return checkpoint_engine
+
+
 @pytest.fixture
 def prompts():
     import random

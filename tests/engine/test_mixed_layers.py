@@ -4,19 +4,13 @@ the elastic policy's evictions change no token (the same greedy tokens as transf
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 import transformers
 
 from rimuru.dataplane.engine.capacity import non_pool_weight_bytes
-from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.engine.setup import loading_buffer_bytes
 from rimuru.dataplane.memory.geometry import PageType
-from rimuru.policy import Tunables
 
 PROMPTS = [[(7 * i + 3 * j) % 512 for j in range(20 + 9 * i)] for i in range(6)]
 MAX_TOKENS = 10
@@ -50,31 +44,11 @@ def mixed_checkpoint(tmp_path_factory):
     return model, path
 
 
-def _engine(path, mode: str, extra_kv_blocks: int | None, expert_copy: str = "device") -> Engine:
-    """extra_kv_blocks: pool = every expert + this many 16-token blocks of all layers (None:
-    the CPU default budget, room for everything)."""
-    tunables = Tunables(mode=mode, expert_offload_limit=6)
-    config = EngineConfig(
-        model=str(path),
-        activation_reserve=0,
-        max_num_batched_tokens=128,
-        loading_buffer_slots=8,
-        tunables=tunables,
-        expert_copy=expert_copy,
-    )
-    if extra_kv_blocks is None:
-        return Engine(config, log_plan=False)
-    probe = Engine(config, log_plan=False)
-    g, mc = probe.geometry, probe.model_config
-    experts = mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes
-    kv = extra_kv_blocks * mc.num_layers * g.kv_page_bytes
-    budget = probe.model.resident_nbytes() + loading_buffer_bytes(config, 8, g) + experts + kv
-    return Engine(replace(config, memory_budget=budget), log_plan=False)
-
-
-def test_only_moe_layers_have_experts_and_dense_mlps_are_resident(mixed_checkpoint):
+def test_only_moe_layers_have_experts_and_dense_mlps_are_resident(
+    mixed_checkpoint, make_checkpoint_engine
+):
     model, path = mixed_checkpoint
-    engine = _engine(path, "resident", None)
+    engine = make_checkpoint_engine(path, "resident", None)
     mc = engine.model_config
     assert (mc.dense_layers, mc.moe_layers) == (DENSE, MOE)
     assert len(engine.host_experts) == len(engine.experts.resident) == 2
@@ -93,10 +67,12 @@ def test_only_moe_layers_have_experts_and_dense_mlps_are_resident(mixed_checkpoi
 
 
 @pytest.mark.parametrize("expert_copy", ["device", "host"])
-def test_elastic_engine_evicts_and_gives_transformers_greedy_tokens(mixed_checkpoint, expert_copy):
+def test_elastic_engine_evicts_and_gives_transformers_greedy_tokens(
+    mixed_checkpoint, make_checkpoint_engine, expert_copy
+):
     """host copies also predict the next MoE layer's experts across the dense layer between."""
     model, path = mixed_checkpoint
-    engine = _engine(path, "elastic", extra_kv_blocks=4, expert_copy=expert_copy)
+    engine = make_checkpoint_engine(path, "elastic", 4, expert_copy=expert_copy)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     got = engine.generate(PROMPTS, params)
     engine.check_invariants()

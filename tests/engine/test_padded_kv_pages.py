@@ -4,18 +4,12 @@ under elastic with a pool tight enough that experts are evicted for KV."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 import transformers
 
-from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.engine.setup import loading_buffer_bytes
 from rimuru.dataplane.memory.geometry import PagePadding, PageType
-from rimuru.policy import Tunables
 
 PROMPTS = [[(5 * i + 11 * j) % 256 for j in range(18 + 13 * i)] for i in range(5)]
 MAX_TOKENS = 8
@@ -47,28 +41,12 @@ def padded_checkpoint(tmp_path_factory):
     return model, path
 
 
-def _engine(path, mode: str, extra_kv_blocks: int | None) -> Engine:
-    config = EngineConfig(
-        model=str(path),
-        activation_reserve=0,
-        max_num_batched_tokens=128,
-        loading_buffer_slots=8,
-        tunables=Tunables(mode=mode, expert_offload_limit=6),
-    )
-    if extra_kv_blocks is None:
-        return Engine(config, log_plan=False)
-    probe = Engine(config, log_plan=False)
-    g, mc = probe.geometry, probe.model_config
-    experts = mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes
-    kv = extra_kv_blocks * mc.num_layers * g.kv_page_bytes
-    budget = probe.model.resident_nbytes() + loading_buffer_bytes(config, 8, g) + experts + kv
-    return Engine(replace(config, memory_budget=budget), log_plan=False)
-
-
 @pytest.mark.parametrize(("mode", "extra_kv_blocks"), [("resident", None), ("elastic", 4)])
-def test_padded_kv_pages_give_transformers_greedy_tokens(padded_checkpoint, mode, extra_kv_blocks):
+def test_padded_kv_pages_give_transformers_greedy_tokens(
+    padded_checkpoint, make_checkpoint_engine, mode, extra_kv_blocks
+):
     model, path = padded_checkpoint
-    engine = _engine(path, mode, extra_kv_blocks)
+    engine = make_checkpoint_engine(path, mode, extra_kv_blocks)
     g = engine.geometry
     assert g.padding[1] == PagePadding(PageType.KV, 4096, 5120)
     assert g.expert_page_bytes == 10240 and g.kv_pages_per_expert_page == 2
