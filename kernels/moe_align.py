@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-# The default path (align_variant), from timings on the H200 (docs/benchmarks.md): one
+# The default path (align_variant), from timings on the H200 (docs/benchmarks.md at 7a896af): one
 # program with the scan while it has at most 64 pairs or few experts (<= 16), and a
 # [pairs, experts] one-hot of <= 16384 cells; else the chunked kernels (~15-30 us at every
 # size measured). Past that the scan ran away: Qwen3 at 128 pairs took ~4x the chunked

@@ -34,7 +34,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 #                   tile's epilogue. With tail tiles it compiles to the same code as
 #                   persistent (identical sm_90 PTX): their branch keeps the loops apart.
 # Triton 3.6's Hopper warp specialization of the tile loop is not offered: it faulted or hung
-# on the H200 (docs/benchmarks.md).
+# on the H200 (docs/benchmarks.md at 7a896af).
 SCHEDULES = ("grid", "persistent", "flattened")
 
 

@@ -60,7 +60,7 @@ class EngineConfig:
     # How offloaded experts reach the device for a step. "device" (default): a kernel copies
     # the routed ones into fixed slots, no host sync, so the step stays a CUDA graph
     # (device_copy.py; on the H200 Fig. 4's elastic ran at ~2x the tokens/s of host copies:
-    # docs/benchmarks.md). "host": the host reads the routing and copies, prefetching the
+    # docs/benchmarks.md at 7a896af). "host": the host reads the routing and copies, prefetching the
     # next layer's predicted experts; a layer with offloaded experts then syncs and runs eagerly.
     expert_copy: str = "device"
 

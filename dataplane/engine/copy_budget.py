@@ -5,7 +5,7 @@ admission cap (adjuster.max_batch_within_budget, cached).
 Why measure: the budget's model prices an offloaded expert by its share in the hotness
 ranking. Where the ranking misjudges routing, the model does too: on the H200 (Fig. 4 at
 router skew 0, ranking profiled on 32 prompts) it expected ~1/5 of the copies per decode
-step that the steps made (docs/benchmarks.md). So the adjuster counts the larger of the
+step that the steps made (docs/benchmarks.md at 7a896af). So the adjuster counts the larger of the
 two; once the measured copies reach the budget, nothing more is evicted and no request is
 admitted (the batch drains as requests finish), until experts come back and the copies fall.
 

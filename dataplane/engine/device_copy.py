@@ -5,7 +5,7 @@ Host mode reads each layer's routing on the host, then copies the missing expert
 cudaMemcpyAsync, prefetching layer l+1's predicted experts while layer l computes. That
 costs one host synchronisation per layer with offloaded experts, so such a step can never
 be a CUDA graph: on the H200, Fig. 4's elastic run spent most of its steps eager, each
-~8x as long as its graph-replayed steps (docs/benchmarks.md).
+~8x as long as its graph-replayed steps (docs/benchmarks.md at 7a896af).
 
 Device mode gives every offloaded expert of a layer a fixed loading-buffer slot (its rank
 among the layer's offloaded experts; at most `slots` of them, which expert_offload_limit
@@ -15,7 +15,7 @@ through a table whose rows already point at those slots. The step needs no host 
 so it can be captured. What it gives up: the copy no longer overlaps the previous layer's
 compute (it runs on the compute stream, after the router), and it reads host memory from a
 kernel rather than with the copy engines. On the H200 it still ran Fig. 4's elastic at about
-twice the output tokens/s of host copies (docs/benchmarks.md).
+twice the output tokens/s of host copies (docs/benchmarks.md at 7a896af).
 
 Invariants:
   * `table` (the kernels' [L, E, 3] table) equals the expert page table for resident

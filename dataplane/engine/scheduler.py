@@ -8,8 +8,8 @@ One round (vLLM V1 semantics):
      to the front of the waiting queue, recomputed from scratch later), until they fit —
      possibly the request itself. The trade: a preemption recomputes the request later, an
      eviction copies the expert in on every step that routes to it. On the H200 (Fig. 4,
-     docs/benchmarks.md) evicting first held more requests at once but, one run each, gave
-     less throughput; `EngineConfig.evict_to_admit` chooses.
+     docs/benchmarks.md at 7a896af) evicting first held more requests at once but, one run
+     each, gave less throughput; `EngineConfig.evict_to_admit` chooses.
   2. Waiting requests are admitted, oldest first, only if nothing was preempted this round,
      while `max_num_seqs` (and `admit_limit`, when given) and the token budget allow and
      their pages fit.

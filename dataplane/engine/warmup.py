@@ -5,7 +5,7 @@ per token bucket, the align step's power-of-two pair count, the decode merge's p
 count); compiled mid-serving, each stalls the step that meets it. On the H200 every
 Fig. 4 run without a warm-up stepped at 1-3 s for its first ~10 s while requests arrived
 at 10 req/s; with it, serving compiles nothing (bench/gpu_checks.py checks that) and that
-stall is gone (docs/benchmarks.md). The warm-up pays
+stall is gone (docs/benchmarks.md at 7a896af). The warm-up pays
 those compiles once, at start-up, through the same forward and kernels the engine serves
 with. Which batches, from the kernels' own keys:
 

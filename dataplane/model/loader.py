@@ -126,7 +126,13 @@ class CheckpointWeights:
 
     def _refuse_quantized(self) -> None:
         for name, path in self._files.items():
-            dtype = self._handles[path].get_slice(name).get_dtype()
+            try:
+                dtype = self._handles[path].get_slice(name).get_dtype()
+            except SafetensorError as exc:
+                raise CheckpointError(
+                    f"{_INDEX} maps {name!r} to {path}, which lacks it: the index and the "
+                    f"shards disagree; fetch the checkpoint again"
+                ) from exc
             if dtype not in _FLOAT_DTYPES or name.endswith(_QUANT_SUFFIXES):
                 raise CheckpointError(
                     f"tensor {name!r} in {path} is {dtype}: a quantized checkpoint, which rimuru "

@@ -86,6 +86,20 @@ def test_missing_tensor_and_wrong_shape_name_the_tensor(hf_checkpoints, tmp_path
         CheckpointWeights(tmp_path).expert_weights(0, torch.float32)
 
 
+def test_an_index_naming_a_tensor_its_shard_lacks_exits_2(hf_checkpoints, tmp_path, capsys):
+    hf_checkpoints["mixtral"].model.save_pretrained(tmp_path, max_shard_size="100KB")
+    index = tmp_path / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[0].name
+    data["weight_map"]["model.layers.0.extra.weight"] = shard
+    index.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=r"maps 'model\.layers\.0\.extra\.weight' to"):
+        CheckpointWeights(tmp_path)
+    assert main(_generate(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "the index and the shards disagree" in err and "Traceback" not in err
+
+
 def test_open_weights_dispatches_presets_and_paths(hf_checkpoints):
     assert isinstance(open_weights("tiny", router_skew=1.0), RandomWeights)
     assert open_weights(str(hf_checkpoints["mixtral"].path)).config.family == "mixtral"
