@@ -186,9 +186,14 @@ async def test_routing_reports_drive_online_hotness_into_the_engine(
         )
         assert policy.reason == "online-hotness"
         await _at_version(dp, policy.version, eventually)
-        ranking = plane.get_ranking(DEPLOYMENT)
-        order = await dp.engine(lambda e: e.ranking.order)
-        assert order == ranking.hotness.order
+
+        # Reports still in flight may make a newer version: the engine must end on the
+        # control plane's latest ranking once they stop.
+        async def on_latest_ranking() -> bool:
+            ranking = plane.get_ranking(DEPLOYMENT)
+            return await dp.engine(lambda e: e.ranking.order) == ranking.hotness.order
+
+        await eventually(on_latest_ranking, what="the engine on the latest online ranking")
         # The counts the control plane folded in came from this engine's routing.
         routed = await dp.engine(lambda e: e.experts.routing_counts.sum(dim=1).tolist())
         counts = plane.hotness.counts(DEPLOYMENT, now=plane._clock())
