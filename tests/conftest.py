@@ -30,3 +30,59 @@ def self_signed(tmp_path):
         capture_output=True,
     )  # fmt: skip
     return cert, key
+
+
+# Tiny hybrid checkpoints (Qwen3-Next with a dense layer, Qwen3.5-MoE with tied embeddings),
+# built by transformers: the model parity tests and the engine's hybrid tests compare to them.
+_HYBRID_SHAPES = dict(
+    vocab_size=512,
+    hidden_size=64,
+    num_hidden_layers=4,
+    full_attention_interval=2,  # layers 1 and 3 attend, 0 and 2 are Gated DeltaNet
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,  # rotary 8 of 32 (partial_rotary_factor 0.25)
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,  # 2 value heads per key head
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+    num_experts=8,
+    num_experts_per_tok=2,
+    initializer_range=0.15,
+    eos_token_id=None,
+)
+
+
+def _randomise_init_constants(model) -> None:
+    """Zero-initialised norms (scale 1 + 0), ones gated norms, ones dt_bias would let a wrong
+    (1 + w) or a dropped bias pass: give them random values, as a trained model has."""
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("norm.weight", "layernorm.weight", "dt_bias")):
+                param.add_(torch.randn(param.shape, generator=gen) * 0.3)
+
+
+@pytest.fixture(scope="session")
+def hybrid_checkpoints(tmp_path_factory):
+    """{family: (transformers model, checkpoint directory)} for qwen3_next and qwen3_5_moe."""
+    import transformers
+
+    torch.manual_seed(1234)
+    shapes = _HYBRID_SHAPES
+    nxt = transformers.Qwen3NextConfig(**shapes, intermediate_size=96, mlp_only_layers=[2])
+    q35 = transformers.Qwen3_5MoeTextConfig(**shapes, tie_word_embeddings=True)
+    models = {
+        "qwen3_next": transformers.Qwen3NextForCausalLM(nxt),
+        "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM(q35),
+    }
+    out = {}
+    for family, model in models.items():
+        _randomise_init_constants(model)
+        model.eval()
+        path = tmp_path_factory.mktemp(family)
+        model.save_pretrained(path)
+        out[family] = (model, path)
+    return out

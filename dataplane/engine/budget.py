@@ -117,7 +117,12 @@ def estimate_activation_bytes(
     ) * itemsize
     attention_scores = 4 * config.num_heads * min(t, 8192) * 16  # chunked SDPA scratch, fp32
     logits = 4 * config.vocab_size * min(t, num_seqs)
-    return math.ceil(1.25 * (t * per_token + attention_scores + logits))
+    states = 0
+    if config.is_hybrid:  # a GDN layer: its projections, fp32 q/k, and the states gathered
+        gdn = config.linear_attention  # for a chunked prefill and the final ones it returns
+        per_token += (2 * gdn.conv_dim + 2 * gdn.value_size) * itemsize + 8 * gdn.key_size
+        states = 2 * min(t, num_seqs) * math.prod(gdn.ssm_state_shape) * 4
+    return math.ceil(1.25 * (t * per_token + attention_scores + logits + states))
 
 
 def device_memory_bytes(device: torch.device) -> int:

@@ -28,9 +28,10 @@ from rimuru.dataplane.engine.setup import (
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageGeometry, PageType
 from rimuru.dataplane.memory.units import format_bytes
-from rimuru.dataplane.model import PRESETS, open_weights
+from rimuru.dataplane.model import PRESETS, model_config
 from rimuru.dataplane.model.config import ModelConfig, parse_dtype
 from rimuru.dataplane.model.hf_layout import build_global_weights, build_layer_weights
+from rimuru.dataplane.model.hybrid_layout import build_hybrid_layer_weights
 from rimuru.policy import HotnessRanking, Tunables
 
 _ROUTER_BIAS_ITEMSIZE = 4  # the presets' skew bias is fp32
@@ -44,8 +45,13 @@ def non_pool_weight_bytes(mc: ModelConfig, dtype: torch.dtype, router_skew: floa
 
     tensors = list(vars(build_global_weights(mc, meta)).values())
     for layer in range(mc.num_layers):
-        w = build_layer_weights(mc, layer, meta)
-        tensors += [*vars(w.attention).values(), w.input_norm, w.post_attention_norm, w.router]
+        if mc.is_hybrid:
+            w = build_hybrid_layer_weights(mc, layer, meta)
+            mixer = w.mixer
+        else:
+            w = build_layer_weights(mc, layer, meta)
+            mixer = w.attention
+        tensors += [*vars(mixer).values(), w.input_norm, w.post_attention_norm, w.router]
         for block in (w.shared_expert, w.dense_mlp):
             if block is not None:
                 tensors += vars(block).values()
@@ -59,7 +65,7 @@ class PolicyCapacity:
     policy: str
     plan: MemoryPlan
     experts_at_start: int  # routed experts in pool pages at start-up
-    kv_tokens_at_start: int  # tokens of KV cache (all layers) the rest of the pool holds
+    kv_tokens_at_start: int  # tokens of KV cache (all attention layers) the rest holds
     experts_at_least: int  # the fewest the policy ever keeps resident
     kv_tokens_at_most: int  # KV tokens when that few are resident
 
@@ -73,13 +79,30 @@ class CapacityPlan:
     activation_reserve_bytes: int
     policies: tuple[PolicyCapacity | str, ...]  # a string: why that policy does not fit
 
+    @property
+    def state_bytes_per_request(self) -> int:
+        """A hybrid request's SSM and conv pages (slots, padding included); else 0."""
+        g, num_gdn = self.geometry, len(self.model_config.linear_attention_layers)
+        if not num_gdn:
+            return 0
+        return num_gdn * (g.bytes_of(PageType.SSM) + g.bytes_of(PageType.CONV))
+
+    def requests_of(self, kv_tokens: int, context_len: int) -> int:
+        """Requests of `context_len` tokens the KV tokens' pages hold, each also paying its
+        state pages (a hybrid's) out of the same pages."""
+        g, mc = self.geometry, self.model_config
+        per_token = g.kv_page_bytes * mc.num_kv_layers / g.shape.block_size
+        return int(
+            kv_tokens * per_token // (context_len * per_token + self.state_bytes_per_request)
+        )
+
 
 def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPlan:
     """`config.memory_budget` is required; `config.tunables.mode` is replaced per policy."""
     if config.memory_budget is None:
         raise ValueError("capacity planning needs a memory budget in bytes (--memory-budget)")
     skew = config.router_skew if config.model in PRESETS else 0.0
-    mc = open_weights(config.model, seed=config.seed, router_skew=skew).config
+    mc = model_config(config.model)  # shapes only: no weights are read
     dtype = parse_dtype(config.dtype) if config.dtype else mc.dtype
     geometry = page_geometry(mc, dtype, config.block_size)
     non_pool = non_pool_weight_bytes(mc, dtype, skew)
@@ -134,11 +157,11 @@ def _policy(
             f"({format_bytes(expert_pages * geometry.expert_page_bytes)}): raise the memory "
             f"budget or choose a policy that offloads experts (fixed/elastic)"
         )
-    at_start = _kv_tokens(geometry, plan, len(chosen), t, config.block_size, mc.num_layers)
+    at_start = _kv_tokens(geometry, plan, len(chosen), t, config.block_size, mc.num_kv_layers)
     least = len(chosen)
     if t.mode == "elastic":
         least = mc.num_moe_layers * max(0, mc.num_experts - t.expert_offload_limit)
-    at_most = _kv_tokens(geometry, plan, least, t, config.block_size, mc.num_layers)
+    at_most = _kv_tokens(geometry, plan, least, t, config.block_size, mc.num_kv_layers)
     return PolicyCapacity(t.mode, plan, len(chosen), at_start, least, at_most)
 
 
@@ -151,7 +174,7 @@ def _kv_tokens(
     num_layers: int,
 ) -> int:
     """KV tokens the pool holds once `num_experts` experts take their pages (a token needs
-    one KV slot in every layer)."""
+    one KV slot in every attention layer)."""
     allocator = PageAllocator(geometry, plan.num_huge_pages)
     for i in range(num_experts):
         if allocator.allocate(PageType.EXPERT, t.pages_per_expert, ("expert", i)) is None:

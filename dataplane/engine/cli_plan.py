@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         f"({'given' if config.activation_reserve is not None else 'estimated; the engine measures it on CUDA'})"
     )
     print(cap.geometry.describe())  # page sizes, and each padded slot's waste
+    if cap.state_bytes_per_request:
+        print(_state_line(cap))
     header = (
         "policy",
         "pool",
@@ -70,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
                 str(item.kv_tokens_at_start),
                 str(item.experts_at_least),
                 str(item.kv_tokens_at_most),
-                f"{item.kv_tokens_at_start // args.context_len} .. "
-                f"{item.kv_tokens_at_most // args.context_len}",
+                f"{cap.requests_of(item.kv_tokens_at_start, args.context_len)} .. "
+                f"{cap.requests_of(item.kv_tokens_at_most, args.context_len)}",
             )
         )
     if rows:
@@ -79,11 +81,30 @@ def run(args: argparse.Namespace) -> int:
         print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
         for r in rows:
             print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
-    if rows:
+    if rows and not mc.is_hybrid:  # no CUDA graphs for hybrid models yet
         print(_graph_line(mc, args))
     for line in failures:
         print(line, file=sys.stderr)
     return 0 if rows else 2
+
+
+def _state_line(cap) -> str:
+    """A hybrid request's fixed cost beside its KV: one SSM and one conv page per GDN layer."""
+    from rimuru.dataplane.memory.geometry import PageType
+    from rimuru.dataplane.memory.units import format_bytes
+
+    g, mc = cap.geometry, cap.model_config
+    conv = format_bytes(g.bytes_of(PageType.CONV))
+    if g.content_bytes_of(PageType.CONV) != g.bytes_of(PageType.CONV):
+        conv += f" slot holding {format_bytes(g.content_bytes_of(PageType.CONV))}"
+    kv_per_token = g.kv_page_bytes * mc.num_kv_layers / g.shape.block_size
+    return (
+        f"state pages per request: {len(mc.linear_attention_layers)} Gated DeltaNet layers x "
+        f"(SSM page {format_bytes(g.bytes_of(PageType.SSM))} + conv page {conv}) = "
+        f"{format_bytes(cap.state_bytes_per_request)}, as much as "
+        f"{cap.state_bytes_per_request / kv_per_token:.0f} tokens of KV in the "
+        f"{mc.num_kv_layers} attention layers; the requests column counts both"
+    )
 
 
 def _graph_line(mc, args: argparse.Namespace) -> str:

@@ -33,6 +33,7 @@ from rimuru.dataplane.engine.live_policy import LivePolicy
 from rimuru.dataplane.engine.loaded_model import load_model
 from rimuru.dataplane.engine.outputs import RequestOutput, StepStats
 from rimuru.dataplane.engine.paged_attention import PagedAttention
+from rimuru.dataplane.engine.paged_states import PagedStates
 from rimuru.dataplane.engine.policy_state import PolicyState
 from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
 from rimuru.dataplane.engine.sampling import Sampler
@@ -105,8 +106,16 @@ class Engine:
             num_buffers=num_loading_buffers(config),
         )
         self.attention = PagedAttention(self.pool, kernels=self.paths.attention_kernels())
-        self.model = loaded.model.with_backends(self.attention, self.experts)
-        self.kv = KVCacheManager(self.allocator, self.reclaim, mc.num_layers, config.block_size)
+        self.states: PagedStates | None = None  # a hybrid model's GDN states
+        if mc.is_hybrid:
+            self.states = PagedStates(self.pool, mc.linear_attention, self.paths.use_kernels)
+            self.model = loaded.model.with_backends(self.attention, self.experts, self.states)
+        else:
+            self.model = loaded.model.with_backends(self.attention, self.experts)
+        self.kv = KVCacheManager(
+            self.allocator, self.reclaim, mc.num_kv_layers, config.block_size,
+            num_state_layers=len(mc.linear_attention_layers),
+        )  # fmt: skip
         # ---- scheduling under the policy in force
         self.copy_control = CopyControl(config.max_num_seqs, mc.top_k)  # the copy budget's
         self.boundary = ElasticBoundary(
@@ -202,7 +211,17 @@ class Engine:
         kv_pages = (
             total_expert_pages - min_resident * t.pages_per_expert
         ) * self.geometry.kv_pages_per_expert_page - self.cuda_graphs.num_pad_pages
-        return (kv_pages // mc.num_layers) * self.config.block_size
+        kv_pages -= self._state_cost_in_kv_pages()
+        return max(0, kv_pages // mc.num_kv_layers) * self.config.block_size
+
+    def _state_cost_in_kv_pages(self) -> int:
+        """A hybrid request's SSM and conv pages, counted in KV pages by their bytes."""
+        num_states = self.kv.num_state_layers
+        if not num_states:
+            return 0
+        g = self.geometry
+        state_bytes = num_states * (g.bytes_of(PageType.SSM) + g.bytes_of(PageType.CONV))
+        return -(-state_bytes // g.kv_page_bytes)
 
     def validate_request(
         self, prompt_token_ids: Sequence[int], params: SamplingParams
@@ -248,7 +267,7 @@ class Engine:
         request_id = request_id or f"req-{len(self.requests)}-{time.monotonic_ns()}"
         if request_id in self.requests and not self.requests[request_id].status.finished:
             raise ValueError(f"request id {request_id!r} is already in use")
-        request = Request(request_id, ids, params, self.model_config.num_layers)
+        request = Request(request_id, ids, params, self.model_config.num_kv_layers)
         if arrival_time is not None:
             request.arrival_time = arrival_time
         self.requests[request_id] = request
@@ -423,14 +442,18 @@ class Engine:
         """Pool accounting: pages owned exactly by live requests, resident experts, pending."""
         self.allocator.check_invariants()
         live = {r.request_id for r in self.requests.values() if not r.status.finished}
-        kv_owners = {o for t, _, o in self.allocator.owned_pages() if t is PageType.KV}
-        leaked = {
-            o for o in kv_owners if o not in live and not _is_pending(o) and o != GRAPH_PADDING
-        }
+        owners = {o for t, _, o in self.allocator.owned_pages() if t in _REQUEST_PAGES}
+        leaked = {o for o in owners if o not in live and not _is_pending(o) and o != GRAPH_PADDING}
         if leaked:
             raise AssertionError(
-                f"KV pages leaked by finished requests: {sorted(map(str, leaked))}"
+                f"KV or state pages leaked by finished requests: {sorted(map(str, leaked))}"
             )
+        for r in self.requests.values():  # a running hybrid request holds one of each
+            held = r.state_pages
+            if held is not None and not (
+                len(held.ssm) == len(held.conv) == self.kv.num_state_layers
+            ):
+                raise AssertionError(f"{r.request_id} holds state pages {held}")
         expected = self.experts.num_resident() * self.tunables.pages_per_expert
         expert_owned = sum(
             1
@@ -441,9 +464,15 @@ class Engine:
             raise AssertionError(f"{expert_owned} expert pages owned, {expected} expected")
 
     def num_leaked_pages(self) -> int:
-        """After all requests finished: KV pages still owned (should be 0)."""
-        owned = self.allocator.num_owned(PageType.KV) - self.cuda_graphs.num_pad_pages
-        return owned + self.reclaim.num_pending(PageType.KV)
+        """After all requests finished: KV and state pages still owned (should be 0)."""
+        owned = -self.cuda_graphs.num_pad_pages
+        for t in _REQUEST_PAGES:
+            if self.geometry.has(t):
+                owned += self.allocator.num_owned(t) + self.reclaim.num_pending(t)
+        return owned
+
+
+_REQUEST_PAGES = (PageType.KV, PageType.SSM, PageType.CONV)  # what requests own
 
 
 def _is_pending(owner) -> bool:

@@ -83,10 +83,12 @@ class GraphPlanner:
     def uses_graphs(self) -> bool:
         """Decode graphs serve CUDA with the paged Triton kernels, for a policy whose steps
         can be graphs: any with device copy-in; with host copies only while every expert is
-        resident (fixed never is; the gather path copies on the host's word)."""
+        resident (fixed never is; the gather path copies on the host's word). Not yet for a
+        hybrid model: its graphs would need the state pages among their static inputs."""
         c = self.config
         return (
             self.loaded.device.type == "cuda"
+            and not self.loaded.config.is_hybrid
             and self.paths.use_kernels
             and not c.enforce_eager
             and (c.tunables.mode != "fixed" or c.expert_copy == "device")

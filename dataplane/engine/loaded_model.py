@@ -18,13 +18,14 @@ from rimuru.dataplane.engine.setup import page_geometry
 from rimuru.dataplane.memory.geometry import PageGeometry
 from rimuru.dataplane.model import PRESETS, MoETransformer, open_weights
 from rimuru.dataplane.model.config import ModelConfig, parse_dtype
+from rimuru.dataplane.model.hybrid_transformer import HybridTransformer
 from rimuru.dataplane.model.weights import ExpertWeights
 
 
 @dataclass(frozen=True)
 class LoadedModel:
     config: ModelConfig
-    model: MoETransformer  # its backends raise until the engine sets the pool's
+    model: MoETransformer | HybridTransformer  # its backends raise until the engine's are set
     host_experts: list[ExpertWeights]  # one per MoE layer, on the host
     geometry: PageGeometry
     dtype: torch.dtype
@@ -41,7 +42,8 @@ def load_model(c: EngineConfig, device: torch.device) -> tuple[LoadedModel, Comp
     dtype = parse_dtype(c.dtype) if c.dtype else mc.dtype
     paths = ComputePaths(c, mc, device)
     unset = _Unset()
-    model = MoETransformer.from_source(source, unset, unset, device, dtype, paths.layer_ops())
+    decoder = HybridTransformer if mc.is_hybrid else MoETransformer
+    model = decoder.from_source(source, unset, unset, device, dtype, paths.layer_ops())
     pin = device.type == "cuda"
     host_experts = [
         source.expert_weights(layer, dtype, pin_memory=pin, work_device=device)

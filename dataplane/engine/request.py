@@ -7,7 +7,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from rimuru.dataplane.memory.tables import BlockTable
+from rimuru.dataplane.memory.tables import BlockTable, StatePages
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    num_layers: int
+    num_layers: int  # layers with a KV cache: the block table's width
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
@@ -66,6 +66,7 @@ class Request:
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     block_table: BlockTable = field(init=False)
+    state_pages: StatePages | None = None  # a hybrid model's, while it has a place
 
     def __post_init__(self) -> None:
         self.block_table = BlockTable(self.num_layers)

@@ -102,7 +102,7 @@ class Scheduler:
             num_new = min(request.num_tokens_to_compute, budget)
             counted = False
             while not self.kv.allocate_slots(request, num_new):
-                lacking = self.kv.num_pages_needed(request, num_new) - self.kv.num_free_pages
+                lacking = self.kv.pages_lacking(request, num_new)
                 if (
                     self.make_room is not None
                     and self.make_room(lacking, self.round_state(step)) > 0
@@ -130,7 +130,7 @@ class Scheduler:
                 request = self.waiting[0]
                 num_new = min(request.num_tokens_to_compute, budget)
                 if not self.kv.allocate_slots(request, num_new):
-                    short += self.kv.num_pages_needed(request, num_new) - self.kv.num_free_pages
+                    short += self.kv.pages_lacking(request, num_new)
                     break
                 self.waiting.popleft()
                 request.status = RequestStatus.RUNNING

@@ -10,6 +10,7 @@ plan` (capacity.py) runs the same decisions on shapes alone.
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,7 +20,7 @@ from rimuru.dataplane.engine.budget import (
     estimate_activation_bytes,
 )
 from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry
+from rimuru.dataplane.memory.geometry import SSM_STATE_DTYPE_BYTES, MemoryShape, PageGeometry
 from rimuru.dataplane.model.config import ModelConfig
 from rimuru.policy import Tunables
 
@@ -31,16 +32,26 @@ log = logging.getLogger(__name__)
 
 
 def page_geometry(mc: ModelConfig, dtype: torch.dtype, block_size: int) -> PageGeometry:
+    """Page sizes from the model's shapes; a hybrid's SSM and conv pages hold one GDN
+    layer's state of one request."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    ssm = conv = 0
+    if mc.is_hybrid:
+        gdn = mc.linear_attention
+        ssm = math.prod(gdn.ssm_state_shape) * SSM_STATE_DTYPE_BYTES
+        conv = math.prod(gdn.conv_state_shape) * itemsize
     return PageGeometry.from_shape(
         MemoryShape(
-            mc.num_layers,
+            mc.num_kv_layers,
             mc.num_experts,
             mc.hidden_size,
             mc.moe_intermediate_size,
             mc.num_kv_heads,
             mc.head_dim,
-            torch.empty((), dtype=dtype).element_size(),
+            itemsize,
             block_size,
+            ssm_state_bytes=ssm,
+            conv_state_bytes=conv,
         )
     )
 
@@ -106,7 +117,8 @@ def activation_reserve(c: EngineConfig, loaded: LoadedModel, paths: ComputePaths
     estimated (CPU: no peak-memory counter)."""
     if c.activation_reserve is not None:
         return c.activation_reserve
-    if loaded.device.type == "cuda" and paths.use_kernels:
+    # the profiling forward drives MoETransformer's pieces; a hybrid model is estimated
+    if loaded.device.type == "cuda" and paths.use_kernels and not loaded.config.is_hybrid:
         from rimuru.dataplane.engine.profile_run import (
             measure_activation_bytes,
             prepare_profiling_forward,
@@ -135,6 +147,9 @@ def warm_up_kernels(c: EngineConfig, loaded: LoadedModel, paths: ComputePaths) -
     in the middle of serving (warmup.py). Runs before the pool: its scratch must not count
     against the budget."""
     if not (c.warmup and loaded.device.type == "cuda" and paths.use_kernels):
+        return
+    if loaded.config.is_hybrid:  # warmup.py drives MoETransformer's pieces
+        log.info("warm-up: skipped for a hybrid model; kernels compile on first use")
         return
     from rimuru.dataplane.engine.warmup import warm_up, warmup_batches
     from rimuru.kernels import decode_warmup_contexts, fused_moe_variant

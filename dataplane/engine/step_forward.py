@@ -11,9 +11,12 @@ import torch
 
 from rimuru.dataplane.engine.cuda_graphs import DecodeGraphs
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
+from rimuru.dataplane.engine.paged_states import HybridStepMeta, StateMeta
 from rimuru.dataplane.engine.piecewise_graphs import PiecewiseGraphs
 from rimuru.dataplane.engine.request import Request
+from rimuru.dataplane.memory.tables import StatePages
 from rimuru.dataplane.model import MoETransformer
+from rimuru.dataplane.model.hybrid_transformer import HybridTransformer
 
 
 @dataclass(frozen=True)
@@ -23,13 +26,14 @@ class StepBatch:
     slices: list[SequenceSlice]  # one per scheduled request
     sample_rows: list[int]  # the row of each request's last token, where it samples
     sample_requests: list[Request]  # the requests whose step completes their tokens
+    state_pages: list[StatePages]  # a hybrid model's, one per scheduled request; else empty
 
     @classmethod
     def of(cls, scheduled) -> StepBatch:
         """From the scheduler's ScheduledRequests, before their tokens count as computed."""
         ids: list[int] = []
         positions: list[int] = []
-        slices, rows, sampled = [], [], []
+        slices, rows, sampled, states = [], [], [], []
         for s in scheduled:
             r, n, done = s.request, s.num_new_tokens, s.request.num_computed_tokens
             start = len(ids)
@@ -39,12 +43,23 @@ class StepBatch:
             if done + n == r.num_tokens:
                 rows.append(start + n - 1)
                 sampled.append(r)
-        return cls(ids, positions, slices, rows, sampled)
+            if r.state_pages is not None:
+                states.append(r.state_pages)
+        return cls(ids, positions, slices, rows, sampled, states)
+
+    def state_meta(self, device: torch.device) -> StateMeta:
+        return StateMeta.build(
+            self.state_pages,
+            [s.start for s in self.slices],
+            [s.num_new_tokens for s in self.slices],
+            [s.num_computed_tokens == 0 for s in self.slices],
+            device,
+        )
 
 
 def run_forward(
     batch: StepBatch,
-    model: MoETransformer,
+    model: MoETransformer | HybridTransformer,
     graphs: DecodeGraphs | None,
     piecewise: PiecewiseGraphs | None,
     block_size: int,
@@ -52,7 +67,13 @@ def run_forward(
     """The batch's final hidden states [T, D], by the first path that serves it."""
     if graphs is not None and graphs.serves(batch.slices):
         return graphs.run(batch.input_ids, batch.positions, batch.slices)
-    meta = PagedAttentionMeta.build(batch.slices, model.config.num_layers, block_size, model.device)
+    meta = PagedAttentionMeta.build(
+        batch.slices, model.config.num_kv_layers, block_size, model.device
+    )
+    if batch.state_pages:  # a hybrid model: its GDN layers' states too
+        states = batch.state_meta(model.device)
+        model.states.begin_step(states)
+        meta = HybridStepMeta(meta, states)
     if piecewise is not None and piecewise.serves(len(batch.input_ids)):
         return piecewise.run(batch.input_ids, batch.positions, meta)
     return model.forward(

@@ -1,4 +1,5 @@
-"""Integer tables the kernels read: expert page tables and per-request block tables.
+"""Integer tables the kernels read: expert page tables, per-request block tables and a
+hybrid request's state pages.
 
 Expert page table, per layer: int32 [E, 3] = page ids of (w1, w3, w2).
     id >= 0        the matrix lies in pool expert page `id`
@@ -7,6 +8,8 @@ Expert page table, per layer: int32 [E, 3] = page ids of (w1, w3, w2).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -109,3 +112,13 @@ class BlockTable:
 
     def layer(self, layer: int) -> list[int]:
         return self.array()[:, layer].tolist()
+
+
+@dataclass(frozen=True)
+class StatePages:
+    """A hybrid request's Gated DeltaNet states: per GDN layer, one SSM page (the recurrent
+    state) and one conv page (the conv's last inputs). Fixed for the request's life: held
+    from admission to finish (or preemption), whatever its length."""
+
+    ssm: tuple[int, ...]  # [G] SSM page of each GDN layer
+    conv: tuple[int, ...]  # [G] conv page of each GDN layer

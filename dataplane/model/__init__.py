@@ -9,9 +9,13 @@ backends.py     AttentionBackend / ExpertBackend, where the engine plugs in
 transformer.py  MoETransformer: forward, compute_logits, router_logits
 reference.py    dense reference backends (the oracle)
 
-Hybrid models (Gated DeltaNet + gated attention + MoE), parsed and computed, not served yet:
+moe_block.py    routing, routed + shared experts or a dense MLP (every decoder's)
+
+Hybrid models (Gated DeltaNet + gated attention + MoE):
 hybrid_weights.py / hybrid_layout.py   their layer weights, read from either family's layout
 gated_delta.py / causal_conv.py        the gated delta rule and short conv, with their states
+hybrid_layers.py                       the layers' projections around the stateful steps
+hybrid_transformer.py                  HybridTransformer: the engine's (states via a backend)
 hybrid_reference.py                    HybridReference: the whole-sequence torch oracle
 """
 
@@ -19,7 +23,6 @@ from pathlib import Path
 
 from rimuru.dataplane.model.backends import AttentionBackend, ExpertBackend
 from rimuru.dataplane.model.config import ModelConfig, config_from_hf, load_config
-from rimuru.dataplane.model.hybrid_config import HYBRID_NOT_SERVED
 from rimuru.dataplane.model.loader import CheckpointWeights
 from rimuru.dataplane.model.presets import PRESETS, RandomWeights, preset_config
 from rimuru.dataplane.model.reference import ContiguousKVAttention, ContiguousKVMeta, DenseExperts
@@ -45,16 +48,11 @@ __all__ = [
     "model_config",
     "open_weights",
     "preset_config",
-    "refuse_unserved",
 ]
 
 
 def open_weights(model: str, *, seed: int = 0, router_skew: float = 0.0) -> WeightSource:
-    """A preset name (random weights) or the path of a local Hugging Face directory.
-
-    This is where the engine (and `rimuru plan`) get their model, so it is where a model the
-    engine cannot serve yet is refused: hybrid ones, until their states have pool pages."""
-    refuse_unserved(model_config(model))
+    """A preset name (random weights) or the path of a local Hugging Face directory."""
     if model in PRESETS:
         return RandomWeights.preset(model, seed=seed, router_skew=router_skew)
     if router_skew:
@@ -75,12 +73,6 @@ def model_config(model: str) -> ModelConfig:
         return preset_config(model)
     _check_model_dir(model)
     return load_config(model)
-
-
-def refuse_unserved(config: ModelConfig) -> None:
-    """ValueError (the CLI exits 2) for a model that parses but the engine cannot run."""
-    if config.is_hybrid:
-        raise ValueError(HYBRID_NOT_SERVED)
 
 
 def _check_model_dir(model: str) -> None:

@@ -13,8 +13,7 @@ The two hybrid families (hybrid_config.py) mix Gated DeltaNet layers with gated 
 attention: the attention's q_proj also yields a sigmoid output gate, its q/k norms and every
 decoder RMSNorm scale by (1 + w) (zero-centred weights), and RoPE turns only the first
 `partial_rotary_factor` of each head. Qwen3.5-MoE's config.json nests the text model under
-`text_config` (the multimodal wrapper's); that is what is parsed. The engine does not serve
-hybrids yet: `rimuru.dataplane.model.open_weights` refuses them (HYBRID_NOT_SERVED).
+`text_config` (the multimodal wrapper's); that is what is parsed.
 
 The Qwen families may interleave dense layers (a plain gated MLP of `intermediate_size`)
 with MoE layers, as transformers decides: layer l is dense when it is in `mlp_only_layers` or
@@ -174,7 +173,7 @@ class ModelConfig:
 
     @property
     def is_hybrid(self) -> bool:
-        """Gated DeltaNet layers beside full attention: not served by the engine yet."""
+        """Gated DeltaNet layers beside full attention (Qwen3-Next, Qwen3.5-MoE)."""
         return self.family in HYBRID_FAMILIES
 
     @property
@@ -188,6 +187,16 @@ class ModelConfig:
         if not self.layer_types:
             return tuple(range(self.num_layers))
         return tuple(i for i, t in enumerate(self.layer_types) if t == "full_attention")
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers with a KV cache: every layer, or a hybrid's full-attention layers."""
+        return len(self.full_attention_layers)
+
+    @property
+    def linear_attention_layers(self) -> tuple[int, ...]:
+        """A hybrid's Gated DeltaNet layers (each keeps an SSM and a conv state per request)."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "linear_attention")
 
     def is_linear_attention_layer(self, layer: int) -> bool:
         self.check_layer(layer)

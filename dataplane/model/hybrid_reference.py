@@ -28,22 +28,22 @@ import torch.nn.functional as F
 from rimuru.dataplane.model import gated_delta
 from rimuru.dataplane.model.causal_conv import causal_conv1d
 from rimuru.dataplane.model.config import ModelConfig
+from rimuru.dataplane.model.hybrid_layers import (
+    gated_attention_inputs,
+    gated_attention_output,
+    gdn_gates,
+    gdn_output,
+    gdn_split,
+)
 from rimuru.dataplane.model.hybrid_weights import (
     GatedAttentionWeights,
     GatedDeltaNetWeights,
     HybridLayerWeights,
 )
-from rimuru.dataplane.model.layers import (
-    apply_rope,
-    rms_norm,
-    rope_cos_sin,
-    rope_inv_freq,
-    swiglu_mlp,
-)
+from rimuru.dataplane.model.layers import rope_cos_sin, rope_inv_freq
+from rimuru.dataplane.model.moe_block import mlp_block
 from rimuru.dataplane.model.reference import DenseExperts
 from rimuru.dataplane.model.weights import GlobalWeights, WeightSource
-
-_L2_EPS = 1e-6  # inside the rsqrt, as fla and transformers normalise q and k
 
 
 class HybridReference:
@@ -94,46 +94,24 @@ class HybridReference:
         conv_state: torch.Tensor | None = None,  # [Cc, K - 1]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(out [T, D], final ssm_state, final conv_state), continuing from the given ones."""
-        gdn, num_tokens = self.config.linear_attention, x.shape[0]
         mixed, conv_state = causal_conv1d(F.linear(x, w.qkv_proj), w.conv_weight, conv_state)
-        q, k, v = mixed.split([gdn.key_size, gdn.key_size, gdn.value_size], dim=-1)
-        q, k = (_l2_normalise(t.reshape(num_tokens, gdn.num_key_heads, -1)) for t in (q, k))
-        v = v.reshape(num_tokens, gdn.num_value_heads, -1)  # [T, Hv, Dv]
-        beta = torch.sigmoid(F.linear(x, w.b_proj))  # [T, Hv]
-        # fp32: in half precision exp(A_log) may overflow to inf
-        g = -w.a_log.float().exp() * F.softplus(F.linear(x, w.a_proj).float() + w.dt_bias.float())
+        q, k, v = gdn_split(self.config, mixed)
+        beta, g = gdn_gates(w, x)
         out, ssm_state = gated_delta.chunked(q, k, v, g, beta, ssm_state)  # [T, Hv, Dv]
-        z = F.linear(x, w.z_proj).view_as(out)
-        out = (rms_norm(out, w.norm, self.config.rms_norm_eps) * F.silu(z.float())).to(x.dtype)
-        return F.linear(out.reshape(num_tokens, -1), w.out_proj), ssm_state, conv_state
+        return gdn_output(self.config, w, x, out), ssm_state, conv_state
 
     def gated_attention(
         self, w: GatedAttentionWeights, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
-        cfg, num_tokens = self.config, x.shape[0]
-        q = self._norm(F.linear(x, w.q_proj).view(num_tokens, cfg.num_heads, -1), w.q_norm)
-        k = self._norm(F.linear(x, w.k_proj).view(num_tokens, cfg.num_kv_heads, -1), w.k_norm)
-        v = F.linear(x, w.v_proj).view(num_tokens, cfg.num_kv_heads, -1)  # [T, Hkv, Dh]
-        q, k = (_partial_rope(t, *rope, cfg.rotary_dim) for t in (q, k))
+        q, k, v, gate = gated_attention_inputs(self.config, w, x, rope, self._norm)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
         ).transpose(0, 1)  # [T, Hq, Dh]
-        out = out.reshape(num_tokens, -1) * torch.sigmoid(F.linear(x, w.gate_proj))
-        return F.linear(out, w.o_proj)
+        return gated_attention_output(w, out, gate)
 
     def _mlp(self, layer: int, w: HybridLayerWeights, x: torch.Tensor) -> torch.Tensor:
-        if w.dense_mlp is not None:
-            m = w.dense_mlp
-            return swiglu_mlp(x, m.gate_proj, m.up_proj, m.down_proj)
-        cfg = self.config
-        probs = torch.softmax(F.linear(x, w.router), dim=-1, dtype=torch.float32)  # [T, E]
-        topk_weights, topk_ids = probs.topk(cfg.top_k, dim=-1)  # [T, K]
-        if cfg.norm_topk_prob:
-            topk_weights = topk_weights / topk_weights.sum(-1, keepdim=True)
-        routed = self._experts.moe(cfg.moe_layers.index(layer), x, topk_ids, topk_weights)
-        s = w.shared_expert
-        shared = swiglu_mlp(x, s.gate_proj, s.up_proj, s.down_proj)
-        return routed + torch.sigmoid(F.linear(x, s.gate)) * shared
+        moe_layer = self.config.moe_layers.index(layer) if w.dense_mlp is None else None
+        return mlp_block(self.config, w, x, moe_layer, self._experts)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Zero-centred RMSNorm: scale by (1 + w), in fp32, then cast (transformers' order)."""
@@ -142,15 +120,3 @@ class HybridReference:
             x_fp32.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps
         )
         return (x_fp32 * (1.0 + weight.float())).to(x.dtype)
-
-
-def _l2_normalise(x: torch.Tensor) -> torch.Tensor:
-    x = x.float()  # the rule computes in fp32; normalise there too, as transformers does
-    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + _L2_EPS)
-
-
-def _partial_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int
-) -> torch.Tensor:
-    """RoPE on the first R dims of each head [T, H, Dh]; the rest pass through."""
-    return torch.cat((apply_rope(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)

@@ -55,6 +55,7 @@ class HybridLayerWeights:
     router: torch.Tensor | None  # [E, D]; None in a dense layer
     shared_expert: SharedExpertWeights | None = None
     dense_mlp: DenseMLPWeights | None = None
+    router_bias: torch.Tensor | None = None  # [E] fp32, the presets' router skew
 
     def __post_init__(self) -> None:
         if (self.router is None) == (self.dense_mlp is None):

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 from rimuru.dataplane.model.backends import AttentionBackend, ExpertBackend
 from rimuru.dataplane.model.config import ModelConfig
-from rimuru.dataplane.model.layers import rope_cos_sin, rope_inv_freq, swiglu_mlp
+from rimuru.dataplane.model.layers import rope_cos_sin, rope_inv_freq
+from rimuru.dataplane.model.moe_block import mlp_block, router_logits, select_experts
 from rimuru.dataplane.model.ops import LayerOps, TorchOps
 from rimuru.dataplane.model.weights import GlobalWeights, LayerWeights, WeightSource
 
@@ -172,32 +173,15 @@ class MoETransformer:
         """MoE layer `moe_layer`'s router (+ its skew bias) applied to x [T, D] -> fp32 [T, E].
 
         The engine may call this with MoE layer m's input to predict MoE layer m+1's experts."""
-        w = self.layers[self._moe_layers[moe_layer]]
-        logits = F.linear(x, w.router).float()  # [T, E]
-        if w.router_bias is not None:
-            logits = logits + w.router_bias
-        return logits
+        return router_logits(self.layers[self._moe_layers[moe_layer]], x)
 
     def select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 router logits [T, E] -> (topk_ids [T, K] int64, topk_weights [T, K] fp32)."""
-        probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E]
-        topk_weights, topk_ids = torch.topk(probs, self.config.top_k, dim=-1)  # [T, K]
-        if self.config.norm_topk_prob:
-            topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-        return topk_ids, topk_weights
+        return select_experts(self.config, router_logits)
 
     def _moe_block(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """x [T, D], already post-attention-normed -> the MoE block's (or, in a dense layer,
         the MLP's) output [T, D]."""
-        w = self.layers[layer]
-        if w.dense_mlp is not None:
-            m = w.dense_mlp
-            return swiglu_mlp(x, m.gate_proj, m.up_proj, m.down_proj)
-        moe_layer = self._moe_index[layer]
-        topk_ids, topk_weights = self.select_experts(self.router_logits(moe_layer, x))
-        out = self.experts.moe(moe_layer, x, topk_ids, topk_weights)  # [T, D]
-        shared = w.shared_expert
-        if shared is not None:
-            gate = torch.sigmoid(F.linear(x, shared.gate))  # [T, 1]
-            out = out + gate * swiglu_mlp(x, shared.gate_proj, shared.up_proj, shared.down_proj)
-        return out
+        return mlp_block(
+            self.config, self.layers[layer], x, self._moe_index.get(layer), self.experts
+        )

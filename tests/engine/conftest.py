@@ -5,6 +5,7 @@ import pytest
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.setup import loading_buffer_bytes
+from rimuru.dataplane.memory.geometry import PageType
 from rimuru.policy import Tunables
 
 MiB = 2**20
@@ -29,24 +30,30 @@ def tight_engine(mode: str, pool_mib: float = 26, **overrides) -> Engine:
     return Engine(config, log_plan=False)
 
 
-def checkpoint_engine(path, mode: str, extra_kv_blocks: int | None, **overrides) -> Engine:
+def checkpoint_engine(
+    path, mode: str, extra_kv_blocks: int | None, *, requests: int = 0, **overrides
+) -> Engine:
     """A local checkpoint in fp32 with 8 loading-buffer slots; `extra_kv_blocks`: a pool of
-    every expert plus this many 16-token blocks of all layers, so that KV runs short (None:
-    the CPU default budget, room for everything)."""
-    config = EngineConfig(
+    every expert plus this many 16-token blocks of all attention layers plus, for a hybrid
+    model, the state pages of `requests` requests, so that pages run short (None: the CPU
+    default budget, room for everything)."""
+    settings = dict(
         model=str(path),
         activation_reserve=0,
         max_num_batched_tokens=128,
         loading_buffer_slots=8,
         tunables=Tunables(mode=mode, expert_offload_limit=6),
-        **overrides,
     )
+    config = EngineConfig(**{**settings, **overrides})
     if extra_kv_blocks is None:
         return Engine(config, log_plan=False)
     probe = Engine(config, log_plan=False)
     g, mc = probe.geometry, probe.model_config
     experts = mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes
-    kv = extra_kv_blocks * mc.num_layers * g.kv_page_bytes
+    kv = extra_kv_blocks * mc.num_kv_layers * g.kv_page_bytes
+    if requests:
+        state = g.bytes_of(PageType.SSM) + g.bytes_of(PageType.CONV)
+        kv += requests * len(mc.linear_attention_layers) * state
     budget = probe.model.resident_nbytes() + loading_buffer_bytes(config, 8, g) + experts + kv
     return Engine(replace(config, memory_budget=budget), log_plan=False)
 

@@ -3,16 +3,12 @@ and the engine refuses to serve them with the message that says why."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import transformers
 
 from rimuru.cli import main
-from rimuru.dataplane.model import PRESETS, config_from_hf, load_config, open_weights
-from rimuru.dataplane.model.hybrid_config import HYBRID_NOT_SERVED
-from rimuru.dataplane.model.presets import RandomWeights
+from rimuru.dataplane.model import PRESETS, config_from_hf
 
 
 # The fields the published config.json sets where transformers' class defaults do not.
@@ -143,18 +139,15 @@ def test_bad_hybrid_configs_are_refused(change, message):
         config_from_hf(hf)
 
 
-@pytest.mark.parametrize("preset", ["qwen3.5-35b-a3b", "qwen3-next-80b-a3b"])
-def test_engine_and_plan_refuse_hybrid_presets(preset, capsys):
-    assert main(["generate", "--model", preset, "--token-ids", "1"]) == 2
-    assert HYBRID_NOT_SERVED in capsys.readouterr().err
-    assert main(["plan", "--model", preset, "--memory-budget", "80GiB"]) == 2
-    assert HYBRID_NOT_SERVED in capsys.readouterr().err
-    with pytest.raises(ValueError, match="does not serve them yet"):
-        RandomWeights.preset(preset)
+def test_plan_shows_a_hybrid_requests_state_pages(capsys):
+    """30 GDN layers x (2 MiB SSM page + 64 KiB conv slot holding 48 KiB) per request, worth
+    3168 tokens of KV in the 10 attention layers (20 KiB per token)."""
+    assert main(["plan", "--model", "qwen3.5-35b-a3b", "--memory-budget", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "state pages per request: 30 Gated DeltaNet layers x (SSM page 2.0 MiB + conv page "
+        "64.0 KiB slot holding 48.0 KiB) = 61.9 MiB, as much as 3168 tokens of KV in the 10 "
+        "attention layers" in out
+    )
+    assert "conv page 49152 B in a 65536 B slot (16384 B padding, 25.0%)" in out
 
-
-def test_engine_refuses_a_hybrid_checkpoint_directory(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(QWEN35_NESTED))
-    assert load_config(tmp_path).family == "qwen3_5_moe"  # it parses ...
-    with pytest.raises(ValueError, match="does not serve them yet"):
-        open_weights(str(tmp_path))  # ... but is not served

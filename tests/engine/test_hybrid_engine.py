@@ -1,0 +1,184 @@
+"""The engine serves hybrid models (Gated DeltaNet + gated attention + MoE) with their SSM and
+conv states in the pool: tokens equal to transformers' under every policy, with prompts split
+into several prefill chunks and budgets that force preemption and eviction, and every state
+page freed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.setup import page_geometry
+from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
+from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.model import preset_config
+
+FAMILIES = ["qwen3_next", "qwen3_5_moe"]
+# 70 tokens: three 32-token prefill chunks, and across the chunked rule's 64-token chunk
+PROMPTS = [
+    [(37 * i + 11) % 512 for i in range(70)],
+    [5, 17, 300, 42, 9, 511, 77],
+    [100],
+    [(11 * i + 3) % 512 for i in range(45)],
+    [(5 * i + 200) % 512 for i in range(23)],
+]
+MAX_TOKENS = 10
+
+
+@pytest.fixture
+def hybrid_engine(make_checkpoint_engine):
+    """fp32 engine over a checkpoint, 32-token steps; `kv_blocks` / `requests`: a pool of
+    every expert + that many blocks + those requests' state pages (conftest)."""
+
+    def make(path, mode: str, *, kv_blocks: int | None = None, requests: int = 0, **kw):
+        return make_checkpoint_engine(
+            path, mode, kv_blocks, requests=requests, max_num_batched_tokens=32, **kw
+        )
+
+    return make
+
+
+def reference_tokens(model, prompt: list[int]) -> list[int]:
+    out = model.generate(
+        torch.tensor([prompt]), do_sample=False, max_new_tokens=MAX_TOKENS, attention_mask=None
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def expected(hybrid_checkpoints):
+    return {
+        family: [reference_tokens(model, p) for p in PROMPTS]
+        for family, (model, _) in hybrid_checkpoints.items()
+    }
+
+
+def run_checked(engine: Engine, prompts) -> list[list[int]]:
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts]
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_invariants()
+    return [engine.requests[i].output_token_ids for i in ids]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompt_logits_match_transformers_across_prefill_chunks(
+    hybrid_engine, hybrid_checkpoints, family
+):
+    model, path = hybrid_checkpoints[family]
+    engine = hybrid_engine(path, "resident")
+    prompt = PROMPTS[0]
+    engine.add_request(prompt, SamplingParams(max_tokens=1))
+    rows = []
+    for step in range(1, 4):  # 32 + 32 + 6 tokens
+        out = engine.scheduler.schedule(step)
+        hidden = run_forward(StepBatch.of(out.scheduled), engine.model, None, None, 16)
+        for s in out.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        rows.append(engine.model.compute_logits(hidden))
+    assert [len(r) for r in rows] == [32, 32, 6]
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(torch.cat(rows), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mode", ["resident", "fixed", "elastic"])
+def test_tokens_match_transformers_with_room(
+    hybrid_engine, hybrid_checkpoints, expected, family, mode
+):
+    _, path = hybrid_checkpoints[family]
+    engine = hybrid_engine(path, mode)
+    assert run_checked(engine, PROMPTS) == expected[family]
+    assert engine.num_leaked_pages() == 0
+
+
+# Pools that run short (every expert + 6 blocks + one request's states; fixed: every expert
+# and one request's states, 85% of it for experts, 20 of the 24 resident).
+TIGHT = {
+    "resident": dict(kv_blocks=6, requests=1),
+    "fixed": dict(kv_blocks=0, requests=1, fixed_expert_share=0.85),
+    "elastic": dict(kv_blocks=6, requests=1),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mode", ["resident", "fixed", "elastic"])
+def test_tokens_match_transformers_when_pages_run_short(
+    hybrid_engine, hybrid_checkpoints, expected, family, mode
+):
+    """Requests wait and are preempted (states freed, rebuilt from zeros on new pages);
+    fixed copies its offloaded experts in per step; elastic evicts experts for pages."""
+    _, path = hybrid_checkpoints[family]
+    engine = hybrid_engine(path, mode, **TIGHT[mode])
+    assert run_checked(engine, PROMPTS) == expected[family]
+    if mode == "elastic":
+        assert engine.experts.counters.evictions > 0
+    else:
+        assert engine.scheduler.num_preemptions > 0
+    if mode == "fixed":
+        assert engine.experts.counters.buffer_copies > 0
+    assert engine.num_leaked_pages() == 0
+
+
+def test_a_request_holds_one_ssm_and_one_conv_page_per_gdn_layer(hybrid_engine, hybrid_checkpoints):
+    _, path = hybrid_checkpoints["qwen3_5_moe"]
+    engine = hybrid_engine(path, "resident")
+    rid = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=2))
+    engine.step()
+    held = engine.requests[rid].state_pages
+    assert len(held.ssm) == len(held.conv) == 2  # layers 0 and 2
+    owned = {(t, p) for t, p, o in engine.allocator.owned_pages() if o == rid}
+    assert {(PageType.SSM, p) for p in held.ssm} | {(PageType.CONV, p) for p in held.conv} <= owned
+    assert len(engine.requests[rid].block_table.array()[0]) == 2  # KV pages of layers 1, 3
+
+
+def test_a_thousand_cancelled_requests_free_every_state_page(hybrid_engine, hybrid_checkpoints):
+    _, path = hybrid_checkpoints["qwen3_next"]
+    engine = hybrid_engine(path, "elastic", max_num_seqs=64)
+    free_before = {t: engine.allocator.num_free(t) for t in (PageType.SSM, PageType.CONV)}
+    ids = [
+        engine.add_request(PROMPTS[i % len(PROMPTS)], SamplingParams(max_tokens=50))
+        for i in range(1000)
+    ]
+    for _ in range(3):
+        engine.step()
+    assert any(engine.requests[i].state_pages is not None for i in ids)
+    for i in ids:
+        engine.abort(i)
+    engine.step()  # the aborted requests' pages were pending until a step completed
+    engine.check_invariants()
+    assert engine.num_leaked_pages() == 0
+    assert {t: engine.allocator.num_free(t) for t in free_before} == free_before
+
+
+@pytest.mark.parametrize("preset", ["qwen3.5-35b-a3b", "qwen3-next-80b-a3b"])
+def test_real_hybrid_page_geometry(preset):
+    """2 MiB expert pages (512 x 2048 bf16) = 2 MiB SSM pages (32 x 128 x 128 fp32) = the
+    huge page; 32 KiB KV pages (2 x 16 x 2 x 256 bf16); the 48 KiB conv state (8192 x 3
+    bf16) padded to a 64 KiB slot, 32 per expert page."""
+    g = page_geometry(preset_config(preset), torch.bfloat16, 16)
+    KiB = 1024
+    assert g.page_bytes == {
+        PageType.EXPERT: 2048 * KiB,
+        PageType.SSM: 2048 * KiB,
+        PageType.KV: 32 * KiB,
+        PageType.CONV: 64 * KiB,
+        PageType.HUGE: 2048 * KiB,
+    }
+    assert g.content_bytes_of(PageType.CONV) == 48 * KiB
+    assert g.shape.num_layers == preset_config(preset).num_kv_layers
+
+
+def test_rimuru_generate_serves_a_hybrid_checkpoint_directory(hybrid_checkpoints, expected, capsys):
+    from rimuru.cli import main
+
+    _, path = hybrid_checkpoints["qwen3_5_moe"]
+    prompt = PROMPTS[1]
+    argv = ["generate", "--model", str(path), "--dtype", "float32", "--ignore-eos"]
+    argv += ["--token-ids", ",".join(map(str, prompt)), "--max-tokens", str(MAX_TOKENS)]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip() == ",".join(map(str, expected["qwen3_5_moe"][1]))
