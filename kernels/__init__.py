@@ -12,6 +12,8 @@ Imports only torch and triton. Launchers (signatures in each module's docstring)
 - kv_write.py: write_kv_pages (slot mapping into the paged KV view).
 - gated_delta_decode.py: gated_delta_decode (Gated DeltaNet's decode step, each sequence's
   recurrent state in its page of the pool), torch reference.
+- causal_conv_states.py: causal_conv_decode / causal_conv_prefill (Gated DeltaNet's short
+  convolution, each sequence's state in its page of the pool), torch references.
 - rms_norm.py: rms_norm, optionally fused with the residual add before it.
 - rope.py: qk_norm_rope (RoPE of q and k in one launch, after Qwen3's per-head norms).
 - paged_decode.py / paged_prefill.py: paged attention over block tables (GQA).
@@ -19,6 +21,12 @@ Imports only torch and triton. Launchers (signatures in each module's docstring)
   (bench/tune_moe.py, bench/kernels_gpu.py); not imported here, nor by the engine.
 """
 
+from rimuru.kernels.causal_conv_states import (
+    causal_conv_decode,
+    causal_conv_decode_reference,
+    causal_conv_prefill,
+    causal_conv_prefill_reference,
+)
 from rimuru.kernels.expert_copy import copy_routed_experts, copy_routed_experts_reference
 from rimuru.kernels.fused_moe import (
     fused_moe_contiguous,
@@ -47,6 +55,10 @@ __all__ = [
     "GemmTile",
     "MoeAlignment",
     "MoeConfig",
+    "causal_conv_decode",
+    "causal_conv_decode_reference",
+    "causal_conv_prefill",
+    "causal_conv_prefill_reference",
     "copy_routed_experts",
     "copy_routed_experts_reference",
     "decode_warmup_contexts",
