@@ -10,6 +10,10 @@ Imports only torch and triton. Launchers (signatures in each module's docstring)
 - expert_copy.py: copy_routed_experts (routed, offloaded experts from pinned host memory into
   loading-buffer slots, decided on the device), torch reference.
 - kv_write.py: write_kv_pages (slot mapping into the paged KV view).
+- gated_delta_decode.py: gated_delta_decode (Gated DeltaNet's decode step, each sequence's
+  recurrent state in its page of the pool), torch reference.
+- causal_conv_states.py: causal_conv_decode / causal_conv_prefill (Gated DeltaNet's short
+  convolution, each sequence's state in its page of the pool), torch references.
 - rms_norm.py: rms_norm, optionally fused with the residual add before it.
 - rope.py: qk_norm_rope (RoPE of q and k in one launch, after Qwen3's per-head norms).
 - paged_decode.py / paged_prefill.py: paged attention over block tables (GQA).
@@ -17,6 +21,12 @@ Imports only torch and triton. Launchers (signatures in each module's docstring)
   (bench/tune_moe.py, bench/kernels_gpu.py); not imported here, nor by the engine.
 """
 
+from rimuru.kernels.causal_conv_states import (
+    causal_conv_decode,
+    causal_conv_decode_reference,
+    causal_conv_prefill,
+    causal_conv_prefill_reference,
+)
 from rimuru.kernels.expert_copy import copy_routed_experts, copy_routed_experts_reference
 from rimuru.kernels.fused_moe import (
     fused_moe_contiguous,
@@ -25,6 +35,7 @@ from rimuru.kernels.fused_moe import (
     fused_moe_reference,
     fused_moe_variant,
 )
+from rimuru.kernels.gated_delta_decode import gated_delta_decode, gated_delta_decode_reference
 from rimuru.kernels.kv_write import write_kv_pages, write_kv_pages_reference
 from rimuru.kernels.moe_align import MoeAlignment, moe_align_block_size
 from rimuru.kernels.moe_configs import GemmTile, MoeConfig, get_moe_config
@@ -44,6 +55,10 @@ __all__ = [
     "GemmTile",
     "MoeAlignment",
     "MoeConfig",
+    "causal_conv_decode",
+    "causal_conv_decode_reference",
+    "causal_conv_prefill",
+    "causal_conv_prefill_reference",
     "copy_routed_experts",
     "copy_routed_experts_reference",
     "decode_warmup_contexts",
@@ -52,6 +67,8 @@ __all__ = [
     "fused_moe_paged_reference",
     "fused_moe_reference",
     "fused_moe_variant",
+    "gated_delta_decode",
+    "gated_delta_decode_reference",
     "get_moe_config",
     "moe_align_block_size",
     "paged_decode_attention",
