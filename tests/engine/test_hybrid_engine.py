@@ -182,3 +182,16 @@ def test_rimuru_generate_serves_a_hybrid_checkpoint_directory(hybrid_checkpoints
     argv += ["--token-ids", ",".join(map(str, prompt)), "--max-tokens", str(MAX_TOKENS)]
     assert main(argv) == 0
     assert capsys.readouterr().out.strip() == ",".join(map(str, expected["qwen3_5_moe"][1]))
+
+
+def test_triton_state_kernels_give_the_torch_paths_tokens(
+    hybrid_engine, hybrid_checkpoints, expected
+):
+    """The CUDA path's kernels (under the interpreter here): conv prefill and decode, the
+    gated delta rule's decode step, reading and writing states in pool pages, with
+    preemption and eviction (the chunked prefill is torch's without fla-core)."""
+    _, path = hybrid_checkpoints["qwen3_5_moe"]
+    engine = hybrid_engine(path, "elastic", kv_blocks=6, requests=1, use_kernels=True)
+    assert engine.paths.use_kernels
+    assert run_checked(engine, PROMPTS[1:]) == expected["qwen3_5_moe"][1:]
+    assert engine.experts.counters.evictions > 0
