@@ -111,7 +111,8 @@ class PagedStates:
         self.ssm = ssm_bytes.view(torch.float32).view(-1, *gdn.ssm_state_shape)  # [P, Hv, Dk, Dv]
         self.conv_states = conv_bytes.view(pool.dtype).view(-1, *gdn.conv_state_shape)
         self.use_kernels = use_kernels
-        self._chunk_prefill = _fla_chunk_prefill() if use_kernels else None
+        cuda = pool.device.type == "cuda"  # fla's kernels are not for the interpreter
+        self._chunk_prefill = _fla_chunk_prefill() if use_kernels and cuda else None
 
     def begin_step(self, meta: StateMeta) -> None:
         """Zero the pages of sequences that start this step (their states begin at zero)."""
