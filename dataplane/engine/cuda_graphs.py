@@ -26,6 +26,10 @@ Invariants the replay relies on:
     torch's bytes alone): the plan prices it per graph and layer
     (`decode_driver_bytes`).
   - Padding pages are KV pages no request may use: max_kv_tokens leaves them out.
+  - A hybrid model's decode step also reads each sequence's SSM and conv pages through two
+    static [G, n] tables of page ids; padding rows have page -1, which the state kernels
+    neither read nor write. A sequence at its first token (a one-token prompt) runs
+    eagerly: its pages must be zeroed first (paged_states.py).
 
 Known difference from an eager step: the decode kernel sizes its flash-decoding splits from
 the batch and the longest context. A graph is launched with its padded size and
@@ -52,10 +56,12 @@ from rimuru.dataplane.engine.paged_attention import (
     SequenceSlice,
     slot_mapping,
 )
+from rimuru.dataplane.engine.paged_states import HybridStepMeta, StateMeta, StepPart
 from rimuru.dataplane.engine.profile_run import ScratchRunner, ScratchSeq
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
+from rimuru.dataplane.memory.tables import StatePages
 from rimuru.dataplane.model import MoETransformer
 
 log = logging.getLogger(__name__)
@@ -158,7 +164,7 @@ class DecodeGraphs:
         self.sizes = tuple(sorted(sizes))
         self.max_context, self.block_size = max_context, block_size
         self.replay = replay
-        layers, n, device = model.config.num_layers, self.sizes[-1], model.device
+        layers, n, device = model.config.num_kv_layers, self.sizes[-1], model.device
         self.width = -(-max_context // block_size)  # block-table columns
         self.pad_pages = list(pad_pages)  # owned by GRAPH_PADDING while the graphs live
         self._pad = np.asarray(pad_pages, dtype=np.int32)  # [L]
@@ -172,6 +178,9 @@ class DecodeGraphs:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.rows = torch.zeros(n, dtype=torch.int64, device=device)  # 1 = a real row
         self.cu = torch.arange(n + 1, dtype=torch.int32, device=device)  # one query each
+        num_gdn = len(model.config.linear_attention_layers)  # hybrid: the state pages
+        self.ssm_pages = torch.full((num_gdn, n), -1, dtype=torch.int64, device=device)
+        self.conv_pages = torch.full((num_gdn, n), -1, dtype=torch.int64, device=device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
         self.cost = CaptureCost()  # once captured
         self.steps = 0  # steps served from the static inputs
@@ -181,22 +190,32 @@ class DecodeGraphs:
         return next((s for s in self.sizes if s >= num_seqs), None)
 
     def serves(self, slices: Sequence[SequenceSlice]) -> bool:
+        hybrid = self.model.config.is_hybrid
         return (
             self.size_for(len(slices)) is not None
             and all(
                 s.num_new_tokens == 1
                 and s.context_len <= self.max_context
                 and len(s.blocks) <= self.width
+                and not (hybrid and s.num_computed_tokens == 0)
                 for s in slices
             )
             and self.experts.graph_safe()
         )
 
-    def _meta(self, size: int) -> PagedAttentionMeta:
-        return PagedAttentionMeta(
+    def _meta(self, size: int):
+        attention = PagedAttentionMeta(
             (), self.slots[:, :size], self.tables[:, :size], self.cu[: size + 1],
             self.seq_lens[:size], 1, self.max_context,
         )  # fmt: skip
+        if not self.model.config.is_hybrid:
+            return attention
+        ssm, conv, cu = self.ssm_pages[:, :size], self.conv_pages[:, :size], self.cu[: size + 1]
+        states = StateMeta(
+            tuple(range(size)), (1,) * size, ssm, conv, cu, ssm.new_empty(0), 0,
+            decode=StepPart(None, ssm, conv, cu), prefill=None,
+        )  # fmt: skip
+        return HybridStepMeta(attention, states)
 
     def _forward(self, size: int) -> torch.Tensor:
         self.experts.count_rows = self.rows[:size]
@@ -221,8 +240,15 @@ class DecodeGraphs:
         torch.cuda.synchronize(device)
         self.experts.reset_routing_counts()  # capture routed padding only; keep no trace
 
-    def run(self, input_ids: list[int], positions: list[int], slices: list[SequenceSlice]):
-        """The step's hidden states [len(slices), D] (the caller checked `serves`)."""
+    def run(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        slices: list[SequenceSlice],
+        state_pages: Sequence[StatePages] = (),
+    ):
+        """The step's hidden states [len(slices), D] (the caller checked `serves`);
+        `state_pages`: a hybrid model's, one per slice."""
         n, size = len(slices), self.size_for(len(slices))
         assert size is not None
         widest = max(len(s.blocks) for s in slices)
@@ -245,6 +271,12 @@ class DecodeGraphs:
                          (self.rows, rows)):  # fmt: skip
             dst[:size].copy_(torch.from_numpy(src))
         self.slots[:, :size].copy_(torch.from_numpy(slots))
+        if state_pages:
+            pages = np.full((2, self.ssm_pages.shape[0], size), -1, dtype=np.int64)
+            pages[0, :, :n] = np.asarray([p.ssm for p in state_pages]).T
+            pages[1, :, :n] = np.asarray([p.conv for p in state_pages]).T
+            self.ssm_pages[:, :size].copy_(torch.from_numpy(pages[0]))
+            self.conv_pages[:, :size].copy_(torch.from_numpy(pages[1]))
         # The graphs read the expert tables at fixed addresses; only an eager MoE call
         # refreshes them, so after the adjuster moved experts they are refreshed here.
         self.experts.refresh_device_tables()
@@ -278,7 +310,7 @@ def build_decode_graphs(
     if not experts.graph_safe():
         log.info("CUDA graphs: not captured, experts are offloaded at start-up")
         return None
-    pad = allocator.allocate(PageType.KV, model.config.num_layers, GRAPH_PADDING)
+    pad = allocator.allocate(PageType.KV, model.config.num_kv_layers, GRAPH_PADDING)
     if pad is None:
         log.info("CUDA graphs: not captured, no KV pages left for the padding rows")
         return None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rimuru.dataplane.engine.budget import MemoryPlan, plan_memory
+from rimuru.dataplane.engine.budget import MemoryPlan, estimate_activation_bytes, plan_memory
 from rimuru.dataplane.engine.compute_paths import ComputePaths
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.cuda_graphs import (
@@ -83,12 +83,10 @@ class GraphPlanner:
     def uses_graphs(self) -> bool:
         """Decode graphs serve CUDA with the paged Triton kernels, for a policy whose steps
         can be graphs: any with device copy-in; with host copies only while every expert is
-        resident (fixed never is; the gather path copies on the host's word). Not yet for a
-        hybrid model: its graphs would need the state pages among their static inputs."""
+        resident (fixed never is; the gather path copies on the host's word)."""
         c = self.config
         return (
             self.loaded.device.type == "cuda"
-            and not self.loaded.config.is_hybrid
             and self.paths.use_kernels
             and not c.enforce_eager
             and (c.tunables.mode != "fixed" or c.expert_copy == "device")
@@ -102,8 +100,10 @@ class GraphPlanner:
         the activation reserve beside the graphs' memory; those policies keep such steps
         eager instead."""
         c = self.config
-        return c.cudagraph_mode == "full_and_piecewise" and (
-            c.expert_copy == "device" or c.tunables.mode == "resident"
+        return (
+            c.cudagraph_mode == "full_and_piecewise"
+            and not self.loaded.config.is_hybrid  # its pieces would cut at GDN layers too
+            and (c.expert_copy == "device" or c.tunables.mode == "resident")
         )
 
     def decode_sizes(self) -> tuple[int, ...]:
@@ -155,24 +155,28 @@ class GraphPlanner:
             return GraphPlan(0, False)
         mc, bs = loaded.config, c.block_size
         sizes = self.decode_sizes()
-        scratch = ScratchRunner(
-            loaded.model, loaded.host_experts, loaded.geometry, self.paths.moe_kernel(),
-            self.paths.attention_kernels(),
-        )  # fmt: skip
-        largest = graph_memory_bytes(scratch, sizes[-1], bs, self.max_context())
         driver, piece_driver = graph_driver_bytes(
             mc.num_layers, c.max_num_seqs, c.max_num_batched_tokens
         )
         pieces = 0
-        if self.uses_piecewise():
-            # in a pool of their own beside the decode graphs' (piecewise_graphs.py)
-            size = self.piecewise_sizes()[-1]
-            pool = piecewise_memory_bytes(scratch.runner, scratch.runner.experts, size)
-            pieces = int(1.1 * (pool + piece_driver))
-        del scratch
-        torch.cuda.empty_cache()
+        if mc.is_hybrid:  # the scratch runner drives MoETransformer's pieces: estimated
+            largest = estimate_activation_bytes(mc, sizes[-1], sizes[-1], loaded.dtype)
+        else:
+            scratch = ScratchRunner(
+                loaded.model, loaded.host_experts, loaded.geometry, self.paths.moe_kernel(),
+                self.paths.attention_kernels(),
+            )  # fmt: skip
+            largest = graph_memory_bytes(scratch, sizes[-1], bs, self.max_context())
+            if self.uses_piecewise():
+                # in a pool of their own beside the decode graphs' (piecewise_graphs.py)
+                size = self.piecewise_sizes()[-1]
+                pool = piecewise_memory_bytes(scratch.runner, scratch.runner.experts, size)
+                pieces = int(1.1 * (pool + piece_driver))
+            del scratch
+            torch.cuda.empty_cache()
         width = -(-self.max_context() // bs)
-        static = sizes[-1] * (mc.num_layers * (4 * width + 8) + 8 * 4 + 4)
+        num_gdn = len(mc.linear_attention_layers)  # state page ids, SSM and conv, int64
+        static = sizes[-1] * (mc.num_kv_layers * (4 * width + 8) + 16 * num_gdn + 8 * 4 + 4)
         outputs = sum(sizes[:-1]) * mc.hidden_size * loaded.geometry.shape.dtype_bytes
         decode = int(1.1 * (largest + static + outputs + driver))
         fits = None

@@ -137,6 +137,9 @@ class PagedStates:
         out = torch.empty_like(x)
         for page, start, n in zip(pages.tolist(), meta.starts, meta.lengths, strict=True):
             rows = slice(start, start + n)
+            if page < 0:  # a padding row (decode graphs' static inputs): no state
+                out[rows] = 0
+                continue
             out[rows], self.conv_states[page] = causal_conv1d(
                 x[rows], weight, self.conv_states[page]
             )
@@ -159,6 +162,9 @@ class PagedStates:
         out = torch.empty_like(v)
         for page, start, n in zip(pages.tolist(), meta.starts, meta.lengths, strict=True):
             rows = slice(start, start + n)
+            if page < 0:
+                out[rows] = 0
+                continue
             rule = gated_delta.recurrent if n == 1 else gated_delta.chunked
             out[rows], self.ssm[page] = rule(
                 q[rows], k[rows], v[rows], g[rows], beta[rows], self.ssm[page].clone()

@@ -66,7 +66,7 @@ def run_forward(
 ) -> torch.Tensor:
     """The batch's final hidden states [T, D], by the first path that serves it."""
     if graphs is not None and graphs.serves(batch.slices):
-        return graphs.run(batch.input_ids, batch.positions, batch.slices)
+        return graphs.run(batch.input_ids, batch.positions, batch.slices, batch.state_pages)
     meta = PagedAttentionMeta.build(
         batch.slices, model.config.num_kv_layers, block_size, model.device
     )

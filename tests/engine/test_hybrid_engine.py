@@ -195,3 +195,22 @@ def test_triton_state_kernels_give_the_torch_paths_tokens(
     assert engine.paths.use_kernels
     assert run_checked(engine, PROMPTS[1:]) == expected["qwen3_5_moe"][1:]
     assert engine.experts.counters.evictions > 0
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_padded_static_decode_gives_the_eager_tokens(
+    hybrid_engine, hybrid_checkpoints, expected, kernels
+):
+    """The decode graphs' static inputs (run eagerly on the CPU: capture=False) with state
+    page tables; padding rows (page -1) neither read nor write any state page."""
+    _, path = hybrid_checkpoints["qwen3_next"]
+    engine = hybrid_engine(path, "resident", use_kernels=kernels)
+    graphs = engine.make_cuda_graphs(capture=False)
+    graphs.sizes = (1, 2, 4, 8)  # batches of 1..5 padded up
+    ssm = engine.states.ssm
+    last = ssm.shape[0] - 1  # free: the allocator hands out the lowest ids first
+    ssm[last] = float("nan")
+    assert run_checked(engine, PROMPTS) == expected["qwen3_next"]
+    assert graphs.steps > 0
+    assert bool(ssm[last].isnan().all()), "a padding row wrote an SSM page"
+    assert engine.num_leaked_pages() == 0
