@@ -73,6 +73,12 @@ class HybridReference:
 
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] token ids of one sequence from position 0 -> fp32 logits [T, V]."""
+        h = self.hidden_states(input_ids)
+        return F.linear(self._norm(h, self._global.norm), self._global.lm_head).float()
+
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] token ids of one sequence from position 0 -> the residual stream after the
+        last layer [T, D], before the final norm."""
         h = self._global.embed_tokens[input_ids]  # [T, D]
         positions = torch.arange(len(input_ids))
         rope = rope_cos_sin(positions, self._inv_freq, h.dtype)  # [T, R] each
@@ -84,7 +90,7 @@ class HybridReference:
                 mixed = self.gated_attention(w.mixer, x, rope)
             h = h + mixed
             h = h + self._mlp(layer, w, self._norm(h, w.post_attention_norm))
-        return F.linear(self._norm(h, self._global.norm), self._global.lm_head).float()
+        return h
 
     def gated_delta_net(
         self,
@@ -126,7 +132,10 @@ class HybridReference:
             m = w.dense_mlp
             return swiglu_mlp(x, m.gate_proj, m.up_proj, m.down_proj)
         cfg = self.config
-        probs = torch.softmax(F.linear(x, w.router), dim=-1, dtype=torch.float32)  # [T, E]
+        logits = F.linear(x, w.router).float()  # [T, E]
+        if w.router_bias is not None:
+            logits = logits + w.router_bias
+        probs = torch.softmax(logits, dim=-1)
         topk_weights, topk_ids = probs.topk(cfg.top_k, dim=-1)  # [T, K]
         if cfg.norm_topk_prob:
             topk_weights = topk_weights / topk_weights.sum(-1, keepdim=True)
