@@ -7,14 +7,16 @@
     mixtral-8x7b         mixtral      32      4096  8        14336  2      32 (8)      -
     qwen3-next-80b-a3b   qwen3_next   48      2048  512      512    10     16 (2)      512
     qwen3.5-35b-a3b      qwen3_5_moe  40      2048  256      512    8      16 (2)      512
+    tiny-hybrid          qwen3_5_moe  4       128   16       128    4      4 (2)       128
 
-The last two are hybrids (hybrid_config.py): 3 of every 4 layers are Gated DeltaNet (16 key
-heads, 32 value heads, dims 128, conv kernel 4), the 4th gated attention with head_dim 256 and
-a quarter of it rotary. RandomWeights builds hybrid layers (HybridLayerWeights) as it builds
-the others.
+The last three are hybrids (hybrid_config.py). In the real two, 3 of every 4 layers are Gated
+DeltaNet (16 key heads, 32 value heads, dims 128, conv kernel 4), the 4th gated attention with
+head_dim 256 and a quarter of it rotary. `tiny-hybrid` is their structure shrunk: layers 0-2
+Gated DeltaNet (2 key heads, 4 value heads, dims 32), layer 3 gated attention (head_dim 64, 16
+rotary dims). RandomWeights builds hybrid layers (HybridLayerWeights) as it builds the others.
 
-`tiny` is the CPU default: fp32, but with Qwen's vocabulary (151936) so real Qwen token ids
-are valid input. The others are bf16 like their checkpoints.
+`tiny` (the CPU default) and `tiny-hybrid` are CPU-sized: fp32, but with Qwen's vocabulary
+(151936) so real Qwen token ids are valid input. The others are bf16 like their checkpoints.
 
 Random weights are generated lazily, one tensor at a time, each from its own generator seeded
 by (seed, tensor name): any layer can be produced alone, in any order, on the device it is
@@ -106,6 +108,22 @@ _TINY = _QWEN3_30B_A3B.replace(
     dtype=torch.float32,
 )
 
+# What tiny-hybrid takes from tiny.
+_TINY_SIZES = (
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "moe_intermediate_size",
+    "top_k",
+    "vocab_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_ids",
+    "dtype",
+)
+
 # Qwen3-Next-80B-A3B. Shapes: transformers' Qwen3NextConfig() defaults, which are this model
 # (tests/model/test_hybrid_config.py pins them). From the published config.json, where the
 # defaults differ or are absent: rope_theta 1e7, max_position_embeddings 262144, bos/eos ids,
@@ -168,6 +186,23 @@ _QWEN3_5_35B_A3B = _QWEN3_NEXT_80B_A3B.replace(
     ),
 )
 
+# The CPU hybrid: Qwen3.5-35B-A3B's structure (three Gated DeltaNet layers, then one of gated
+# attention with partial RoPE; a shared expert) at `tiny`'s sizes, vocabulary and token ids.
+_TINY_HYBRID = _QWEN3_5_35B_A3B.replace(
+    **{name: getattr(_TINY, name) for name in _TINY_SIZES},
+    head_dim=64,
+    num_experts=16,
+    shared_expert_intermediate_size=128,
+    layer_types=("linear_attention",) * 3 + ("full_attention",),
+    linear_attention=dataclasses.replace(  # its conv kernel (4) kept
+        _QWEN3_5_35B_A3B.linear_attention,
+        num_key_heads=2,
+        num_value_heads=4,
+        key_head_dim=32,
+        value_head_dim=32,
+    ),
+)
+
 PRESETS: dict[str, ModelConfig] = {
     "tiny": _TINY,
     "qwen1.5-moe-a2.7b": ModelConfig(
@@ -221,6 +256,7 @@ PRESETS: dict[str, ModelConfig] = {
     ),
     "qwen3-next-80b-a3b": _QWEN3_NEXT_80B_A3B,
     "qwen3.5-35b-a3b": _QWEN3_5_35B_A3B,
+    "tiny-hybrid": _TINY_HYBRID,
 }
 
 
