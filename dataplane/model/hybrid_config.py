@@ -22,15 +22,6 @@ LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 LAYER_TYPES = (LINEAR_ATTENTION, FULL_ATTENTION)
 
-# What the engine says until GDN states have pages in the pool: the model parses and has a
-# reference forward (hybrid_reference.py), but nothing in the paged engine runs it.
-HYBRID_NOT_SERVED = (
-    "hybrid (Gated DeltaNet) models: the model parses and has a reference forward, but the "
-    "engine does not serve them yet (issue: hybrid models); use a qwen2_moe, qwen3_moe or "
-    "mixtral model"
-)
-
-
 @dataclass(frozen=True)
 class LinearAttentionConfig:
     """The Gated DeltaNet layer's shapes (config.json's `linear_*` keys)."""

@@ -73,6 +73,12 @@ class HybridReference:
 
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] token ids of one sequence from position 0 -> fp32 logits [T, V]."""
+        h = self.hidden_states(input_ids)
+        return F.linear(self._norm(h, self._global.norm), self._global.lm_head).float()
+
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] token ids of one sequence from position 0 -> the residual stream after the
+        last layer [T, D], before the final norm."""
         h = self._global.embed_tokens[input_ids]  # [T, D]
         positions = torch.arange(len(input_ids))
         rope = rope_cos_sin(positions, self._inv_freq, h.dtype)  # [T, R] each
@@ -84,7 +90,7 @@ class HybridReference:
                 mixed = self.gated_attention(w.mixer, x, rope)
             h = h + mixed
             h = h + self._mlp(layer, w, self._norm(h, w.post_attention_norm))
-        return F.linear(self._norm(h, self._global.norm), self._global.lm_head).float()
+        return h
 
     def gated_delta_net(
         self,

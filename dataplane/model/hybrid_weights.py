@@ -53,6 +53,7 @@ class HybridLayerWeights:
     mixer: GatedAttentionWeights | GatedDeltaNetWeights
     post_attention_norm: torch.Tensor  # [D]
     router: torch.Tensor | None  # [E, D]; None in a dense layer
+    router_bias: torch.Tensor | None = None  # [E] fp32, the preset's router skew (None = none)
     shared_expert: SharedExpertWeights | None = None
     dense_mlp: DenseMLPWeights | None = None
     router_bias: torch.Tensor | None = None  # [E] fp32, the presets' router skew

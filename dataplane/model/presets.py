@@ -1,27 +1,33 @@
 """Named presets: the public shapes of real MoE models, with seeded random weights.
 
-    name                 family     layers  D     experts  I      top-k  heads (kv)  shared
-    tiny                 qwen3_moe  4       128   32       128    4      4 (2)       -
-    qwen1.5-moe-a2.7b    qwen2_moe  24      2048  60       1408   4      16 (16)     5632
-    qwen3-30b-a3b        qwen3_moe  48      2048  128      768    8      32 (4)      -
-    mixtral-8x7b         mixtral    32      4096  8        14336  2      32 (8)      -
-    qwen3-next-80b-a3b   qwen3_next   48    2048  512      512    10     16 (2)      512
-    qwen3.5-35b-a3b      qwen3_5_moe  40    2048  256      512    8      16 (2)      512
+    name                 family       layers  D     experts  I      top-k  heads (kv)  shared
+    tiny                 qwen3_moe    4       128   32       128    4      4 (2)       -
+    qwen1.5-moe-a2.7b    qwen2_moe    24      2048  60       1408   4      16 (16)     5632
+    qwen3-30b-a3b        qwen3_moe    48      2048  128      768    8      32 (4)      -
+    mixtral-8x7b         mixtral      32      4096  8        14336  2      32 (8)      -
+    qwen3-next-80b-a3b   qwen3_next   48      2048  512      512    10     16 (2)      512
+    qwen3.5-35b-a3b      qwen3_5_moe  40      2048  256      512    8      16 (2)      512
+    tiny-hybrid          qwen3_5_moe  4       128   16       128    4      4 (2)       128
 
-The last two are hybrids (hybrid_config.py): 3 of every 4 layers are Gated DeltaNet (16 key
-heads, 32 value heads, dims 128, conv kernel 4), the 4th gated attention with head_dim 256 and
-a quarter of it rotary. The engine refuses them (HYBRID_NOT_SERVED), and so does
-RandomWeights: their shapes are here for the memory plan and the tests, not for serving.
+The last three are hybrids (hybrid_config.py). In the real two, 3 of every 4 layers are Gated
+DeltaNet (16 key heads, 32 value heads, dims 128, conv kernel 4), the 4th gated attention with
+head_dim 256 and a quarter of it rotary. `tiny-hybrid` is their structure shrunk: layers 0-2
+Gated DeltaNet (2 key heads, 4 value heads, dims 32), layer 3 gated attention (head_dim 64, 16
+rotary dims). RandomWeights builds hybrid layers (HybridLayerWeights) as it builds the others.
 
-`tiny` is the CPU default: fp32, but with Qwen's vocabulary (151936) so real Qwen token ids
-are valid input. The others are bf16 like their checkpoints.
+`tiny` (the CPU default) and `tiny-hybrid` are CPU-sized: fp32, but with Qwen's vocabulary
+(151936) so real Qwen token ids are valid input. The others are bf16 like their checkpoints.
 
 Random weights are generated lazily, one tensor at a time, each from its own generator seeded
 by (seed, tensor name): any layer can be produced alone, in any order, on the device it is
 needed on and in the dtype it is needed in. Values are identical for the same (seed, device
 type, dtype); CPU and CUDA generators produce different numbers.
-Scales: norms are 1, the router is N(0, 1/D) so that router logits of a normalised input are
-about N(0, 1), everything else is N(0, 0.02²) (transformers' initializer_range).
+Scales: norms scale by 1, the router is N(0, 1/D) so that router logits of a normalised input
+are about N(0, 1), everything else is N(0, 0.02²) (transformers' initializer_range). Hybrid
+models follow transformers' Qwen3-Next / Qwen3.5-MoE init where it differs: their RMSNorms
+store w of a (1 + w) scale, so w = 0 (the GDN's gated norm is a plain scale: 1); dt_bias = 1;
+A_log = ln U(0.01, 16). The GDN's depthwise conv is N(0, 1/K), unit gain over its K taps
+(transformers' 0.02 would shrink v 25-fold before the recurrent state).
 
 Router skew. Random routers spread tokens almost uniformly over experts; trained ones do
 not. With skew exponent s >= 0, each layer l draws a seeded random permutation giving every
@@ -51,12 +57,16 @@ from rimuru.dataplane.model.hf_layout import (
     is_norm_weight,
     is_router_weight,
 )
-from rimuru.dataplane.model.hybrid_config import HYBRID_NOT_SERVED, LinearAttentionConfig
+from rimuru.dataplane.model.hybrid_config import LinearAttentionConfig
+from rimuru.dataplane.model.hybrid_layout import build_hybrid_layer_weights
+from rimuru.dataplane.model.hybrid_weights import HybridLayerWeights
 from rimuru.dataplane.model.weights import ExpertWeights, GlobalWeights, LayerWeights, host_empty
 
 _QWEN_VOCAB = 151936
 _QWEN_EOS = (151643, 151645)  # <|endoftext|>, <|im_end|>
 _STD = 0.02
+_GATED_NORM = ".linear_attn.norm.weight"  # the GDN's output norm: a plain scale, not 1 + w
+_A_RANGE = (0.01, 16.0)  # A = exp(A_log), the GDN's decay rate: transformers' U(0.01, 16)
 
 _QWEN3_30B_A3B = ModelConfig(
     family="qwen3_moe",
@@ -96,6 +106,22 @@ _TINY = _QWEN3_30B_A3B.replace(
     max_position_embeddings=32768,
     tie_word_embeddings=True,  # halves the 151936-row vocabulary's memory, as small Qwen3s do
     dtype=torch.float32,
+)
+
+# What tiny-hybrid takes from tiny.
+_TINY_SIZES = (
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "moe_intermediate_size",
+    "top_k",
+    "vocab_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_ids",
+    "dtype",
 )
 
 # Qwen3-Next-80B-A3B. Shapes: transformers' Qwen3NextConfig() defaults, which are this model
@@ -160,6 +186,23 @@ _QWEN3_5_35B_A3B = _QWEN3_NEXT_80B_A3B.replace(
     ),
 )
 
+# The CPU hybrid: Qwen3.5-35B-A3B's structure (three Gated DeltaNet layers, then one of gated
+# attention with partial RoPE; a shared expert) at `tiny`'s sizes, vocabulary and token ids.
+_TINY_HYBRID = _QWEN3_5_35B_A3B.replace(
+    **{name: getattr(_TINY, name) for name in _TINY_SIZES},
+    head_dim=64,
+    num_experts=16,
+    shared_expert_intermediate_size=128,
+    layer_types=("linear_attention",) * 3 + ("full_attention",),
+    linear_attention=dataclasses.replace(  # its conv kernel (4) kept
+        _QWEN3_5_35B_A3B.linear_attention,
+        num_key_heads=2,
+        num_value_heads=4,
+        key_head_dim=32,
+        value_head_dim=32,
+    ),
+)
+
 PRESETS: dict[str, ModelConfig] = {
     "tiny": _TINY,
     "qwen1.5-moe-a2.7b": ModelConfig(
@@ -213,6 +256,7 @@ PRESETS: dict[str, ModelConfig] = {
     ),
     "qwen3-next-80b-a3b": _QWEN3_NEXT_80B_A3B,
     "qwen3.5-35b-a3b": _QWEN3_5_35B_A3B,
+    "tiny-hybrid": _TINY_HYBRID,
 }
 
 
@@ -233,8 +277,6 @@ class RandomWeights:
     """WeightSource of seeded random weights at a config's shapes (see the module docstring)."""
 
     def __init__(self, config: ModelConfig, seed: int = 0, router_skew: float = 0.0) -> None:
-        if config.is_hybrid:  # hf_layout builds attention-only layers
-            raise ValueError(HYBRID_NOT_SERVED)
         if not (math.isfinite(router_skew) and router_skew >= 0):
             raise ValueError(f"router_skew must be a finite number >= 0, got {router_skew}")
         self._config = config
@@ -252,10 +294,17 @@ class RandomWeights:
     def global_weights(self, device: torch.device, dtype: torch.dtype) -> GlobalWeights:
         return build_global_weights(self._config, self._fetcher(device, dtype))
 
-    def layer_weights(self, layer: int, device: torch.device, dtype: torch.dtype) -> LayerWeights:
-        weights = build_layer_weights(self._config, layer, self._fetcher(device, dtype))
+    def layer_weights(
+        self, layer: int, device: torch.device, dtype: torch.dtype
+    ) -> LayerWeights | HybridLayerWeights:
+        fetch = self._fetcher(device, dtype)
+        if self._config.is_hybrid:
+            weights = build_hybrid_layer_weights(self._config, layer, fetch)
+        else:
+            weights = build_layer_weights(self._config, layer, fetch)
         if self.router_skew == 0 or weights.router is None:
             return weights
+        # Keyed by decoder layer, in hybrid and other models alike.
         bias = zipf_router_bias(self._config.num_experts, self.router_skew, self.seed, layer)
         return dataclasses.replace(weights, router_bias=bias.to(device))
 
@@ -288,10 +337,23 @@ class RandomWeights:
         return ExpertWeights(**mats)
 
     def _fetcher(self, device: torch.device, dtype: torch.dtype) -> Fetch:
+        zero_centred = self._config.zero_centred_norms
+
         def fetch(name: str, shape: tuple[int, ...]) -> torch.Tensor:
             if is_norm_weight(name):
+                scale_is_one_plus_w = zero_centred and not name.endswith(_GATED_NORM)
+                return torch.full(
+                    shape, 0.0 if scale_is_one_plus_w else 1.0, device=device, dtype=dtype
+                )
+            if name.endswith(".dt_bias"):
                 return torch.ones(shape, device=device, dtype=dtype)
-            std = shape[-1] ** -0.5 if is_router_weight(name) else _STD
+            if name.endswith(".A_log"):
+                a = torch.empty(shape, device=device, dtype=torch.float32)
+                a.uniform_(*_A_RANGE, generator=self._generator(name, torch.device(device)))
+                return a.log_().to(dtype)
+            # fan-in scaled: the router over D inputs, the depthwise conv over its K taps
+            fan_in_scaled = is_router_weight(name) or name.endswith(".conv1d.weight")
+            std = shape[-1] ** -0.5 if fan_in_scaled else _STD
             return self._normal(name, shape, device, dtype, std)
 
         return fetch

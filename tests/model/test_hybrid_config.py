@@ -150,4 +150,3 @@ def test_plan_shows_a_hybrid_requests_state_pages(capsys):
         "attention layers" in out
     )
     assert "conv page 49152 B in a 65536 B slot (16384 B padding, 25.0%)" in out
-
