@@ -27,6 +27,7 @@ import json
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,6 +37,7 @@ from rimuru.dataplane.engine.capacity import non_pool_weight_bytes
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.setup import loading_buffer_bytes
 from rimuru.dataplane.model import gated_delta, preset_config
 from rimuru.dataplane.model.causal_conv import causal_conv1d
 from rimuru.policy import Tunables
@@ -142,12 +144,24 @@ def token_checks() -> list[tuple[str, str]]:
     prompts = [[(37 * i + 11 * j) % 151_000 for i in range(20 + 17 * j)] for j in range(8)]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     rows, first = [], None
+    base = EngineConfig(
+        model="tiny-hybrid", device="cuda", activation_reserve=0, max_num_batched_tokens=64,
+        loading_buffer_slots=16, fixed_expert_share=0.9,
+    )  # fmt: skip
+    probe = Engine(base, log_plan=False)
+    mc, g = probe.model_config, probe.geometry
+    # every expert, both loading buffers, and 1 MiB for KV and states: pages run short
+    budget = (
+        probe.model.resident_nbytes()
+        + loading_buffer_bytes(base, 16, g)
+        + 2**20
+        + (mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes)
+    )
+    del probe
     for mode in ("resident", "fixed", "elastic"):
         for kernels in (True, False):
-            config = EngineConfig(
-                model="tiny-hybrid", device="cuda", use_kernels=kernels, activation_reserve=0,
-                max_num_batched_tokens=64, memory_budget=int(0.16 * GiB),
-                loading_buffer_slots=16, fixed_expert_share=0.3,
+            config = replace(
+                base, use_kernels=kernels, memory_budget=budget,
                 tunables=Tunables(mode=mode, expert_offload_limit=12),
             )  # fmt: skip
             engine = Engine(config, log_plan=False)
