@@ -22,6 +22,7 @@ LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 LAYER_TYPES = (LINEAR_ATTENTION, FULL_ATTENTION)
 
+
 @dataclass(frozen=True)
 class LinearAttentionConfig:
     """The Gated DeltaNet layer's shapes (config.json's `linear_*` keys)."""
