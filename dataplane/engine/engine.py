@@ -369,7 +369,7 @@ class Engine:
 
     def _stop_status(self, r: Request, token: int) -> RequestStatus | None:
         p = r.params
-        if token in p.stop_token_ids or (
+        if token in p.stop_token_set or (
             not p.ignore_eos and token in self.model_config.eos_token_ids
         ):
             return RequestStatus.FINISHED_STOPPED

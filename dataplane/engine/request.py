@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 
 from rimuru.dataplane.memory.tables import BlockTable, StatePages
 
+# Bounds the work and memory one request's stop set can cost. OpenAI takes 4 stop strings;
+# vLLM's GPU sampler holds 128 stop ids (for min_tokens), which some models' stop sets
+# outgrow; 1024 is vLLM's limit on allowed_token_ids and logit_bias entries.
+MAX_STOP_TOKEN_IDS = 1024
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -21,6 +26,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -36,7 +42,14 @@ class SamplingParams:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        stop = tuple(self.stop_token_ids)
+        if len(stop) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(
+                f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(stop)}"
+            )
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop))
+        # the engine checks every sampled token against it: a set, built once per request
+        object.__setattr__(self, "stop_token_set", frozenset(self.stop_token_ids))
 
 
 class RequestStatus(enum.Enum):

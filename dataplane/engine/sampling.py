@@ -1,6 +1,14 @@
 """Token sampling: greedy, temperature, top-k, top-p, per-request seeds.
 
-Shape key: B = requests sampled this step, V = vocab.
+Shape key: B = requests sampled this step, R = rows drawn at random (temperature > 0),
+F = rows whose top-k or top-p limits the support, V = vocab.
+
+A random row is an exponential race (the Gumbel-max trick): argmax(logits / T - log E), with
+E = -log U ~ Exp(1) drawn per token, picks token i with probability softmax(logits / T)[i]
+without a sort or a normalisation. Only the rows whose top-k or top-p limits the support pay
+for a sort (or, for top-k alone, a top-k). Each draw of noise belongs to a vocabulary index,
+not to a rank, so a tiny change of the logits (another batch, another policy) moves the pick
+only where two perturbed scores nearly tie.
 """
 
 from __future__ import annotations
@@ -26,62 +34,82 @@ class Sampler:
     ) -> list[int]:
         """logits [B, V] fp32 -> one token id per row, computed where the logits are.
 
-        Greedy rows are one batched argmax; only B token ids cross to the host (copying
+        Only B token ids cross to the host, in the step's one wait on the device (copying
         [B, V] logits to the host would move ~150 MB per step at B = 256 on Qwen's vocab)."""
         greedy = [i for i, p in enumerate(params) if p.temperature < SAMPLING_EPS]
-        if len(greedy) == len(params):
+        drawn = [i for i, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
+        if not drawn:
             return torch.argmax(logits, dim=-1).tolist()
-        # Every row's token stays on the device until one copy at the end: a per-row
-        # int() would make the host wait for the device once per sampled row.
-        tokens = torch.empty(len(params), dtype=torch.int64, device=logits.device)
-        if greedy:
-            tokens[greedy] = torch.argmax(logits[greedy], dim=-1)
-        rows = [i for i, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
-        probs = self._filtered_probs(logits[rows], [params[i] for i in rows])
-        picks = torch.empty(len(rows), dtype=torch.int64, device=logits.device)
-        seeded = [j for j, i in enumerate(rows) if params[i].seed is not None]
-        unseeded = [j for j, i in enumerate(rows) if params[i].seed is None]
-        if unseeded:
-            picks[unseeded] = torch.multinomial(probs[unseeded], 1).squeeze(1)
-        for j in seeded:  # each seeded request draws from its own generator, batch or not
-            i = rows[j]
-            generator = self._generator(request_ids[i], params[i], logits.device)
-            picks[j] = torch.multinomial(probs[j], 1, generator=generator)[0]
-        tokens[rows] = picks
+        if not greedy:
+            return self._draw(logits, request_ids, params).tolist()
+        device = logits.device
+        tokens = torch.empty(len(params), dtype=torch.int64, device=device)  # [B]
+        index = _to_device(greedy, torch.int64, device)
+        tokens[index] = torch.argmax(logits[index], dim=-1)
+        index = _to_device(drawn, torch.int64, device)
+        ids, drawn_params = [request_ids[i] for i in drawn], [params[i] for i in drawn]
+        tokens[index] = self._draw(logits[index], ids, drawn_params)
         return tokens.tolist()
 
-    @staticmethod
-    def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-        """[R, V] logits -> [R, V] probabilities after temperature, top-k and top-p, in
-        vocabulary order. One pass for all rows: the filters work on a sorted copy and are
-        scattered back, so the draw itself runs in vocabulary order, where a tiny change of
-        the logits (another batch, another policy) moves the pick only at a boundary; in
-        sorted order two near-equal tokens swapping places would change it outright."""
+    def _draw(
+        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
+    ) -> torch.Tensor:
+        """logits [R, V] -> [R] token ids, each drawn from softmax(logits / T) restricted
+        to the row's top-k and top-p."""
         device, vocab = logits.device, logits.shape[-1]
-        temperature = torch.tensor([p.temperature for p in params], device=device)
-        top_k = torch.tensor(
-            [p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device
-        )
-        top_p = torch.tensor([p.top_p for p in params], device=device)
-        scaled = logits.float() / temperature[:, None]
-        ranked, order = torch.sort(scaled, dim=-1, descending=True)
-        positions = torch.arange(vocab, device=device)
-        # top-k keeps every logit >= the k-th largest (ties at the k-th are kept)
-        kth = ranked.gather(1, (top_k - 1)[:, None])
-        keep = ranked >= kth
-        # top-p keeps the smallest prefix whose mass reaches top_p (always the first token)
-        sorted_probs = torch.softmax(ranked.masked_fill(~keep, float("-inf")), dim=-1)
-        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        keep &= (before < top_p[:, None]) | (positions == 0) | (top_p >= 1.0)[:, None]
-        keep = torch.zeros_like(keep).scatter_(1, order, keep)  # back to vocabulary order
-        return torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
+        temperature = _to_device([p.temperature for p in params], torch.float32, device)
+        scores = logits.float() / temperature[:, None]  # [R, V]
+        limited = [j for j, p in enumerate(params) if 0 < p.top_k < vocab or p.top_p < 1.0]
+        if len(limited) == len(params):
+            scores = limit_support(scores, params)
+        elif limited:
+            index = _to_device(limited, torch.int64, device)
+            scores[index] = limit_support(scores[index], [params[j] for j in limited])
+        # E = -log U, U in [tiny, 1): E is finite and > 0, so log E is finite and a token
+        # outside the support (-inf) can never win the race
+        noise = torch.empty_like(scores)  # [R, V] U, then log E
+        low = torch.finfo(noise.dtype).tiny
+        seeded = [j for j, p in enumerate(params) if p.seed is not None]
+        if len(seeded) < len(params):
+            noise.uniform_(low, 1.0)  # unseeded rows share the global generator
+        for j in seeded:  # each seeded request draws from its own generator, batch or not
+            generator = self._generator(request_ids[j], params[j], device)
+            noise[j].uniform_(low, 1.0, generator=generator)
+        return torch.argmax(scores.sub_(noise.log_().neg_().log_()), dim=-1)
 
     def _generator(
         self, request_id: str, p: SamplingParams, device: torch.device
-    ) -> torch.Generator | None:
+    ) -> torch.Generator:
         """A per-request generator on the logits' device (CPU and CUDA streams differ)."""
-        if p.seed is None:
-            return None
         if request_id not in self._generators:
             self._generators[request_id] = torch.Generator(device=device).manual_seed(p.seed)
         return self._generators[request_id]
+
+
+def limit_support(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """[F, V] scaled logits -> the same with -inf outside each row's top-k and top-p.
+
+    top-k keeps every logit >= the k-th largest (ties at the k-th are kept); top-p keeps the
+    smallest prefix of the sorted probabilities whose mass reaches top_p (the first token
+    always: the mass before it is 0), measured after top-k. Top-k alone needs only the k
+    largest values, not a sort."""
+    device, vocab = scaled.device, scaled.shape[-1]
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    kth_index = _to_device([k - 1 for k in top_k], torch.int64, device)[:, None]
+    if all(p.top_p >= 1.0 for p in params):
+        largest = torch.topk(scaled, max(top_k), dim=-1).values  # [F, max k], descending
+        return scaled.masked_fill(scaled < largest.gather(1, kth_index), float("-inf"))
+    top_p = _to_device([p.top_p for p in params], torch.float32, device)
+    ranked, order = torch.sort(scaled, dim=-1, descending=True)  # [F, V]
+    keep = ranked >= ranked.gather(1, kth_index)
+    sorted_probs = torch.softmax(ranked.masked_fill(~keep, float("-inf")), dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep &= (mass_before < top_p[:, None]) | (top_p >= 1.0)[:, None]
+    keep = torch.zeros_like(keep).scatter_(1, order, keep)  # back to vocabulary order
+    return scaled.masked_fill(~keep, float("-inf"))
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on the device without waiting for the device's queued work (a
+    plain torch.tensor(..., device=cuda) synchronises the stream)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)

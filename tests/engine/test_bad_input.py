@@ -4,7 +4,7 @@ import pytest
 
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.request import MAX_STOP_TOKEN_IDS, SamplingParams
 from rimuru.policy import Tunables
 
 
@@ -30,11 +30,26 @@ def engine():
         ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
         ({"top_k": -5}, "top_k must be -1, 0"),
         ({"seed": -3}, "seed must be a non-negative integer"),
+        (
+            {"stop_token_ids": range(MAX_STOP_TOKEN_IDS + 1)},
+            f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} ids, got 1025",
+        ),
     ],
 )
 def test_invalid_sampling_parameters(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_a_full_stop_set_ends_the_request_at_its_first_sampled_id(engine):
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    free_run = engine.generate([[5, 6, 7]], params)[0]
+    stop = free_run[4]
+    unsampled = [t for t in range(1000, 151_936) if t not in free_run]
+    stop_ids = (*unsampled[: MAX_STOP_TOKEN_IDS - 1], stop)  # the limit is allowed
+    stopped = SamplingParams(max_tokens=10, ignore_eos=True, stop_token_ids=stop_ids)
+    assert stopped.stop_token_set == frozenset(stop_ids)
+    assert engine.generate([[5, 6, 7]], stopped)[0] == free_run[: free_run.index(stop) + 1]
 
 
 def test_prompt_longer_than_context(engine):

@@ -1,9 +1,13 @@
 """Sampler semantics on fixed logits."""
 
+import math
+from dataclasses import replace
+
+import pytest
 import torch
 
 from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.engine.sampling import Sampler
+from rimuru.dataplane.engine.sampling import SAMPLING_EPS, Sampler, limit_support
 
 LOGITS = torch.tensor([3.0, 2.5, 2.0, -1.0, -2.0])  # probabilities ~ .48 .29 .18 .02 .01
 
@@ -51,3 +55,141 @@ def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_batch():
         assert out[0] == 4  # the greedy row: argmax of the flipped logits
         together.append(out[1])
     assert together == solo and len(set(solo)) > 1
+
+
+def _frequencies(logits: torch.Tensor, params: SamplingParams, n: int, seeded: bool):
+    """Empirical token frequencies of n rows drawn in one batch (seeded: seeds 0..n-1)."""
+    batch = [replace(params, seed=i) if seeded else params for i in range(n)]
+    torch.manual_seed(0)  # the unseeded rows' global generator: the test is deterministic
+    tokens = Sampler().sample(logits.expand(n, -1), [f"r{i}" for i in range(n)], batch)
+    return torch.bincount(torch.tensor(tokens), minlength=logits.shape[-1]) / n
+
+
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
+@pytest.mark.parametrize(
+    ("params", "support"),
+    [
+        (SamplingParams(temperature=1.0), [0, 1, 2, 3, 4]),
+        (SamplingParams(temperature=0.5), [0, 1, 2, 3, 4]),
+        (SamplingParams(temperature=2.0), [0, 1, 2, 3, 4]),
+        (SamplingParams(temperature=1.0, top_k=2), [0, 1]),
+        (SamplingParams(temperature=1.0, top_p=0.9), [0, 1, 2]),
+    ],
+    ids=["t1", "t0.5", "t2", "top_k2", "top_p0.9"],
+)
+def test_draws_follow_the_softmax_of_the_support(params, support, seeded):
+    n = 20_000  # standard error of each frequency <= 0.0036
+    want = torch.zeros_like(LOGITS)
+    want[support] = torch.softmax(LOGITS[support] / params.temperature, dim=-1)
+    got = _frequencies(LOGITS, params, n, seeded)
+    assert torch.allclose(got, want, atol=0.015), (got, want)
+
+
+def _reference_support(row: list[float], top_k: int, top_p: float) -> set[int]:
+    """Top-k then top-p written out one token at a time."""
+    order = sorted(range(len(row)), key=lambda i: -row[i])
+    k = top_k if 0 < top_k < len(row) else len(row)
+    kept = [i for i in order if row[i] >= row[order[k - 1]]]
+    mass = [math.exp(row[i]) for i in kept]
+    support, before = set(), 0.0
+    for i, m in zip(kept, mass, strict=True):
+        if not support or top_p >= 1.0 or before < top_p:
+            support.add(i)
+        before += m / sum(mass)
+    return support
+
+
+def test_limit_support_keeps_exactly_top_k_and_top_p():
+    generator = torch.Generator().manual_seed(0)
+    distinct = torch.randn(6, 64, generator=generator) * 2
+    tied = torch.randint(0, 8, (3, 64), generator=generator).float()  # many ties
+    cases = [
+        (distinct[0], 1, 1.0),
+        (distinct[1], 5, 1.0),
+        (distinct[2], 0, 0.5),
+        (distinct[3], 10, 0.8),
+        (distinct[4], -1, 0.95),
+        (distinct[5], 64, 0.3),
+        (tied[0], 3, 1.0),  # top-k keeps every tie at the k-th
+        (tied[1], 20, 1.0),
+        (tied[2], 1, 1.0),
+    ]
+    rows = torch.stack([row for row, _, _ in cases])
+    params = [SamplingParams(temperature=1.0, top_k=k, top_p=p) for _, k, p in cases]
+    top_k_only = [j for j, (_, _, p) in enumerate(cases) if p >= 1.0]
+    together = limit_support(rows, params)  # one sort for all rows
+    alone = limit_support(rows[top_k_only], [params[j] for j in top_k_only])  # top-k only
+    for j, (row, k, p) in enumerate(cases):
+        want = _reference_support(row.tolist(), k, p)
+        assert set(torch.isfinite(together[j]).nonzero().flatten().tolist()) == want, j
+        assert torch.equal(together[j][list(want)], row[list(want)])
+    for a, j in enumerate(top_k_only):
+        assert torch.equal(alone[a], together[j])
+
+
+def _forbid(monkeypatch, *names: str) -> None:
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the sampler sorted a row that asked for no top-k or top-p")
+
+    for name in names:
+        monkeypatch.setattr(torch, name, forbidden)
+        monkeypatch.setattr(torch.Tensor, name, forbidden)
+
+
+def test_plain_temperature_rows_are_never_sorted(monkeypatch):
+    vocab = 1000
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(1))
+    params = [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.0, seed=4),
+        SamplingParams(),
+        SamplingParams(temperature=0.5, top_k=-1, top_p=1.0),
+        SamplingParams(temperature=1.0, top_k=vocab),  # k >= vocab keeps everything
+        SamplingParams(temperature=1.0, top_k=vocab + 7, seed=2),
+    ]
+    _forbid(monkeypatch, "sort", "topk", "argsort", "multinomial")
+    tokens = Sampler().sample(logits, [f"r{i}" for i in range(6)], params)
+    assert len(tokens) == 6 and all(0 <= t < vocab for t in tokens)
+    assert tokens[2] == int(torch.argmax(logits[2]))
+
+
+def test_top_k_alone_takes_a_top_k_not_a_sort(monkeypatch):
+    _forbid(monkeypatch, "sort", "argsort")
+    assert draws(SamplingParams(temperature=1.0, top_k=2)) == {0, 1}
+    assert draws(SamplingParams(temperature=5.0, top_k=3)) == {0, 1, 2}
+
+
+def test_a_plain_seeded_request_ignores_its_batch_and_its_row():
+    vocab = 500
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(2))
+    p = SamplingParams(temperature=0.8, seed=42)
+    alone = Sampler()
+    solo = [alone.sample(logits[3:4], ["x"], [p])[0] for _ in range(25)]
+    others = [
+        SamplingParams(),
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.9, top_p=0.5, seed=7),
+        SamplingParams(temperature=1.3, top_k=20),
+    ]
+    other_logits, other_ids = [logits[i] for i in (0, 1, 2, 4)], ["g", "u", "s", "k"]
+    batched, together = Sampler(), []
+    for step in range(25):  # x moves between rows, among greedy, unseeded and limited rows
+        row = step % 5
+        rows = torch.stack([*other_logits[:row], logits[3], *other_logits[row:]])
+        ids = [*other_ids[:row], "x", *other_ids[row:]]
+        together.append(batched.sample(rows, ids, [*others[:row], p, *others[row:]])[row])
+    assert together == solo and len(set(solo)) > 5
+
+
+def test_greedy_rows_are_the_argmax_whatever_else_is_drawn():
+    logits = torch.randn(8, 300, generator=torch.Generator().manual_seed(3))
+    params = [
+        SamplingParams(temperature=0.0 if i % 2 else 1.0, top_k=5 * (i % 3), seed=i)
+        for i in range(7)
+    ] + [SamplingParams(temperature=SAMPLING_EPS / 2)]  # below the epsilon: greedy
+    tokens = Sampler().sample(logits, [f"r{i}" for i in range(8)], params)
+    argmax = torch.argmax(logits, dim=-1).tolist()
+    greedy = [i for i, p in enumerate(params) if p.temperature < SAMPLING_EPS]
+    assert greedy == [1, 3, 5, 7]
+    assert [tokens[i] for i in greedy] == [argmax[i] for i in greedy]
+    assert Sampler().sample(logits, [f"r{i}" for i in range(8)], [SamplingParams()] * 8) == argmax

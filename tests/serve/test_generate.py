@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.request import MAX_STOP_TOKEN_IDS, SamplingParams
 from rimuru.dataplane.model.tokenizer import load_tokenizer
 from rimuru.dataplane.serve.convert import sampling_to_proto
 from rimuru.v1 import inference_pb2 as pb
@@ -78,6 +78,21 @@ async def test_stop_token_ends_the_stream_with_reason_stop(data_plane, small_con
     )
     assert tokens == free_run[: free_run.index(stop) + 1]
     assert final.finish_reason == pb.FINISH_REASON_STOP
+
+
+async def test_too_many_stop_token_ids_is_invalid_argument(data_plane):
+    too_many = list(range(MAX_STOP_TOKEN_IDS + 1))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await data_plane.generate([5, 6, 7], max_tokens=2, stop_token_ids=too_many)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        f"sampling.stop_token_ids: stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} ids, "
+        f"got {MAX_STOP_TOKEN_IDS + 1}"
+    )
+    tokens, final = await data_plane.generate(
+        [5, 6, 7], max_tokens=2, ignore_eos=True, stop_token_ids=too_many[1:]
+    )  # the limit itself is served
+    assert 1 <= len(tokens) <= 2 and final.finish_reason != pb.FINISH_REASON_UNSPECIFIED
 
 
 async def test_model_info_and_engine_stats(data_plane):
