@@ -37,7 +37,6 @@ from rimuru.dataplane.engine.capacity import non_pool_weight_bytes
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.engine.setup import loading_buffer_bytes
 from rimuru.dataplane.model import gated_delta, preset_config
 from rimuru.dataplane.model.causal_conv import causal_conv1d
 from rimuru.policy import Tunables
@@ -149,14 +148,11 @@ def token_checks() -> list[tuple[str, str]]:
         loading_buffer_slots=16, fixed_expert_share=0.9,
     )  # fmt: skip
     probe = Engine(base, log_plan=False)
-    mc, g = probe.model_config, probe.geometry
-    # every expert, both loading buffers, and 1 MiB for KV and states: pages run short
-    budget = (
-        probe.model.resident_nbytes()
-        + loading_buffer_bytes(base, 16, g)
-        + 2**20
-        + (mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes)
-    )
+    mc, g, plan = probe.model_config, probe.geometry, probe.plan
+    # what is not the pool (weights, CUDA graphs, loading buffers), every expert and 1 MiB
+    # for KV and states: pages run short
+    experts = mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes
+    budget = plan.budget_bytes - plan.pool_bytes + experts + 2**20
     del probe
     for mode in ("resident", "fixed", "elastic"):
         for kernels in (True, False):
