@@ -264,6 +264,16 @@ class Engine:
     ) -> str:
         params = params or SamplingParams()
         ids = self.validate_request(prompt_token_ids, params)
+        return self._add_valid(ids, params, request_id, arrival_time)
+
+    def _add_valid(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Queue a request whose ids `validate_request` returned."""
         request_id = request_id or f"req-{len(self.requests)}-{time.monotonic_ns()}"
         if request_id in self.requests and not self.requests[request_id].status.finished:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -405,9 +415,9 @@ class Engine:
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
-        for p, sp in zip(prompts, params, strict=True):  # all or nothing: check before adding
-            self.validate_request(p, sp)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        # all or nothing: every prompt is checked before any is added
+        valid = [self.validate_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        ids = [self._add_valid(v, sp) for v, sp in zip(valid, params, strict=True)]
         while self.has_unfinished_requests():
             self.step()
         return [list(self.requests[i].output_token_ids) for i in ids]

@@ -63,15 +63,26 @@ class PagedAttentionMeta:
         pos = np.concatenate([np.arange(s.num_computed_tokens, s.context_len) for s in sequences])
         slots = torch.from_numpy(slot_mapping(tables, seq_of, pos, block_size))  # [L, T]
         cu = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+        seq_lens = np.asarray([s.context_len for s in sequences], dtype=np.int32)
         return cls(
             tuple(sequences),
-            slots.to(device),
-            torch.from_numpy(tables).to(device),  # [L, S, B] int32
-            torch.from_numpy(cu).to(device),
-            torch.tensor([s.context_len for s in sequences], dtype=torch.int32, device=device),
+            to_device(slots, device),
+            to_device(torch.from_numpy(tables), device),  # [L, S, B] int32
+            to_device(torch.from_numpy(cu), device),
+            to_device(torch.from_numpy(seq_lens), device),
             max(s.num_new_tokens for s in sequences),
             max(s.context_len for s in sequences),
         )
+
+
+def to_device(host: torch.Tensor, device) -> torch.Tensor:
+    """A step's metadata onto the device without stalling the host: staged in pinned memory
+    and copied asynchronously on CUDA (the caching host allocator keeps the staging buffer
+    until the copy has run); the tensor itself on the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def slot_mapping(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rimuru.dataplane.engine.paged_attention import to_device
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.memory.tables import StatePages
@@ -81,16 +82,17 @@ class StateMeta:
             rows = [r for i in seqs for r in range(starts[i], starts[i] + lengths[i])]
             cu = [0, *itertools.accumulate(lengths[i] for i in seqs)]
             return StepPart(
-                None if every else torch.tensor(rows, dtype=torch.int64).to(device),
-                ssm[:, seqs].to(device), conv[:, seqs].to(device),
-                torch.tensor(cu, dtype=torch.int32).to(device),
+                None if every else to_device(torch.tensor(rows, dtype=torch.int64), device),
+                to_device(ssm[:, seqs].contiguous(), device),
+                to_device(conv[:, seqs].contiguous(), device),
+                to_device(torch.tensor(cu, dtype=torch.int32), device),
             )  # fmt: skip
 
         cu = [0, *itertools.accumulate(lengths)]
         return cls(
-            tuple(starts), tuple(lengths), ssm.to(device), conv.to(device),
-            torch.tensor(cu, dtype=torch.int32).to(device), to_zero.to(device), len(new),
-            part(one), part(more),
+            tuple(starts), tuple(lengths), to_device(ssm, device), to_device(conv, device),
+            to_device(torch.tensor(cu, dtype=torch.int32), device),
+            to_device(to_zero, device), len(new), part(one), part(more),
         )  # fmt: skip
 
 

@@ -88,6 +88,15 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids(self, start: int, n: int) -> list[int]:
+        """Tokens start .. start + n - 1 of prompt + output, without joining the two."""
+        prompt = self.prompt_token_ids
+        if start + n <= len(prompt):
+            return prompt[start : start + n]
+        if start >= len(prompt):
+            return self.output_token_ids[start - len(prompt) : start - len(prompt) + n]
+        return prompt[start:] + self.output_token_ids[: start + n - len(prompt)]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)

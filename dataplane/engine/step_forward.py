@@ -37,7 +37,7 @@ class StepBatch:
         for s in scheduled:
             r, n, done = s.request, s.num_new_tokens, s.request.num_computed_tokens
             start = len(ids)
-            ids += r.all_token_ids[done : done + n]
+            ids += r.token_ids(done, n)  # a decode step reads one token, copies nothing else
             positions += range(done, done + n)
             slices.append(SequenceSlice(start, n, done, r.block_table.array()))
             if done + n == r.num_tokens:

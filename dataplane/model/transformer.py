@@ -24,6 +24,7 @@ V = vocab.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -78,7 +79,10 @@ class MoETransformer:
         """Load the non-expert weights onto `device`; routed experts are the backend's business."""
         device = torch.device(device)
         dtype = dtype or source.config.dtype
-        layers = [source.layer_weights(i, device, dtype) for i in range(source.config.num_layers)]
+        layers = [
+            _fuse_qkv(source.layer_weights(i, device, dtype))
+            for i in range(source.config.num_layers)
+        ]
         weights = source.global_weights(device, dtype)
         return cls(source.config, weights, layers, attention, experts, ops)
 
@@ -91,11 +95,12 @@ class MoETransformer:
         seen: dict[int, int] = {}
         tensors = [*vars(self.weights).values()]
         for layer in self.layers:
-            tensors += [
-                *vars(layer.attention).values(),
-                layer.input_norm,
-                layer.post_attention_norm,
-            ]
+            a = layer.attention
+            fused = ("q_proj", "k_proj", "v_proj", "q_bias", "k_bias", "v_bias")
+            # once fused, q/k/v and their biases are views of qkv_proj / qkv_bias
+            skip = fused if a.qkv_proj is not None else ()
+            tensors += [t for name, t in vars(a).items() if name not in skip]
+            tensors += [layer.input_norm, layer.post_attention_norm]
             tensors += [layer.router, layer.router_bias]
             if layer.shared_expert is not None:
                 tensors += vars(layer.shared_expert).values()
@@ -143,9 +148,17 @@ class MoETransformer:
         """x [T, D], input-normed -> q [T, Hq, Dh], k and v [T, Hkv, Dh], q/k normed and rotated."""
         cfg, a = self.config, self.layers[layer].attention
         num_tokens = x.shape[0]
-        q = F.linear(x, a.q_proj, a.q_bias).view(num_tokens, cfg.num_heads, cfg.head_dim)
-        k = F.linear(x, a.k_proj, a.k_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        v = F.linear(x, a.v_proj, a.v_bias).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if a.qkv_proj is not None:  # one GEMM, split (vLLM's QKVParallelLinear)
+            q, k, v = F.linear(x, a.qkv_proj, a.qkv_bias).split(
+                [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1
+            )
+        else:
+            q = F.linear(x, a.q_proj, a.q_bias)
+            k = F.linear(x, a.k_proj, a.k_bias)
+            v = F.linear(x, a.v_proj, a.v_bias)
+        q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         q, k = self.ops.qk_norm_rope(q, k, *rope, a.q_norm, a.k_norm, cfg.rms_norm_eps)
         return q, k, v
 
@@ -185,3 +198,18 @@ class MoETransformer:
         return mlp_block(
             self.config, self.layers[layer], x, self._moe_index.get(layer), self.experts
         )
+
+
+def _fuse_qkv(w: LayerWeights) -> LayerWeights:
+    """q, k and v projections stacked into one matrix (and their biases into one vector);
+    the separate fields become views of it, so no weight is held twice."""
+    a = w.attention
+    qkv = torch.cat((a.q_proj, a.k_proj, a.v_proj))
+    q, k, v = qkv.split([len(a.q_proj), len(a.k_proj), len(a.v_proj)])
+    biases = {}
+    if a.q_bias is not None:
+        bias = torch.cat((a.q_bias, a.k_bias, a.v_bias))
+        qb, kb, vb = bias.split([len(a.q_bias), len(a.k_bias), len(a.v_bias)])
+        biases = dict(qkv_bias=bias, q_bias=qb, k_bias=kb, v_bias=vb)
+    fused = dataclasses.replace(a, qkv_proj=qkv, q_proj=q, k_proj=k, v_proj=v, **biases)
+    return dataclasses.replace(w, attention=fused)

@@ -41,6 +41,10 @@ class AttentionWeights:
     o_bias: torch.Tensor | None = None  # [D]
     q_norm: torch.Tensor | None = None  # [Dh], Qwen3 RMSNorm per head
     k_norm: torch.Tensor | None = None  # [Dh]
+    # q, k and v stacked [(Hq + 2 Hkv) Dh, D] for one GEMM (MoETransformer fuses them at
+    # load, and q/k/v_proj are then views of it); their biases likewise
+    qkv_proj: torch.Tensor | None = None
+    qkv_bias: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

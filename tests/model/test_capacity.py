@@ -131,3 +131,16 @@ def test_plan_follows_the_hotness_ranking_like_the_engine(tmp_path):
     assert fixed.kv_tokens_at_start == engine.allocator.num_free(PageType.KV) // 4 * 16
     uniform = plan_capacity(replace(config, hotness_path=None), ("fixed",)).policies[0]
     assert isinstance(uniform, str) and "leaves 32 experts of a layer" in uniform
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-hybrid"])
+def test_the_plans_non_pool_weights_are_what_the_engine_holds(preset):
+    """Shapes alone (meta tensors) against the loaded model: q, k and v fused into one
+    matrix at load (its views not counted twice), a hybrid's GDN and gated attention."""
+    from rimuru.dataplane.engine.capacity import non_pool_weight_bytes
+    from rimuru.dataplane.engine.engine import Engine
+
+    engine = Engine(EngineConfig(model=preset, activation_reserve=0), log_plan=False)
+    skew = engine.config.router_skew
+    planned = non_pool_weight_bytes(engine.model_config, engine.dtype, skew)
+    assert engine.model.resident_nbytes() == planned
