@@ -97,6 +97,11 @@ class PolicyFollower:
         self._rng = random.Random()
 
     def start(self) -> None:
+        """After the engine is up: its snapshot gives the model's shape."""
+        snapshot = self._engine.snapshot
+        if snapshot is not None:
+            num_layers, num_experts = snapshot.routing_counts.shape
+            self.watcher.model_shape = (int(num_layers), int(num_experts))
         self._tasks = [
             asyncio.create_task(self._supervise(self.watcher.run), name="rimuru-policy-watch"),
             asyncio.create_task(self._supervise(self.reporter.run), name="rimuru-routing-report"),

@@ -86,6 +86,9 @@ class PolicyWatcher:
         self._backoff = backoff
         self._rng = rng or random.Random()
         self.applied_version = applied_version
+        # (MoE layers, experts per layer), sent on connect: the control plane checks
+        # rankings against it. (0, 0) = unknown.
+        self.model_shape = (0, 0)
         self.last_applied: pb.PolicyUpdate | None = None
         self.num_connects = 0
         self.connected = False
@@ -122,7 +125,9 @@ class PolicyWatcher:
 
     async def _follow_once(self) -> None:
         answers: asyncio.Queue[pb.PolicyDiscoveryRequest] = asyncio.Queue()
-        answers.put_nowait(self._request(version_info=self.applied_version))
+        opening = self._request(version_info=self.applied_version)
+        opening.num_layers, opening.num_experts = self.model_shape
+        answers.put_nowait(opening)
 
         async def requests():
             while True:

@@ -21,11 +21,22 @@ GOOD = pb.Tunables(
 class RawNode:
     """A hand-driven data plane: sends exactly what the test says, reads pushes."""
 
-    def __init__(self, stub, node_id: str, deployment: str = "qwen", version: int = 0) -> None:
+    def __init__(
+        self,
+        stub,
+        node_id: str,
+        deployment: str = "qwen",
+        version: int = 0,
+        *,
+        shape: tuple[int, int] = (0, 0),
+        metadata=None,
+    ) -> None:
         self.node_id, self.deployment = node_id, deployment
         self._out: asyncio.Queue = asyncio.Queue()
-        self._out.put_nowait(self.request(version))
-        self.call = stub.WatchPolicy(self._requests())
+        opening = self.request(version)
+        opening.num_layers, opening.num_experts = shape
+        self._out.put_nowait(opening)
+        self.call = stub.WatchPolicy(self._requests(), metadata=metadata)
         self._pending: asyncio.Future | None = None
 
     async def _requests(self):

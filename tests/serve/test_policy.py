@@ -222,3 +222,22 @@ async def test_pushes_the_engine_cannot_apply_are_nacked(
         )
         assert (await dp.stats()).policy_version == 1
         assert (await _subscriber(cp)).last_error
+
+
+async def test_the_data_plane_reports_its_model_shape_and_wrong_rankings_are_refused(
+    start_control_plane, start_data_plane, eventually
+):
+    plane, _, cp_port = await start_control_plane()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp_port}") as cp:
+        await _set(cp)
+        dp = await start_data_plane(control_plane=_link(cp_port))
+        await _at_version(dp, 1, eventually)
+        assert plane.model_shape(DEPLOYMENT) == (4, 32)  # tiny: 4 MoE layers x 32 experts
+        stub = cpb_grpc.PolicyServiceStub(cp)
+        wrong = [cpb.LayerRanking(layer=0, expert_ids=[1, 0], probabilities=[0.6, 0.4])]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.UploadRanking(
+                cpb.UploadRankingRequest(deployment=DEPLOYMENT, ranking_id="x", layers=wrong)
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (await _subscriber(cp)).applied_version == 1
