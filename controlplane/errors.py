@@ -36,5 +36,9 @@ class Unauthenticated(ControlPlaneError):
     pass
 
 
+class ResourceExhausted(ControlPlaneError):
+    """A bounded table (e.g. the subscribers) is full."""
+
+
 class Unavailable(ControlPlaneError):
     """The control plane could not be reached (client side); retrying may help."""

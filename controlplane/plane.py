@@ -34,10 +34,11 @@ class ControlPlane:
         store: PolicyStore,
         hotness: HotnessAggregator | None = None,
         clock: Callable[[], float] = time.time,
+        subscribers: SubscriberRegistry | None = None,
     ) -> None:
         self.store = store
         self.hotness = hotness or HotnessAggregator()
-        self.subscribers = SubscriberRegistry(clock)
+        self.subscribers = subscribers or SubscriberRegistry(clock)
         self._clock = clock
         # deployment -> (MoE layers, experts per layer) of its model, as last reported
         self._model_shapes: dict[str, tuple[int, int]] = {}

@@ -11,6 +11,12 @@ plane that lost its history (numbering from 1 again) still gets the current poli
 The registry keeps one record per (deployment, node id); a reconnecting node takes its
 record over (a higher `generation`), so the old stream's late answers or disconnect
 cannot touch it. No gRPC here: servicers.py drives a Watch.
+
+The registry is bounded, since anyone who reaches the port may open a watch: a record
+whose node is disconnected and unseen for `ttl_s` is dropped, and at `max_subscribers`
+records a new node takes the place of the longest-unseen disconnected one, or is refused
+(ResourceExhausted) when all are connected. With NACK errors kept to MAX_ERROR_CHARS,
+ListSubscribers of a full registry stays under gRPC's default 4 MiB message limit.
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from rimuru.controlplane.errors import InvalidArgument
+from rimuru.controlplane.errors import InvalidArgument, ResourceExhausted
 from rimuru.controlplane.policy import Policy, check_deployment
 
 MAX_NODE_ID_LEN = 253
+MAX_ERROR_CHARS = 512
+DEFAULT_MAX_SUBSCRIBERS = 1024
+DEFAULT_TTL_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,7 @@ class Watch:
             record.view = replace(
                 record.view,
                 applied_version=version_info,
-                last_error=error_detail[:4096],
+                last_error=error_detail[:MAX_ERROR_CHARS],
                 last_nacked_version=record.view.pushed_version,
             )
             return Answer.NACK
@@ -140,8 +149,20 @@ class Watch:
 
 
 class SubscriberRegistry:
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        *,
+        max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
+        ttl_s: float = DEFAULT_TTL_S,
+    ) -> None:
+        if max_subscribers < 1 or not ttl_s > 0:
+            raise ValueError(
+                f"max_subscribers must be >= 1 and ttl_s > 0; got {max_subscribers}, {ttl_s}"
+            )
         self.clock = clock
+        self.max_subscribers = max_subscribers
+        self.ttl_s = ttl_s
         self._records: dict[tuple[str, str], _Record] = {}
         self._watches: dict[str, set[Watch]] = {}
 
@@ -158,8 +179,10 @@ class SubscriberRegistry:
                 "node_id", f"must be 1..{MAX_NODE_ID_LEN} printable characters (e.g. the pod name)"
             )
         key = (deployment, node_id)
+        self._expire()
         record = self._records.get(key)
         if record is None:
+            self._make_room()
             record = self._records[key] = _Record(Subscriber(node_id, deployment))
         record.generation += 1
         record.nonce = ""
@@ -186,10 +209,30 @@ class SubscriberRegistry:
             watch.wake()
 
     def list(self, deployment: str = "") -> list[Subscriber]:
+        self._expire()
         views = [r.view for r in self._records.values()]
         if deployment:
             views = [v for v in views if v.deployment == deployment]
         return sorted(views, key=lambda v: (v.deployment, v.node_id))
+
+    def _expire(self) -> None:
+        oldest_kept = self.clock() - self.ttl_s
+        for key, record in list(self._records.items()):
+            if not record.view.connected and record.view.last_seen_unix_seconds < oldest_kept:
+                del self._records[key]
+
+    def _make_room(self) -> None:
+        if len(self._records) < self.max_subscribers:
+            return
+        disconnected = [k for k, r in self._records.items() if not r.view.connected]
+        if not disconnected:
+            raise ResourceExhausted(
+                f"{self.max_subscribers} data planes are connected already: the control "
+                "plane watches no more"
+            )
+        del self._records[
+            min(disconnected, key=lambda k: self._records[k].view.last_seen_unix_seconds)
+        ]
 
     def _own(self, key: tuple[str, str], generation: int) -> _Record | None:
         """The record, if the watch of this generation still owns it."""
