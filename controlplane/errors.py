@@ -36,6 +36,10 @@ class Unauthenticated(ControlPlaneError):
     pass
 
 
+class AlreadyExists(ControlPlaneError):
+    """The name is in use, e.g. a node id with a connected WatchPolicy stream."""
+
+
 class ResourceExhausted(ControlPlaneError):
     """A bounded table (e.g. the subscribers) is full."""
 

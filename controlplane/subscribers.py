@@ -8,9 +8,12 @@ neither what the node reported on connect (or applied since) nor what was last p
 it: a NACKed version is not pushed again on the same stream, and a node ahead of a control
 plane that lost its history (numbering from 1 again) still gets the current policy.
 
-The registry keeps one record per (deployment, node id); a reconnecting node takes its
-record over (a higher `generation`), so the old stream's late answers or disconnect
-cannot touch it. No gRPC here: servicers.py drives a Watch.
+The registry keeps one record per (deployment, node id). A watch with a node id whose
+stream is still connected is refused (AlreadyExists): it would end that node's stream
+and answer pushes in its place. A node reconnecting after its stream broke finds the
+record disconnected and takes it over (a higher `generation`), so the old stream's late
+answers or disconnect cannot touch it; a stream that broke unseen (a vanished host) is
+ended by the server's keepalive pings. No gRPC here: servicers.py drives a Watch.
 
 The registry is bounded, since anyone who reaches the port may open a watch: a record
 whose node is disconnected and unseen for `ttl_s` is dropped, and at `max_subscribers`
@@ -28,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from rimuru.controlplane.errors import InvalidArgument, ResourceExhausted
+from rimuru.controlplane.errors import AlreadyExists, InvalidArgument, ResourceExhausted
 from rimuru.controlplane.policy import Policy, check_deployment
 
 MAX_NODE_ID_LEN = 253
@@ -181,6 +184,11 @@ class SubscriberRegistry:
         key = (deployment, node_id)
         self._expire()
         record = self._records.get(key)
+        if record is not None and record.view.connected:
+            raise AlreadyExists(
+                f"node {node_id!r} of deployment {deployment!r} is connected on another "
+                "stream: give each data plane its own --node-id"
+            )
         if record is None:
             self._make_room()
             record = self._records[key] = _Record(Subscriber(node_id, deployment))
@@ -194,11 +202,6 @@ class SubscriberRegistry:
             connected=True,
             last_seen_unix_seconds=self.clock(),
         )
-        # An older stream of this node (not yet seen broken) wakes, finds it lost the
-        # record and ends.
-        for old in self._watches.get(deployment, ()):
-            if old.node_id == node_id:
-                old.wake()
         watch = Watch(self, key, record.generation, current_policy)
         self._watches.setdefault(deployment, set()).add(watch)
         return watch

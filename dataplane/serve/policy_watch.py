@@ -43,6 +43,20 @@ CHANNEL_OPTIONS = (
 )
 
 
+# Codes that end a stream which connected but will fail the same way again (our node id
+# is in use, a push over the receive limit, a bad token): the backoff keeps growing
+# rather than restarting from its shortest delay after each such connect.
+REFUSALS = frozenset(
+    {
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
+
+
 @dataclass(frozen=True)
 class Backoff:
     """gRPC's connection backoff: initial * multiplier**attempt, capped, +-jitter."""
@@ -99,13 +113,15 @@ class PolicyWatcher:
         attempt = 0
         while True:
             num_connects_before = self.num_connects
+            refused = False
             try:
                 await self._follow_once()
                 reason = "stream ended"
             except grpc.aio.AioRpcError as exc:
                 reason = f"{exc.code().name}: {exc.details()}"
+                refused = exc.code() in REFUSALS
             await self._set_connected(False)
-            if self.num_connects > num_connects_before:
+            if self.num_connects > num_connects_before and not refused:
                 attempt = 0  # it was up: start over from the shortest delay
             delay = self._backoff.delay(attempt, self._rng)
             attempt += 1
