@@ -43,13 +43,18 @@ async def create_server(
     plane: ControlPlane,
     *,
     token: str | None = None,
+    dataplane_token: str | None = None,
     tls: TlsFiles | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A ready-to-start server bound to `address` ("127.0.0.1:0" picks a free port).
 
+    token: the operator's (policy writes); dataplane_token: the data planes' (WatchPolicy,
+    ReportRouting); auth.py says what each allows. No token = everything open.
     Call it in the event loop that will run the server; the caller starts and stops it.
     """
-    interceptors = [BearerTokenInterceptor(token)] if token else []
+    if dataplane_token and not token:
+        raise ValueError("a data-plane token needs an operator token as well")
+    interceptors = [BearerTokenInterceptor(token, dataplane_token)] if token else []
     server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     control_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(plane), server)
     control_pb2_grpc.add_PolicyDiscoveryServiceServicer_to_server(

@@ -41,7 +41,7 @@ class ControlPlaneLink:
     node_id: str
     report_interval_s: float = 10.0
     backoff: Backoff = field(default_factory=Backoff)
-    token: str | None = None  # bearer token for ReportRouting (the control plane's writes)
+    token: str | None = None  # the data planes' bearer token: WatchPolicy, ReportRouting
     root_certificates: bytes | None = None  # PEM CA of a TLS control plane; None = plaintext
 
 
@@ -82,6 +82,7 @@ class PolicyFollower:
             self._apply,
             backoff=link.backoff,
             root_certificates=link.root_certificates,
+            token=link.token,
         )
         self.reporter = RoutingReporter(
             link.target,

@@ -90,8 +90,11 @@ class PolicyWatcher:
         root_certificates: bytes | None = None,
         backoff: Backoff = Backoff(),
         rng: random.Random | None = None,
+        token: str | None = None,
     ) -> None:
-        """applied_version: what the node runs already (0 = start-up flags only)."""
+        """applied_version: what the node runs already (0 = start-up flags only).
+        token: the data planes' bearer token (a control plane with one requires it)."""
+        self._metadata = _bearer(token)
         self.target = target
         self.node_id = node_id
         self.deployment = deployment
@@ -150,7 +153,9 @@ class PolicyWatcher:
                 yield await answers.get()
 
         async with open_channel(self.target, self._root_certificates) as channel:
-            call = pb_grpc.PolicyDiscoveryServiceStub(channel).WatchPolicy(requests())
+            call = pb_grpc.PolicyDiscoveryServiceStub(channel).WatchPolicy(
+                requests(), metadata=self._metadata
+            )
             try:
                 await call.wait_for_connection()
                 self.num_connects += 1
@@ -217,7 +222,7 @@ class RoutingReporter:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0; got {interval_s}")
         # Reports move the online hotness ranking, so a control plane with a token wants it.
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._metadata = _bearer(token)
         self.target = target
         self.node_id = node_id
         self.deployment = deployment
@@ -288,6 +293,10 @@ class RoutingReporter:
                 for layer, row in sorted(self._unsent.items())
             ],
         )
+
+
+def _bearer(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    return (("authorization", f"Bearer {token}"),) if token else None
 
 
 def read_token(path: str) -> str:

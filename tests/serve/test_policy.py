@@ -4,6 +4,7 @@ ones are NACKed, the data plane survives a control-plane restart, routing feeds 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -241,3 +242,27 @@ async def test_the_data_plane_reports_its_model_shape_and_wrong_rankings_are_ref
             )
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert (await _subscriber(cp)).applied_version == 1
+
+
+async def test_a_data_plane_follows_with_the_data_plane_token_only(
+    start_control_plane, start_data_plane, eventually
+):
+    operator, dataplane = "operator-token", "dataplane-token"
+    _, _, cp_port = await start_control_plane(token=operator, dataplane_token=dataplane)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp_port}") as cp:
+        stub = cpb_grpc.PolicyServiceStub(cp)
+        await stub.SetPolicy(
+            cpb.SetPolicyRequest(deployment=DEPLOYMENT, tunables=cpb.Tunables(**BASE)),
+            metadata=(("authorization", f"Bearer {operator}"),),
+        )
+        link = replace(_link(cp_port), token=dataplane)
+        dp = await start_data_plane(control_plane=link)
+        await _at_version(dp, 1, eventually)
+        follower = dp.handle.follower
+        await eventually(
+            lambda: _reported(follower), what="a routing report accepted with the token"
+        )
+
+
+async def _reported(follower) -> bool:
+    return follower.reporter.num_reports_sent > 0
