@@ -160,14 +160,20 @@ class PolicyWatcher:
                 await call.wait_for_connection()
                 self.num_connects += 1
                 await self._set_connected(True)
+                newest_on_stream = 0
                 async for update in call:
-                    answers.put_nowait(await self._handle(update))
+                    answers.put_nowait(await self._handle(update, newest_on_stream))
+                    if update.version > newest_on_stream and self.applied_version == update.version:
+                        newest_on_stream = update.version
                     await self._notify()
             finally:
                 call.cancel()
 
-    async def _handle(self, update: pb.PolicyUpdate) -> pb.PolicyDiscoveryRequest:
+    async def _handle(
+        self, update: pb.PolicyUpdate, newest_on_stream: int
+    ) -> pb.PolicyDiscoveryRequest:
         try:
+            check_push(update, newest_on_stream)
             result = self._apply(update)
             if inspect.isawaitable(result):
                 await result
@@ -292,6 +298,23 @@ class RoutingReporter:
                 pb.LayerRoutingCounts(layer=layer, counts=row)
                 for layer, row in sorted(self._unsent.items())
             ],
+        )
+
+
+def check_push(update: pb.PolicyUpdate, newest_on_stream: int) -> None:
+    """What control.proto promises of a push (ValueError -> NACK). A version may be lower
+    than the one the node runs only as a stream's first push: a control plane that lost
+    its history numbers from 1 again, and the store there is the source of truth."""
+    if update.version < 1:
+        raise ValueError(f"version: must be >= 1; got {update.version}")
+    if update.HasField("policy") and update.policy.version != update.version:
+        raise ValueError(
+            f"policy.version: {update.policy.version} differs from the push's {update.version}"
+        )
+    if update.version <= newest_on_stream:
+        raise ValueError(
+            f"version: {update.version} is not newer than version {newest_on_stream}, "
+            "applied earlier on this stream"
         )
 
 
