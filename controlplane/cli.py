@@ -49,8 +49,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token-file",
         default=_env("TOKEN_FILE"),
-        help="file holding the bearer token that writes need; unset = writes open "
-        "(RIMURU_CP_TOKEN_FILE)",
+        help="file holding the operator's bearer token, which SetPolicy and UploadRanking "
+        "need; required unless --insecure (RIMURU_CP_TOKEN_FILE)",
+    )
+    parser.add_argument(
+        "--dataplane-token-file",
+        default=_env("DATAPLANE_TOKEN_FILE"),
+        help="file holding the data planes' bearer token, which WatchPolicy and ReportRouting "
+        "need (and which allows nothing else); unset = ReportRouting takes the operator "
+        "token and WatchPolicy none (RIMURU_CP_DATAPLANE_TOKEN_FILE)",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        default=_env("INSECURE", "") in ("1", "true"),
+        help="start without --token-file: anyone who reaches the port may set policy "
+        "(RIMURU_CP_INSECURE=1)",
     )
     parser.add_argument(
         "--tls-cert", default=_env("TLS_CERT"), help="PEM certificate chain (RIMURU_CP_TLS_CERT)"
@@ -99,24 +113,55 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise SystemExit(f"rimuru controlplane: {exc}") from exc
+    if not args.token_file and not args.insecure:
+        log.error(
+            "rimuru controlplane: no --token-file: anyone who reaches the port could set "
+            "policy; give --token-file PATH, or --insecure to run open on purpose"
+        )
+        return 2
+    if args.dataplane_token_file and not args.token_file:
+        log.error("rimuru controlplane: --dataplane-token-file needs --token-file as well")
+        return 2
     token = read_token_file(args.token_file) if args.token_file else None
+    dataplane_token = (
+        read_token_file(args.dataplane_token_file) if args.dataplane_token_file else None
+    )
+    if token is not None and token == dataplane_token:
+        log.error("rimuru controlplane: the data-plane token must differ from the operator's")
+        return 2
+    if token is not None and dataplane_token is None:
+        log.warning(
+            "no --dataplane-token-file: data planes report routing with the operator token, "
+            "so every pod holding it can also set policy"
+        )
     tls = TlsFiles.read(args.tls_cert, args.tls_key) if args.tls_cert else None
-    asyncio.run(_serve(args, hotness, token, tls))
+    asyncio.run(_serve(args, hotness, token, dataplane_token, tls))
     return 0
 
 
 async def _serve(
-    args: argparse.Namespace, hotness: HotnessConfig, token: str | None, tls: TlsFiles | None
+    args: argparse.Namespace,
+    hotness: HotnessConfig,
+    token: str | None,
+    dataplane_token: str | None,
+    tls: TlsFiles | None,
 ) -> None:
     plane = ControlPlane.open(args.data_dir, hotness)
     try:
-        server, port = await create_server(f"{args.host}:{args.port}", plane, token=token, tls=tls)
+        server, port = await create_server(
+            f"{args.host}:{args.port}",
+            plane,
+            token=token,
+            dataplane_token=dataplane_token,
+            tls=tls,
+        )
         await server.start()
         log.info(
-            "control plane on port %d (store: %s, writes: %s, tls: %s)",
+            "control plane on port %d (store: %s, writes: %s, data planes: %s, tls: %s)",
             port,
             plane.store.path or "memory",
-            "token" if token else "open",
+            "token" if token else "open (--insecure)",
+            "own token" if dataplane_token else "operator token" if token else "open",
             "on" if tls else "off",
         )
         stop = asyncio.Event()

@@ -36,5 +36,13 @@ class Unauthenticated(ControlPlaneError):
     pass
 
 
+class AlreadyExists(ControlPlaneError):
+    """The name is in use, e.g. a node id with a connected WatchPolicy stream."""
+
+
+class ResourceExhausted(ControlPlaneError):
+    """A bounded table (e.g. the subscribers) is full."""
+
+
 class Unavailable(ControlPlaneError):
     """The control plane could not be reached (client side); retrying may help."""

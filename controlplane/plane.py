@@ -2,16 +2,22 @@
 
 Every accepted version goes through `_publish`, which wakes the watches of its
 deployment; the servicers only translate protos and call in here.
+
+A ranking (uploaded, or computed from routing reports) must have the shape of the
+deployment's model (MoE layers x experts), as its data planes report it when they
+subscribe: a ranking of another shape would become every later version's ranking and be
+NACKed by every data plane. Until a data plane has reported, rankings are not checked.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from rimuru.controlplane.errors import NotFound
-from rimuru.controlplane.hotness import HotnessAggregator, HotnessConfig
+from rimuru.controlplane.errors import InvalidArgument, NotFound
+from rimuru.controlplane.hotness import HotnessAggregator, HotnessConfig, check_report
 from rimuru.controlplane.policy import Policy, check_deployment
 from rimuru.controlplane.ranking import Ranking, check_ranking_id
 from rimuru.controlplane.store import PolicyStore
@@ -19,6 +25,7 @@ from rimuru.controlplane.subscribers import Subscriber, SubscriberRegistry, Watc
 from rimuru.policy import HotnessRanking, Tunables, check_pushable
 
 ONLINE_RANKING_ID = "online"
+log = logging.getLogger(__name__)
 
 
 class ControlPlane:
@@ -27,11 +34,14 @@ class ControlPlane:
         store: PolicyStore,
         hotness: HotnessAggregator | None = None,
         clock: Callable[[], float] = time.time,
+        subscribers: SubscriberRegistry | None = None,
     ) -> None:
         self.store = store
         self.hotness = hotness or HotnessAggregator()
-        self.subscribers = SubscriberRegistry(clock)
+        self.subscribers = subscribers or SubscriberRegistry(clock)
         self._clock = clock
+        # deployment -> (MoE layers, experts per layer) of its model, as last reported
+        self._model_shapes: dict[str, tuple[int, int]] = {}
 
     @classmethod
     def open(
@@ -66,6 +76,7 @@ class ControlPlane:
     ) -> tuple[Ranking, Policy]:
         check_deployment(deployment)
         check_ranking_id(ranking_id)
+        self._check_shape(deployment, (hotness.num_layers, hotness.num_experts), "layers")
         ranking, policy = self.store.set_ranking(deployment, ranking_id, hotness)
         self.subscribers.notify(deployment)
         return ranking, policy
@@ -92,8 +103,42 @@ class ControlPlane:
 
     # -- data planes ---------------------------------------------------------------------
 
-    def open_watch(self, node_id: str, deployment: str, applied_version: int) -> Watch:
-        return self.subscribers.open_watch(node_id, deployment, applied_version, self.store.current)
+    def open_watch(
+        self,
+        node_id: str,
+        deployment: str,
+        applied_version: int,
+        model_shape: tuple[int, int] = (0, 0),
+    ) -> Watch:
+        """model_shape: (MoE layers, experts per layer) the node runs; (0, 0) = unknown."""
+        watch = self.subscribers.open_watch(
+            node_id, deployment, applied_version, self.store.current
+        )
+        if all(model_shape):
+            known = self._model_shapes.get(deployment)
+            if known is not None and known != model_shape:
+                log.warning(
+                    "deployment %s: node %s runs a %dx%d model, others %dx%d; checking "
+                    "rankings against the latest",
+                    deployment,
+                    node_id,
+                    *model_shape,
+                    *known,
+                )
+            self._model_shapes[deployment] = model_shape
+        return watch
+
+    def model_shape(self, deployment: str) -> tuple[int, int] | None:
+        return self._model_shapes.get(deployment)
+
+    def _check_shape(self, deployment: str, shape: tuple[int, int], field_name: str) -> None:
+        expected = self._model_shapes.get(deployment)
+        if expected is not None and shape != expected:
+            raise InvalidArgument(
+                field_name,
+                f"{shape[0]} layers x {shape[1]} experts, but the model of deployment "
+                f"{deployment!r} has {expected[0]} x {expected[1]} (as its data planes report)",
+            )
 
     def list_subscribers(self, deployment: str = "") -> list[Subscriber]:
         if deployment:
@@ -103,6 +148,8 @@ class ControlPlane:
     def report_routing(self, deployment: str, layers: Mapping[int, Sequence[int]]) -> Policy | None:
         """Fold in one report; returns the new version if online hotness pushed one."""
         check_deployment(deployment)
+        table = check_report(layers)
+        self._check_shape(deployment, (len(table), len(table[0])), "layers")
         now = self._clock()
         self.hotness.add(deployment, layers, now)
         policy = self.store.current(deployment)

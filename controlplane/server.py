@@ -13,6 +13,14 @@ from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.servicers import PolicyDiscoveryServicer, PolicyServicer
 from rimuru.v1 import control_pb2, control_pb2_grpc
 
+# Pings end a WatchPolicy stream whose data plane vanished without closing it, so the
+# node's record frees up for its reconnect (a connected node id is refused; subscribers.py).
+SERVER_OPTIONS = (
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+)
 SERVICE_NAMES = tuple(s.full_name for s in control_pb2.DESCRIPTOR.services_by_name.values())
 
 
@@ -35,14 +43,19 @@ async def create_server(
     plane: ControlPlane,
     *,
     token: str | None = None,
+    dataplane_token: str | None = None,
     tls: TlsFiles | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A ready-to-start server bound to `address` ("127.0.0.1:0" picks a free port).
 
+    token: the operator's (policy writes); dataplane_token: the data planes' (WatchPolicy,
+    ReportRouting); auth.py says what each allows. No token = everything open.
     Call it in the event loop that will run the server; the caller starts and stops it.
     """
-    interceptors = [BearerTokenInterceptor(token)] if token else []
-    server = grpc.aio.server(interceptors=interceptors)
+    if dataplane_token and not token:
+        raise ValueError("a data-plane token needs an operator token as well")
+    interceptors = [BearerTokenInterceptor(token, dataplane_token)] if token else []
+    server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     control_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(plane), server)
     control_pb2_grpc.add_PolicyDiscoveryServiceServicer_to_server(
         PolicyDiscoveryServicer(plane), server

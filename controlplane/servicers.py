@@ -79,7 +79,12 @@ class PolicyDiscoveryServicer(pb_grpc.PolicyDiscoveryServiceServicer):
         opening = await anext(aiter(request_iterator), None)
         if opening is None:
             return
-        watch = self._plane.open_watch(opening.node_id, opening.deployment, opening.version_info)
+        watch = self._plane.open_watch(
+            opening.node_id,
+            opening.deployment,
+            opening.version_info,
+            (opening.num_layers, opening.num_experts),
+        )
         log.info(
             "watch opened: %s/%s at version %d",
             watch.deployment,

@@ -21,6 +21,8 @@ _CODES: dict[type[Exception], grpc.StatusCode] = {
     errors.VersionConflict: grpc.StatusCode.ABORTED,
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
 

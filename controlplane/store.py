@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS rankings (
 );
 """
 DB_FILE = "controlplane.sqlite3"
+MAX_SQLITE_INT = 2**63 - 1  # the wire's uint64 versions above this are never stored
 
 
 class PolicyStore:
@@ -76,9 +77,13 @@ class PolicyStore:
         return sorted(self._current)
 
     def policy(self, deployment: str, version: int) -> Policy | None:
+        if not 0 < version <= MAX_SQLITE_INT:
+            return None
         return self._load_policy(deployment, version)
 
     def ranking(self, deployment: str, version: int) -> Ranking | None:
+        if not 0 < version <= MAX_SQLITE_INT:
+            return None
         row = self._db.execute(
             "SELECT ranking_id, digest, layers FROM rankings WHERE deployment=? AND version=?",
             (deployment, version),

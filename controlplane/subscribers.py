@@ -8,9 +8,18 @@ neither what the node reported on connect (or applied since) nor what was last p
 it: a NACKed version is not pushed again on the same stream, and a node ahead of a control
 plane that lost its history (numbering from 1 again) still gets the current policy.
 
-The registry keeps one record per (deployment, node id); a reconnecting node takes its
-record over (a higher `generation`), so the old stream's late answers or disconnect
-cannot touch it. No gRPC here: servicers.py drives a Watch.
+The registry keeps one record per (deployment, node id). A watch with a node id whose
+stream is still connected is refused (AlreadyExists): it would end that node's stream
+and answer pushes in its place. A node reconnecting after its stream broke finds the
+record disconnected and takes it over (a higher `generation`), so the old stream's late
+answers or disconnect cannot touch it; a stream that broke unseen (a vanished host) is
+ended by the server's keepalive pings. No gRPC here: servicers.py drives a Watch.
+
+The registry is bounded, since anyone who reaches the port may open a watch: a record
+whose node is disconnected and unseen for `ttl_s` is dropped, and at `max_subscribers`
+records a new node takes the place of the longest-unseen disconnected one, or is refused
+(ResourceExhausted) when all are connected. With NACK errors kept to MAX_ERROR_CHARS,
+ListSubscribers of a full registry stays under gRPC's default 4 MiB message limit.
 """
 
 from __future__ import annotations
@@ -22,10 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from rimuru.controlplane.errors import InvalidArgument
+from rimuru.controlplane.errors import AlreadyExists, InvalidArgument, ResourceExhausted
 from rimuru.controlplane.policy import Policy, check_deployment
 
 MAX_NODE_ID_LEN = 253
+MAX_ERROR_CHARS = 512
+DEFAULT_MAX_SUBSCRIBERS = 1024
+DEFAULT_TTL_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -121,7 +133,7 @@ class Watch:
             record.view = replace(
                 record.view,
                 applied_version=version_info,
-                last_error=error_detail[:4096],
+                last_error=error_detail[:MAX_ERROR_CHARS],
                 last_nacked_version=record.view.pushed_version,
             )
             return Answer.NACK
@@ -140,8 +152,20 @@ class Watch:
 
 
 class SubscriberRegistry:
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        *,
+        max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
+        ttl_s: float = DEFAULT_TTL_S,
+    ) -> None:
+        if max_subscribers < 1 or not ttl_s > 0:
+            raise ValueError(
+                f"max_subscribers must be >= 1 and ttl_s > 0; got {max_subscribers}, {ttl_s}"
+            )
         self.clock = clock
+        self.max_subscribers = max_subscribers
+        self.ttl_s = ttl_s
         self._records: dict[tuple[str, str], _Record] = {}
         self._watches: dict[str, set[Watch]] = {}
 
@@ -158,8 +182,15 @@ class SubscriberRegistry:
                 "node_id", f"must be 1..{MAX_NODE_ID_LEN} printable characters (e.g. the pod name)"
             )
         key = (deployment, node_id)
+        self._expire()
         record = self._records.get(key)
+        if record is not None and record.view.connected:
+            raise AlreadyExists(
+                f"node {node_id!r} of deployment {deployment!r} is connected on another "
+                "stream: give each data plane its own --node-id"
+            )
         if record is None:
+            self._make_room()
             record = self._records[key] = _Record(Subscriber(node_id, deployment))
         record.generation += 1
         record.nonce = ""
@@ -171,11 +202,6 @@ class SubscriberRegistry:
             connected=True,
             last_seen_unix_seconds=self.clock(),
         )
-        # An older stream of this node (not yet seen broken) wakes, finds it lost the
-        # record and ends.
-        for old in self._watches.get(deployment, ()):
-            if old.node_id == node_id:
-                old.wake()
         watch = Watch(self, key, record.generation, current_policy)
         self._watches.setdefault(deployment, set()).add(watch)
         return watch
@@ -186,10 +212,30 @@ class SubscriberRegistry:
             watch.wake()
 
     def list(self, deployment: str = "") -> list[Subscriber]:
+        self._expire()
         views = [r.view for r in self._records.values()]
         if deployment:
             views = [v for v in views if v.deployment == deployment]
         return sorted(views, key=lambda v: (v.deployment, v.node_id))
+
+    def _expire(self) -> None:
+        oldest_kept = self.clock() - self.ttl_s
+        for key, record in list(self._records.items()):
+            if not record.view.connected and record.view.last_seen_unix_seconds < oldest_kept:
+                del self._records[key]
+
+    def _make_room(self) -> None:
+        if len(self._records) < self.max_subscribers:
+            return
+        disconnected = [k for k, r in self._records.items() if not r.view.connected]
+        if not disconnected:
+            raise ResourceExhausted(
+                f"{self.max_subscribers} data planes are connected already: the control "
+                "plane watches no more"
+            )
+        del self._records[
+            min(disconnected, key=lambda k: self._records[k].view.last_seen_unix_seconds)
+        ]
 
     def _own(self, key: tuple[str, str], generation: int) -> _Record | None:
         """The record, if the watch of this generation still owns it."""

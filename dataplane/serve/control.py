@@ -41,7 +41,7 @@ class ControlPlaneLink:
     node_id: str
     report_interval_s: float = 10.0
     backoff: Backoff = field(default_factory=Backoff)
-    token: str | None = None  # bearer token for ReportRouting (the control plane's writes)
+    token: str | None = None  # the data planes' bearer token: WatchPolicy, ReportRouting
     root_certificates: bytes | None = None  # PEM CA of a TLS control plane; None = plaintext
 
 
@@ -82,6 +82,7 @@ class PolicyFollower:
             self._apply,
             backoff=link.backoff,
             root_certificates=link.root_certificates,
+            token=link.token,
         )
         self.reporter = RoutingReporter(
             link.target,
@@ -97,6 +98,11 @@ class PolicyFollower:
         self._rng = random.Random()
 
     def start(self) -> None:
+        """After the engine is up: its snapshot gives the model's shape."""
+        snapshot = self._engine.snapshot
+        if snapshot is not None:
+            num_layers, num_experts = snapshot.routing_counts.shape
+            self.watcher.model_shape = (int(num_layers), int(num_experts))
         self._tasks = [
             asyncio.create_task(self._supervise(self.watcher.run), name="rimuru-policy-watch"),
             asyncio.create_task(self._supervise(self.reporter.run), name="rimuru-routing-report"),

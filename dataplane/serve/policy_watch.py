@@ -43,6 +43,20 @@ CHANNEL_OPTIONS = (
 )
 
 
+# Codes that end a stream which connected but will fail the same way again (our node id
+# is in use, a push over the receive limit, a bad token): the backoff keeps growing
+# rather than restarting from its shortest delay after each such connect.
+REFUSALS = frozenset(
+    {
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
+
+
 @dataclass(frozen=True)
 class Backoff:
     """gRPC's connection backoff: initial * multiplier**attempt, capped, +-jitter."""
@@ -76,8 +90,11 @@ class PolicyWatcher:
         root_certificates: bytes | None = None,
         backoff: Backoff = Backoff(),
         rng: random.Random | None = None,
+        token: str | None = None,
     ) -> None:
-        """applied_version: what the node runs already (0 = start-up flags only)."""
+        """applied_version: what the node runs already (0 = start-up flags only).
+        token: the data planes' bearer token (a control plane with one requires it)."""
+        self._metadata = _bearer(token)
         self.target = target
         self.node_id = node_id
         self.deployment = deployment
@@ -86,6 +103,9 @@ class PolicyWatcher:
         self._backoff = backoff
         self._rng = rng or random.Random()
         self.applied_version = applied_version
+        # (MoE layers, experts per layer), sent on connect: the control plane checks
+        # rankings against it. (0, 0) = unknown.
+        self.model_shape = (0, 0)
         self.last_applied: pb.PolicyUpdate | None = None
         self.num_connects = 0
         self.connected = False
@@ -96,13 +116,15 @@ class PolicyWatcher:
         attempt = 0
         while True:
             num_connects_before = self.num_connects
+            refused = False
             try:
                 await self._follow_once()
                 reason = "stream ended"
             except grpc.aio.AioRpcError as exc:
                 reason = f"{exc.code().name}: {exc.details()}"
+                refused = exc.code() in REFUSALS
             await self._set_connected(False)
-            if self.num_connects > num_connects_before:
+            if self.num_connects > num_connects_before and not refused:
                 attempt = 0  # it was up: start over from the shortest delay
             delay = self._backoff.delay(attempt, self._rng)
             attempt += 1
@@ -122,26 +144,36 @@ class PolicyWatcher:
 
     async def _follow_once(self) -> None:
         answers: asyncio.Queue[pb.PolicyDiscoveryRequest] = asyncio.Queue()
-        answers.put_nowait(self._request(version_info=self.applied_version))
+        opening = self._request(version_info=self.applied_version)
+        opening.num_layers, opening.num_experts = self.model_shape
+        answers.put_nowait(opening)
 
         async def requests():
             while True:
                 yield await answers.get()
 
         async with open_channel(self.target, self._root_certificates) as channel:
-            call = pb_grpc.PolicyDiscoveryServiceStub(channel).WatchPolicy(requests())
+            call = pb_grpc.PolicyDiscoveryServiceStub(channel).WatchPolicy(
+                requests(), metadata=self._metadata
+            )
             try:
                 await call.wait_for_connection()
                 self.num_connects += 1
                 await self._set_connected(True)
+                newest_on_stream = 0
                 async for update in call:
-                    answers.put_nowait(await self._handle(update))
+                    answers.put_nowait(await self._handle(update, newest_on_stream))
+                    if update.version > newest_on_stream and self.applied_version == update.version:
+                        newest_on_stream = update.version
                     await self._notify()
             finally:
                 call.cancel()
 
-    async def _handle(self, update: pb.PolicyUpdate) -> pb.PolicyDiscoveryRequest:
+    async def _handle(
+        self, update: pb.PolicyUpdate, newest_on_stream: int
+    ) -> pb.PolicyDiscoveryRequest:
         try:
+            check_push(update, newest_on_stream)
             result = self._apply(update)
             if inspect.isawaitable(result):
                 await result
@@ -196,7 +228,7 @@ class RoutingReporter:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0; got {interval_s}")
         # Reports move the online hotness ranking, so a control plane with a token wants it.
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._metadata = _bearer(token)
         self.target = target
         self.node_id = node_id
         self.deployment = deployment
@@ -267,6 +299,27 @@ class RoutingReporter:
                 for layer, row in sorted(self._unsent.items())
             ],
         )
+
+
+def check_push(update: pb.PolicyUpdate, newest_on_stream: int) -> None:
+    """What control.proto promises of a push (ValueError -> NACK). A version may be lower
+    than the one the node runs only as a stream's first push: a control plane that lost
+    its history numbers from 1 again, and the store there is the source of truth."""
+    if update.version < 1:
+        raise ValueError(f"version: must be >= 1; got {update.version}")
+    if update.HasField("policy") and update.policy.version != update.version:
+        raise ValueError(
+            f"policy.version: {update.policy.version} differs from the push's {update.version}"
+        )
+    if update.version <= newest_on_stream:
+        raise ValueError(
+            f"version: {update.version} is not newer than version {newest_on_stream}, "
+            "applied earlier on this stream"
+        )
+
+
+def _bearer(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    return (("authorization", f"Bearer {token}"),) if token else None
 
 
 def read_token(path: str) -> str:

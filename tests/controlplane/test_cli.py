@@ -19,14 +19,22 @@ from rimuru.cli import main
 TOKEN = "cli-token"
 
 
-def start_process(data_dir: Path, token_file: Path) -> tuple[subprocess.Popen, int]:
+def process_env(data_dir: Path, token_file: Path | None) -> dict[str, str]:
     env = {
         **os.environ,
         "RIMURU_CP_HOST": "127.0.0.1",
         "RIMURU_CP_PORT": "0",
         "RIMURU_CP_DATA_DIR": str(data_dir),
-        "RIMURU_CP_TOKEN_FILE": str(token_file),
     }
+    if token_file is not None:
+        env["RIMURU_CP_TOKEN_FILE"] = str(token_file)
+    return env
+
+
+def start_process(
+    data_dir: Path, token_file: Path | None, **extra_env: str
+) -> tuple[subprocess.Popen, int]:
+    env = {**process_env(data_dir, token_file), **extra_env}
     process = subprocess.Popen(
         [sys.executable, "-m", "rimuru", "controlplane"],
         env=env,
@@ -155,3 +163,26 @@ def test_policy_verbs_without_a_deployment_ask_for_one(verb, monkeypatch, capsys
     code, _, err = policy(capsys, *verb, "--target", "127.0.0.1:1", "--timeout-s", "1")
     assert code == 2
     assert f"{verb[0]} needs a deployment: give --deployment NAME" in err
+
+
+def test_controlplane_without_a_token_refuses_to_start(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "rimuru", "controlplane"],
+        env=process_env(tmp_path / "data", None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--token-file" in done.stderr and "--insecure" in done.stderr
+
+
+def test_controlplane_insecure_starts_open(tmp_path, capsys):
+    process, port = start_process(tmp_path / "data", None, RIMURU_CP_INSECURE="1")
+    try:
+        code, _, err = policy(
+            capsys, "set", "--target", f"127.0.0.1:{port}", "--deployment", "qwen"
+        )
+        assert code == 0, err
+    finally:
+        assert stop_process(process) == 0

@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from rimuru.controlplane.errors import InvalidArgument
+from rimuru.controlplane.errors import AlreadyExists, InvalidArgument
 from rimuru.controlplane.policy import Policy
 from rimuru.controlplane.subscribers import Answer, SubscriberRegistry
 from rimuru.policy import HotnessRanking, InvalidPolicy, Tunables, check_pushable
@@ -113,12 +113,16 @@ async def test_watch_state_machine():
     assert (view.applied_version, view.pushed_version, view.last_nacked_version) == (1, 2, 2)
     assert view.last_error == "too big" and view.connected
 
-    # A reconnect takes over: the old watch ends, its answers are stale.
+    # A second watch of a connected node id is refused; once the first closes, a
+    # reconnect takes the record over and the old watch's answers are stale.
+    with pytest.raises(AlreadyExists):
+        registry.open_watch("pod", "qwen", 1, current.get)
+    watch.close()
     newer = registry.open_watch("pod", "qwen", 1, current.get)
     assert await asyncio.wait_for(watch.next_push(), 1) is None
     assert watch.answer(2, nonce, "") is Answer.STALE
     assert (await newer.next_push())[0].version == 2  # 2 is newer than the 1 it runs
-    watch.close()  # the old stream's close does not mark the node disconnected
+    watch.close()  # the old stream's close again does not mark the node disconnected
     assert registry.list("qwen")[0].connected
     newer.close()
     assert not registry.list("qwen")[0].connected

@@ -269,3 +269,13 @@ async def test_typed_client_round_trip_and_errors(cp):
             nowhere.get_policy("qwen")
 
     await asyncio.to_thread(use_client)
+
+
+@pytest.mark.parametrize("version", [2**63, 2**64 - 1])
+async def test_get_ranking_of_a_version_past_sqlite_is_not_found(policy_stub, auth, version):
+    await policy_stub.SetPolicy(
+        pb.SetPolicyRequest(deployment="qwen", tunables=GOOD), metadata=auth
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await policy_stub.GetRanking(pb.GetRankingRequest(deployment="qwen", version=version))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND

@@ -177,3 +177,23 @@ async def test_a_crashing_apply_is_nacked_and_the_watch_goes_on(start_control_pl
         cp.plane.set_policy("qwen", Tunables(expert_offload_limit=2))
         await until(watcher, lambda w: w.applied_version == 2)
         assert watcher.num_connects == 1
+
+
+async def test_a_second_watcher_with_the_same_node_id_backs_off_and_takes_nothing(
+    start_control_plane,
+):
+    cp = await start_control_plane(None)
+    cp.plane.set_policy("qwen", Tunables(expert_offload_limit=1))
+    owner = PolicyWatcher(cp.target, "pod-4", "qwen", FakeEngine(8).apply, backoff=FAST)
+    growing = Backoff(initial_s=0.02, multiplier=2.0, max_s=5.0, jitter=0.0)
+    twin = PolicyWatcher(cp.target, "pod-4", "qwen", FakeEngine(8).apply, backoff=growing)
+    async with running(owner.run()):
+        await until(owner, lambda w: w.applied_version == 1)
+        async with running(twin.run()):
+            await asyncio.sleep(0.7)  # refusals after 0.02, 0.04, 0.08, 0.16, 0.32 s
+        assert twin.applied_version == 0 and twin.num_connects <= 6
+        cp.plane.set_policy("qwen", Tunables(expert_offload_limit=2))
+        await until(owner, lambda w: w.applied_version == 2)
+        assert owner.num_connects == 1
+        await _poll(lambda: cp.plane.list_subscribers("qwen")[0].applied_version == 2)
+        assert cp.plane.list_subscribers("qwen")[0].connected

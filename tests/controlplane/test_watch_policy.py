@@ -21,11 +21,22 @@ GOOD = pb.Tunables(
 class RawNode:
     """A hand-driven data plane: sends exactly what the test says, reads pushes."""
 
-    def __init__(self, stub, node_id: str, deployment: str = "qwen", version: int = 0) -> None:
+    def __init__(
+        self,
+        stub,
+        node_id: str,
+        deployment: str = "qwen",
+        version: int = 0,
+        *,
+        shape: tuple[int, int] = (0, 0),
+        metadata=None,
+    ) -> None:
         self.node_id, self.deployment = node_id, deployment
         self._out: asyncio.Queue = asyncio.Queue()
-        self._out.put_nowait(self.request(version))
-        self.call = stub.WatchPolicy(self._requests())
+        opening = self.request(version)
+        opening.num_layers, opening.num_experts = shape
+        self._out.put_nowait(opening)
+        self.call = stub.WatchPolicy(self._requests(), metadata=metadata)
         self._pending: asyncio.Future | None = None
 
     async def _requests(self):
@@ -190,20 +201,30 @@ async def _applied(policy_stub, node_id: str, version: int) -> bool:
     return (await subscriber(policy_stub, node_id)).applied_version == version
 
 
-async def test_a_reconnect_takes_over_the_old_stream(policy_stub, discovery_stub, auth):
+async def test_a_connected_node_id_is_not_taken_over(policy_stub, discovery_stub, auth):
     await set_policy(policy_stub, auth)
-    old = RawNode(discovery_stub, "pod-e")
-    old_push = await old.push()
-    new = RawNode(discovery_stub, "pod-e", version=1)
-    await new.no_push()
-    # The old stream ends; its late ACK cannot touch the new stream's record.
-    assert await old.push() is grpc.aio.EOF
-    assert await old.call.code() == grpc.StatusCode.OK
-    old.send(5, old_push.nonce)
-    await asyncio.sleep(0.1)
-    s = await subscriber(policy_stub, "pod-e")
-    assert s.applied_version == 1 and s.connected
-    new.call.cancel()
+    owner = RawNode(discovery_stub, "pod-e")
+    push = await owner.push()
+    intruder = RawNode(discovery_stub, "pod-e", version=1)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await intruder.push()
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    # The owner's stream goes on: its ACK counts, and it gets the next version.
+    owner.send(1, push.nonce)
+    await eventually(lambda: _applied(policy_stub, "pod-e", 1))
+    await set_policy(policy_stub, auth, expert_offload_limit=3)
+    assert (await owner.push()).version == 2
+    # Once the owner's stream is gone, a reconnect takes the record over.
+    owner.call.cancel()
+    await eventually(lambda: _disconnected(policy_stub, "pod-e"))
+    again = RawNode(discovery_stub, "pod-e", version=1)
+    assert (await again.push()).version == 2
+    assert (await subscriber(policy_stub, "pod-e")).connected
+    again.call.cancel()
+
+
+async def _disconnected(policy_stub, node_id: str) -> bool:
+    return not (await subscriber(policy_stub, node_id)).connected
 
 
 async def test_watch_with_bad_identity_is_invalid_argument(discovery_stub):

@@ -109,15 +109,16 @@ async def data_plane(start_data_plane) -> RunningDataPlane:
 
 @pytest.fixture
 async def start_control_plane(tmp_path: Path):
-    """start(port=0, hotness=None) -> (ControlPlane, server, port); same data dir each time."""
+    """start(port=0, hotness=None, **tokens) -> (ControlPlane, server, port); same data dir
+    each time; tokens: create_server's token and dataplane_token."""
     from rimuru.controlplane.plane import ControlPlane
     from rimuru.controlplane.server import create_server as create_cp_server
 
     running = []
 
-    async def start(port: int = 0, hotness=None):
+    async def start(port: int = 0, hotness=None, **tokens):
         plane = ControlPlane.open(tmp_path / "cp", hotness)
-        server, bound = await create_cp_server(f"127.0.0.1:{port}", plane)
+        server, bound = await create_cp_server(f"127.0.0.1:{port}", plane, **tokens)
         await server.start()
         running.append((plane, server))
         return plane, server, bound

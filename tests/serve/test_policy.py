@@ -4,6 +4,7 @@ ones are NACKed, the data plane survives a control-plane restart, routing feeds 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -222,3 +223,46 @@ async def test_pushes_the_engine_cannot_apply_are_nacked(
         )
         assert (await dp.stats()).policy_version == 1
         assert (await _subscriber(cp)).last_error
+
+
+async def test_the_data_plane_reports_its_model_shape_and_wrong_rankings_are_refused(
+    start_control_plane, start_data_plane, eventually
+):
+    plane, _, cp_port = await start_control_plane()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp_port}") as cp:
+        await _set(cp)
+        dp = await start_data_plane(control_plane=_link(cp_port))
+        await _at_version(dp, 1, eventually)
+        assert plane.model_shape(DEPLOYMENT) == (4, 32)  # tiny: 4 MoE layers x 32 experts
+        stub = cpb_grpc.PolicyServiceStub(cp)
+        wrong = [cpb.LayerRanking(layer=0, expert_ids=[1, 0], probabilities=[0.6, 0.4])]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.UploadRanking(
+                cpb.UploadRankingRequest(deployment=DEPLOYMENT, ranking_id="x", layers=wrong)
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (await _subscriber(cp)).applied_version == 1
+
+
+async def test_a_data_plane_follows_with_the_data_plane_token_only(
+    start_control_plane, start_data_plane, eventually
+):
+    operator, dataplane = "operator-token", "dataplane-token"
+    _, _, cp_port = await start_control_plane(token=operator, dataplane_token=dataplane)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp_port}") as cp:
+        stub = cpb_grpc.PolicyServiceStub(cp)
+        await stub.SetPolicy(
+            cpb.SetPolicyRequest(deployment=DEPLOYMENT, tunables=cpb.Tunables(**BASE)),
+            metadata=(("authorization", f"Bearer {operator}"),),
+        )
+        link = replace(_link(cp_port), token=dataplane)
+        dp = await start_data_plane(control_plane=link)
+        await _at_version(dp, 1, eventually)
+        follower = dp.handle.follower
+        await eventually(
+            lambda: _reported(follower), what="a routing report accepted with the token"
+        )
+
+
+async def _reported(follower) -> bool:
+    return follower.reporter.num_reports_sent > 0

@@ -159,18 +159,22 @@ class ListSubscribersResponse(_message.Message):
     def __init__(self, subscribers: _Optional[_Iterable[_Union[Subscriber, _Mapping]]] = ...) -> None: ...
 
 class PolicyDiscoveryRequest(_message.Message):
-    __slots__ = ("node_id", "deployment", "version_info", "response_nonce", "error_detail")
+    __slots__ = ("node_id", "deployment", "version_info", "response_nonce", "error_detail", "num_layers", "num_experts")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     VERSION_INFO_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_NONCE_FIELD_NUMBER: _ClassVar[int]
     ERROR_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     deployment: str
     version_info: int
     response_nonce: str
     error_detail: str
-    def __init__(self, node_id: _Optional[str] = ..., deployment: _Optional[str] = ..., version_info: _Optional[int] = ..., response_nonce: _Optional[str] = ..., error_detail: _Optional[str] = ...) -> None: ...
+    num_layers: int
+    num_experts: int
+    def __init__(self, node_id: _Optional[str] = ..., deployment: _Optional[str] = ..., version_info: _Optional[int] = ..., response_nonce: _Optional[str] = ..., error_detail: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_experts: _Optional[int] = ...) -> None: ...
 
 class PolicyUpdate(_message.Message):
     __slots__ = ("version", "nonce", "policy", "ranking")

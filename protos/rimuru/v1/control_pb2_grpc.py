@@ -27,7 +27,7 @@ if _version_not_supported:
 
 class PolicyServiceStub:
     """Administrative API (operator, `rimuru policy`). Writes (SetPolicy,
-    UploadRanking) need `authorization: Bearer <token>` metadata when the
+    UploadRanking) need `authorization: Bearer <operator token>` metadata when the
     control plane has a token configured; reads are open.
     """
 
@@ -66,7 +66,7 @@ class PolicyServiceStub:
 
 class PolicyServiceServicer:
     """Administrative API (operator, `rimuru policy`). Writes (SetPolicy,
-    UploadRanking) need `authorization: Bearer <token>` metadata when the
+    UploadRanking) need `authorization: Bearer <operator token>` metadata when the
     control plane has a token configured; reads are open.
     """
 
@@ -143,7 +143,7 @@ def add_PolicyServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class PolicyService:
     """Administrative API (operator, `rimuru policy`). Writes (SetPolicy,
-    UploadRanking) need `authorization: Bearer <token>` metadata when the
+    UploadRanking) need `authorization: Bearer <operator token>` metadata when the
     control plane has a token configured; reads are open.
     """
 
@@ -284,7 +284,9 @@ class PolicyService:
 
 
 class PolicyDiscoveryServiceStub:
-    """Data-plane API.
+    """Data-plane API. With a data-plane token configured, both methods need
+    `authorization: Bearer <data-plane token>`; ReportRouting otherwise takes the
+    operator token.
     """
 
     def __init__(self, channel):
@@ -306,7 +308,9 @@ class PolicyDiscoveryServiceStub:
 
 
 class PolicyDiscoveryServiceServicer:
-    """Data-plane API.
+    """Data-plane API. With a data-plane token configured, both methods need
+    `authorization: Bearer <data-plane token>`; ReportRouting otherwise takes the
+    operator token.
     """
 
     def WatchPolicy(self, request_iterator, context):
@@ -355,7 +359,9 @@ def add_PolicyDiscoveryServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class PolicyDiscoveryService:
-    """Data-plane API.
+    """Data-plane API. With a data-plane token configured, both methods need
+    `authorization: Bearer <data-plane token>`; ReportRouting otherwise takes the
+    operator token.
     """
 
     @staticmethod
