@@ -69,6 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     option("--report-interval", default="10", type=float, help="seconds between routing reports")
     option("--metrics-port", type=port, help="Prometheus /metrics port, 0 = any (default: off)")
+    option(
+        "--http-port",
+        type=port,
+        help="OpenAI-compatible HTTP API port (/v1/completions, /v1/chat/completions, "
+        "/v1/models, /health, /metrics), 0 = any (default: off)",
+    )
     option("--drain-grace-seconds", default="30", type=float, help="SIGTERM: drain for this long")
     option("--threads", default="1", type=positive_int, help="torch CPU threads")
     option("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
@@ -146,6 +152,7 @@ async def _serve(args: argparse.Namespace, config, link) -> int:
         max_waiting=args.max_waiting or None,
         control_plane=link,
         metric_readers=[endpoint.reader] if endpoint else [],
+        http_address=(args.host, args.http_port) if args.http_port is not None else None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -155,6 +162,8 @@ async def _serve(args: argparse.Namespace, config, link) -> int:
     handle.plane.on_state_change(lambda state: stop.set() if state == FAILED else None)
     await server.start()
     log.info("data plane on port %d (health NOT_SERVING until the model is warm)", port)
+    if handle.http is not None:
+        log.info("OpenAI-compatible HTTP API on port %d", handle.http.port)
     starting = asyncio.create_task(handle.start())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -33,8 +33,11 @@ from rimuru.dataplane.serve.engine_loop import EngineLoop
 from rimuru.dataplane.serve.events import ModelInfo
 from rimuru.dataplane.serve.plane import SERVING, DataPlane
 from rimuru.dataplane.serve.servicer import InferenceServicer
-from rimuru.dataplane.serve.telemetry import ServeMetrics
+from rimuru.dataplane.serve.telemetry import ServeMetrics, prometheus_reader
 from rimuru.v1 import inference_pb2, inference_pb2_grpc
+
+if TYPE_CHECKING:
+    from rimuru.dataplane.serve.http_server import HttpServer
 
 log = logging.getLogger("rimuru.serve")
 
@@ -51,10 +54,13 @@ class ServerHandle:
     metrics: ServeMetrics
     health: health.aio.HealthServicer
     follower: PolicyFollower | None
+    http: HttpServer | None = None  # the OpenAI-compatible API, when asked for
     _shutdown: asyncio.Task | None = None
 
     async def start(self) -> ModelInfo:
         """Build and warm up the engine (off the event loop), then serve and follow policy."""
+        if self.http is not None:
+            await self.http.start()  # answers 503 until the engine is ready
         info = await self.plane.start()
         self.metrics.set_model(info.model_name)
         if self.follower is not None:
@@ -71,6 +77,8 @@ class ServerHandle:
 
     async def _stop_all(self, grace_s: float) -> int:
         aborted = await self.plane.drain(grace_s)
+        if self.http is not None:
+            await self.http.stop()
         if self.follower is not None:
             await self.follower.stop()
         await self.server.stop(_STOP_GRACE_S)
@@ -100,13 +108,21 @@ async def create_server(
     metric_readers: Iterable[MetricReader] = (),
     tracer_provider: trace.TracerProvider | None = None,
     tokenizer: Callable[[ModelInfo], Tokenizer | None] = default_tokenizer,
+    http_address: tuple[str, int] | None = None,
 ) -> tuple[grpc.aio.Server, int, ServerHandle]:
     """A server bound to `address` ("127.0.0.1:0" picks a free port), not yet started.
 
     Call it in the event loop that will run the server. The engine is built by
     `handle.start()` on its own thread.
     `tokenizer` picks the model's tokenizer (None: token ids only, text is refused).
+    `http_address` (host, port): also serve the OpenAI-compatible HTTP API there
+    (`handle.http.port`), with its own /metrics.
     """
+    metric_readers = list(metric_readers)
+    registry = None
+    if http_address is not None:
+        reader, registry = prometheus_reader()
+        metric_readers.append(reader)
     metrics = ServeMetrics(metric_readers)
     engine_loop = EngineLoop(
         lambda: Engine(engine_config), max_waiting=max_waiting, observer=metrics
@@ -128,7 +144,15 @@ async def create_server(
     if port == 0:
         raise OSError(f"cannot bind the data plane to {address}: is the port in use?")
     follower = PolicyFollower(control_plane, engine_loop) if control_plane is not None else None
-    return server, port, ServerHandle(server, plane, metrics, health_servicer, follower)
+    http = None
+    if http_address is not None:  # imported here: a gRPC-only server needs no FastAPI
+        from rimuru.dataplane.serve.chat_template import load_chat_template
+        from rimuru.dataplane.serve.http_server import HttpServer
+        from rimuru.dataplane.serve.openai_api import create_app
+
+        app = create_app(plane, load_chat_template(engine_config.model), registry)
+        http = HttpServer(app, *http_address)
+    return server, port, ServerHandle(server, plane, metrics, health_servicer, follower, http)
 
 
 async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> None:

@@ -182,17 +182,25 @@ def _observations(name: str, s: EngineSnapshot, model: str) -> Iterable[Observat
         yield Observation(s.expert_pool_bytes, {**labels, "kind": "expert"})
 
 
+def prometheus_reader():
+    """(reader for ServeMetrics, the prometheus_client registry it fills at scrape time)."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    reader = PrometheusMetricReader(
+        disable_target_info=True, scope_info_enabled=False, registry=registry
+    )
+    return reader, registry
+
+
 class PrometheusEndpoint:
     """`GET /metrics` on host:port (0 = any free port) from this server's own registry."""
 
     def __init__(self, host: str, port: int) -> None:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import start_http_server
 
-        self.registry = CollectorRegistry()
-        self.reader = PrometheusMetricReader(
-            disable_target_info=True, scope_info_enabled=False, registry=self.registry
-        )
+        self.reader, self.registry = prometheus_reader()
         self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
         self.port = self._server.server_port
 
