@@ -14,8 +14,17 @@ from pathlib import Path
 
 from rimuru.cli_args import positive_int
 from rimuru.dataplane.bench.arrivals import arrival_times, parse_request_rate
-from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_sweep
+from rimuru.dataplane.bench.goodput import (
+    align_columns,
+    find_max_rate,
+    format_goodput_table,
+    format_max_rate_table,
+    slo_section,
+)
+from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_search, plot_rate_sweep
+from rimuru.dataplane.bench.rate_search import RateSearch
 from rimuru.dataplane.bench.results import BenchResult, write_results
+from rimuru.dataplane.bench.slo import SLO, parse_slo
 from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 from rimuru.policy import MODES, parse_modes
@@ -50,8 +59,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--request-rate",
-        default="inf",
-        help="requests/s, comma-separated for a sweep; inf = all at once",
+        default=None,
+        help="requests/s, comma-separated for a sweep; inf = all at once (the default); "
+        "with --find-max-rate, the one rate the search starts at (default 1)",
+    )
+    p.add_argument(
+        "--slo",
+        default=None,
+        help="latency SLO, e.g. ttft_p99=2s,tpot_p99=100ms (vLLM's --goodput metrics; "
+        "p50|p90|p95|p99, s or ms): adds each run's goodput and whether it meets the SLO",
+    )
+    p.add_argument(
+        "--find-max-rate",
+        action="store_true",
+        help="search each policy's highest request rate meeting --slo (doubling, then "
+        "bisection), one engine per policy",
+    )
+    p.add_argument(
+        "--rate-search-runs",
+        type=positive_int,
+        default=8,
+        help="most runs (rates) the search makes per policy",
+    )
+    p.add_argument(
+        "--rate-search-tolerance",
+        type=float,
+        default=0.1,
+        help="the search stops once first failing rate / max rate <= 1 + this",
     )
     p.add_argument(
         "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)"
@@ -83,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.engine.hotness_profile import profile_hotness
 
     policies = parse_modes(args.policies)
-    rates = [parse_request_rate(r) for r in str(args.request_rate).split(",")]
+    slo = parse_slo(args.slo) if args.slo is not None else None
+    rates = _rates(args, slo)
     # The bundled trace on the CPU needs a budget small enough that memory is the
     # bottleneck (the quick start); any other run says its own budget.
     if args.memory_budget is None and args.gpu_memory_utilization is None and args.device == "cpu":
@@ -93,13 +128,12 @@ def run(args: argparse.Namespace) -> int:
     # Asked for more than the trace has: refused, not silently fewer (profile-hotness agrees).
     trace = trace.head(args.num_prompts or min(DEFAULT_NUM_PROMPTS, len(trace)))
     # Drawn before any engine is built, so a bad --burstiness is refused at once.
-    arrivals_per_rate = [
-        arrival_times(len(trace), rate, args.burstiness, args.seed).tolist() for rate in rates
-    ]
+    for rate in rates:
+        arrival_times(len(trace), rate, args.burstiness, args.seed)
     if args.target:
         from rimuru.dataplane.bench.remote import run_remote
 
-        return run_remote(args, trace, rates)
+        return run_remote(args, trace, rates, slo)
     check_trace_fits_model(trace, args.model)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
@@ -107,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     ranking = None
     results: list[BenchResult] = []
+    searches: dict[str, RateSearch] = {}
     for policy in policies:
         engine = Engine(base.with_mode(policy))
         if ranking is None and args.hotness is None:
@@ -121,9 +156,12 @@ def run(args: argparse.Namespace) -> int:
             )
         if ranking is not None:
             engine.set_ranking(ranking)
-        for i, (rate, arrivals) in enumerate(zip(rates, arrivals_per_rate, strict=True)):
-            if i:  # the last rate's evictions must not carry over
+        policy_runs = len(results)
+
+        def run_at(rate: float, engine=engine, policy=policy, first=policy_runs) -> BenchResult:
+            if len(results) > first:  # the last rate's evictions must not carry over
                 engine.reset_residency()
+            arrivals = arrival_times(len(trace), rate, args.burstiness, args.seed).tolist()
             result = run_trace(
                 engine,
                 trace,
@@ -136,20 +174,65 @@ def run(args: argparse.Namespace) -> int:
             if engine.num_leaked_pages():
                 raise RuntimeError(f"{policy}: {engine.num_leaked_pages()} KV pages leaked")
             results.append(result)
-            write_results(
-                out_dir / "results.json", results
-            )  # after every run: partial results survive
-    path = write_results(out_dir / "results.json", results)
-    figures = [
-        plot_memory_split(
-            [r for r in results if r.request_rate == rates[-1]], out_dir / "fig4_memory_split.png"
-        )
-    ]
-    if len(rates) > 1 and all(math.isfinite(r) for r in rates):
+            # after every run: partial results survive
+            write_results(out_dir / "results.json", results, _slo_section(slo, results, searches))
+            return result
+
+        if args.find_max_rate:
+            searches[policy] = find_max_rate(
+                run_at, slo, rates[0], args.rate_search_runs, args.rate_search_tolerance
+            )
+        else:
+            for rate in rates:
+                run_at(rate)
+    path = write_results(out_dir / "results.json", results, _slo_section(slo, results, searches))
+    swept = [r for r in results if math.isfinite(r.request_rate)]
+    figures = []
+    if not args.find_max_rate:
+        last = [r for r in results if r.request_rate == rates[-1]]
+        figures.append(plot_memory_split(last, out_dir / "fig4_memory_split.png"))
+    if len({r.request_rate for r in swept}) > 1 and len(swept) == len(results):
         figures.append(plot_rate_sweep(results, out_dir / "fig9_rate_sweep.png"))
+    if slo is not None and swept:
+        figures.append(plot_rate_search(swept, slo, out_dir / "slo_rate_search.png"))
     print(format_table(results))
+    print_slo_tables(slo, results, searches)
     print(f"\nresults: {path}\nfigures: {', '.join(str(f) for f in figures)}")
     return 0
+
+
+def _rates(args: argparse.Namespace, slo: SLO | None) -> list[float]:
+    """The rates to run, or with --find-max-rate the one the search starts at."""
+    if not args.find_max_rate:
+        return [parse_request_rate(r) for r in str(args.request_rate or "inf").split(",")]
+    if slo is None:
+        raise ValueError("--find-max-rate needs --slo, e.g. --slo ttft_p99=2s,tpot_p99=100ms")
+    start = (
+        math.inf if "," in str(args.request_rate) else parse_request_rate(args.request_rate or "1")
+    )
+    if not math.isfinite(start):
+        raise ValueError(
+            f"--find-max-rate starts from one finite --request-rate, got {args.request_rate!r}"
+        )
+    if not args.rate_search_tolerance > 0:
+        raise ValueError(f"--rate-search-tolerance must be > 0, got {args.rate_search_tolerance}")
+    return [start]
+
+
+def _slo_section(slo: SLO | None, results, searches) -> dict | None:
+    return slo_section(slo, results, searches) if slo is not None else None
+
+
+def print_slo_tables(
+    slo: SLO | None, results: list[BenchResult], searches: dict[str, RateSearch]
+) -> None:
+    if slo is None:
+        return
+    print(f"\nSLO {slo}: goodput = requests/s within every limit")
+    print(format_goodput_table(slo, results))
+    if searches:
+        print("\nhighest request rate meeting the SLO")
+        print(format_max_rate_table(slo, results, searches))
 
 
 def run_trace(*args, **kwargs):
@@ -179,7 +262,4 @@ def format_table(results: list[BenchResult]) -> str:
     for r in results:
         h = r.headline()
         rows.append([fmt.format(h[key]) if h[key] is not None else "-" for _, key, fmt in COLUMNS])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return align_columns(rows)

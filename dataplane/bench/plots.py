@@ -13,7 +13,9 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from rimuru.dataplane.bench.goodput import evaluate
 from rimuru.dataplane.bench.results import BenchResult
+from rimuru.dataplane.bench.slo import SLO
 
 GIB = float(1 << 30)
 # Memory split colours: expert weights, KV cache, free pool pages.
@@ -87,10 +89,7 @@ def plot_rate_sweep(
         raise ValueError("plot_rate_sweep needs at least one result")
     if any(not math.isfinite(r.request_rate) for r in results):
         raise ValueError("a rate sweep plots finite request rates; leave out runs at rate inf")
-    by_policy: dict[str, list[BenchResult]] = defaultdict(list)
-    for result in results:
-        by_policy[result.policy].append(result)
-
+    by_policy = _by_policy(results)
     panels = (
         (f"{stat} TTFT (ms)", lambda r: getattr(r.request_metrics.ttft, f"{stat}_ms")),
         (f"{stat} TPOT (ms)", lambda r: getattr(r.request_metrics.tpot, f"{stat}_ms")),
@@ -109,6 +108,43 @@ def plot_rate_sweep(
         ax.grid(alpha=0.3)
     axes[0].legend()
     return _save(fig, path, dpi)
+
+
+def plot_rate_search(
+    results: Sequence[BenchResult], slo: SLO, path: str | Path, dpi: int = 120
+) -> Path:
+    """The rate search against an SLO: output tokens/s, then each SLO'd latency percentile
+    (ms), against the request rate; one line per policy, each limit a dashed line."""
+    if not results:
+        raise ValueError("plot_rate_search needs at least one result")
+    by_policy = _by_policy(results)
+    fig = Figure(figsize=(4.0 * (1 + len(slo.limits)), 3.4), layout="constrained")
+    axes = fig.subplots(1, 1 + len(slo.limits), squeeze=False)[0]
+    for policy, runs in by_policy.items():
+        runs = sorted(runs, key=lambda r: r.request_rate)
+        rates = [r.request_rate for r in runs]
+        axes[0].plot(rates, [r.request_metrics.output_throughput for r in runs], "o-", label=policy)
+        reports = [evaluate(slo, r) for r in runs]
+        for ax, limit in zip(axes[1:], slo.limits, strict=True):
+            ax.plot(rates, [x.percentiles_ms[limit.name] for x in reports], "o-", label=policy)
+    axes[0].set_ylabel("output throughput (tok/s)")
+    for ax, limit in zip(axes[1:], slo.limits, strict=True):
+        ax.axhline(limit.limit_ms, color="black", ls="--", lw=1, label=f"SLO {limit}")
+        ax.set_ylabel(f"{limit.metric.upper()} p{limit.percentile} (ms)")
+        ax.legend(fontsize=8)
+    for ax in axes:
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("request rate (req/s)")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    return _save(fig, path, dpi)
+
+
+def _by_policy(results: Sequence[BenchResult]) -> dict[str, list[BenchResult]]:
+    by_policy: dict[str, list[BenchResult]] = defaultdict(list)
+    for result in results:
+        by_policy[result.policy].append(result)
+    return by_policy
 
 
 def _save(fig: Figure, path: str | Path, dpi: int) -> Path:

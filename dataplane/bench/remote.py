@@ -14,15 +14,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import math
 import sys
 import time
 
 import grpc
 
 from rimuru.dataplane.bench.arrivals import arrival_times
+from rimuru.dataplane.bench.goodput import find_max_rate, slo_section
 from rimuru.dataplane.bench.metrics import RequestRecord, StepMetrics
+from rimuru.dataplane.bench.plots import plot_rate_search
 from rimuru.dataplane.bench.progress import RequestProgress
+from rimuru.dataplane.bench.rate_search import RateSearch
 from rimuru.dataplane.bench.results import BenchResult, write_results
+from rimuru.dataplane.bench.slo import SLO
 from rimuru.dataplane.bench.trace import Trace
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.serve.client import StreamResult, stream_generate
@@ -32,22 +37,49 @@ from rimuru.v1 import inference_pb2_grpc as pb_grpc
 _COUNTERS = ("num_expert_evictions", "num_expert_loads", "num_preemptions", "bytes_host_to_device")
 
 
-def run_remote(args: argparse.Namespace, trace: Trace, rates: list[float]) -> int:
+def run_remote(
+    args: argparse.Namespace, trace: Trace, rates: list[float], slo: SLO | None = None
+) -> int:
+    """The trace at each rate, or with --find-max-rate the search (goodput.py) over the
+    server's one policy: each rate is one `_run_all` call, as in-process each is one run."""
     from pathlib import Path
 
-    from rimuru.dataplane.bench.cli import format_table
+    from rimuru.dataplane.bench.cli import format_table, print_slo_tables
 
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results, counters = asyncio.run(_run_all(args, trace, rates))
-    path = write_results(out_dir / "results.json", results)
+    results: list[BenchResult] = []
+    counters: list[dict[str, int]] = []
+    searches: dict[str, RateSearch] = {}
+
+    def run_at(rate: float) -> BenchResult:
+        [result], [delta] = asyncio.run(_run_all(args, trace, [rate]))
+        results.append(result)
+        counters.append(delta)
+        return result
+
+    if args.find_max_rate:
+        search = find_max_rate(
+            run_at, slo, rates[0], args.rate_search_runs, args.rate_search_tolerance
+        )
+        searches[results[0].policy] = search
+    else:
+        for rate in rates:
+            run_at(rate)
+    section = slo_section(slo, results, searches) if slo is not None else None
+    path = write_results(out_dir / "results.json", results, section)
     print(format_table(results))
     for result, delta in zip(results, counters, strict=True):
         print(
             f"server counters @ {result.request_rate:g} req/s: "
             + ", ".join(f"{k} {v}" for k, v in delta.items())
         )
-    print(f"\nresults: {path}")
+    print_slo_tables(slo, results, searches)
+    figures = []
+    swept = [r for r in results if math.isfinite(r.request_rate)]
+    if slo is not None and swept:
+        figures.append(plot_rate_search(swept, slo, out_dir / "slo_rate_search.png"))
+    print(f"\nresults: {path}" + (f"\nfigures: {figures[0]}" if figures else ""))
     return 0
 
 

@@ -2,7 +2,12 @@
 
 A results file holds several runs, e.g. the three policies on one trace, or a rate sweep:
 
-    {"format": "rimuru-bench-results/1", "results": [BenchResult.to_dict(), ...]}
+    {"format": "rimuru-bench-results/1", "results": [BenchResult.to_dict(), ...],
+     "slo": {...}}
+
+The `slo` section is optional (written by `rimuru bench --slo`: dataplane/bench/goodput.py's
+`slo_section`); readers of the results alone ignore it, so files with and without it share
+the format's version.
 """
 
 from __future__ import annotations
@@ -133,18 +138,31 @@ class BenchResult:
         )
 
 
-def write_results(path: str | Path, results: Sequence[BenchResult]) -> Path:
+def write_results(
+    path: str | Path, results: Sequence[BenchResult], slo: Mapping[str, Any] | None = None
+) -> Path:
     path = Path(path)
-    document = {"format": RESULTS_FORMAT, "results": [r.to_dict() for r in results]}
+    document: dict[str, Any] = {"format": RESULTS_FORMAT, "results": [r.to_dict() for r in results]}
+    if slo is not None:
+        document["slo"] = _finite_or_str(dict(slo))
     path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
     return path
 
 
 def read_results(path: str | Path) -> list[BenchResult]:
+    return [BenchResult.from_dict(r) for r in _read_document(path)["results"]]
+
+
+def read_slo_section(path: str | Path) -> dict[str, Any] | None:
+    """The file's `slo` section as written, or None for a run without --slo."""
+    return _read_document(path).get("slo")
+
+
+def _read_document(path: str | Path) -> dict[str, Any]:
     document = json.loads(Path(path).read_text())
     if not isinstance(document, dict) or document.get("format") != RESULTS_FORMAT:
         raise ValueError(f"{path} is not a {RESULTS_FORMAT} file (written by write_results)")
-    return [BenchResult.from_dict(r) for r in document["results"]]
+    return document
 
 
 def _rows(columns: Mapping[str, list], names: Sequence[str]) -> list[tuple]:

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from rimuru.cli import main
+from rimuru.dataplane.bench.results import read_results, read_slo_section
 from rimuru.dataplane.bench.trace import Trace, TraceRequest, save_trace
 
 
@@ -141,3 +142,42 @@ def test_profile_hotness_takes_a_small_trace_whole_and_checks_only_the_tokens_it
     )
     assert code == 2
     assert "holds token ids up to 200000" in capsys.readouterr().err
+
+
+def test_find_max_rate_searches_each_policy_and_writes_table_json_png(tmp_path, capsys):
+    """A loose SLO that every rate meets: the search doubles from 50 req/s until its runs
+    run out, on one engine per policy; the JSON's slo section and the PNG follow."""
+    out = tmp_path / "search"
+    code = main(
+        ["bench", "--policies", "resident,elastic", "--num-prompts", "6", "--profile-prompts", "4",
+         "--slo", "ttft_p99=60s,tpot_p99=10s", "--find-max-rate", "--request-rate", "50",
+         "--rate-search-runs", "3", "--output-dir", str(out), "--no-progress"]
+    )  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "highest request rate meeting the SLO" in printed
+    table = printed.split("highest request rate meeting the SLO")[1].split("results:")[0]
+    rows = {line.split()[0]: line.split() for line in table.strip().splitlines()[2:]}
+    assert rows["elastic"][1] == "200" and rows["resident"][1] == "200"
+    document = json.loads((out / "results.json").read_text())
+    assert document["format"] == "rimuru-bench-results/1"
+    rates = [(r["policy"], r["request_rate"]) for r in document["results"]]
+    assert rates == [(p, r) for p in ("resident", "elastic") for r in (50.0, 100.0, 200.0)]
+    slo = document["slo"]
+    assert slo["spec"] == "ttft_p99=60000ms,tpot_p99=10000ms"
+    assert [run["meets_slo"] for run in slo["runs"]] == [True] * 6
+    assert all(run["num_good"] == 6 for run in slo["runs"])
+    search = slo["max_rate"]["elastic"]
+    assert (search["max_rate"], search["first_failing_rate"]) == (200.0, None)
+    assert [p["rate"] for p in search["probes"]] == [50.0, 100.0, 200.0]
+    assert read_slo_section(out / "results.json") == slo
+    assert len(read_results(out / "results.json")) == 6  # the results' reader is unchanged
+    assert (out / "slo_rate_search.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_find_max_rate_needs_an_slo_and_one_finite_start(tmp_path, capsys):
+    assert main(["bench", "--find-max-rate", "--output-dir", str(tmp_path / "a")]) == 2
+    assert "--find-max-rate needs --slo" in capsys.readouterr().err
+    argv = ["bench", "--find-max-rate", "--slo", "ttft_p99=1s", "--output-dir", str(tmp_path)]
+    assert main([*argv, "--request-rate", "1,2"]) == 2
+    assert "starts from one finite --request-rate" in capsys.readouterr().err

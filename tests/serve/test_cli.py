@@ -251,3 +251,17 @@ def test_serve_on_a_gpu_this_machine_lacks_exits_2_before_it_listens(capsys):
     # process served a failed health state and exited 1 after logging a traceback.
     assert main(["serve", "--device", "cuda", "--port", "0"]) == 2
     assert "'cuda' needs a CUDA GPU" in capsys.readouterr().err
+
+
+async def test_bench_finds_the_max_rate_through_grpc(data_plane, tmp_path, capsys):
+    """--find-max-rate shares goodput.py's search with the in-process bench: one gRPC run
+    per rate, against the server's one policy."""
+    argv = ["bench", "--target", data_plane.target, "--num-prompts", "3", "--no-progress",
+            "--slo", "ttft_p99=60s", "--find-max-rate", "--request-rate", "50",
+            "--rate-search-runs", "2", "--output-dir", str(tmp_path)]  # fmt: skip
+    assert await asyncio.to_thread(main, argv) == 0
+    slo = json.loads((tmp_path / "results.json").read_text())["slo"]
+    assert slo["max_rate"]["elastic"]["max_rate"] == 100.0
+    assert [run["num_good"] for run in slo["runs"]] == [3, 3]
+    assert "highest request rate meeting the SLO" in capsys.readouterr().out
+    assert (tmp_path / "slo_rate_search.png").exists()
