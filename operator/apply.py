@@ -1,10 +1,13 @@
 """Idempotent apply of one child manifest: create it, patch it, or leave it alone.
 
 Each child carries the hash of the manifest it was last applied from. Re-applying the
-same desired manifest therefore costs one GET and writes nothing, and a changed one is
-written with a JSON patch that replaces only the fields the operator owns (per kind),
-so fields other controllers own (a Service's clusterIP, a Deployment's revision
-annotation, status) are never touched.
+same desired manifest to an object that still holds it costs one GET and writes nothing;
+a changed manifest, or a live object that drifted from it (a hand edit of a field the
+operator owns, a label removed), is written with a JSON patch that replaces only the
+fields the operator owns (per kind), so fields other controllers own (a Service's
+clusterIP, a Deployment's revision annotation, status) are never touched. A deleted
+child is created again. Drift is judged by containment: every value the operator sets
+must be in the live object, which may hold more (the API server's defaults).
 """
 
 from __future__ import annotations
@@ -77,6 +80,70 @@ def patch_operations(current: Mapping[str, Any], desired: Mapping[str, Any]) -> 
     return ops
 
 
+def drifted(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Whether the live object lacks or contradicts anything the operator owns in
+    `desired` (its labels, annotations, owner references, owned spec fields)."""
+    meta, want = current.get("metadata", {}), desired["metadata"]
+    if not _contains(meta.get("labels") or {}, want.get("labels", {})):
+        return True
+    if not _contains(meta.get("annotations") or {}, want.get("annotations", {})):
+        return True
+    if meta.get("ownerReferences") != want["ownerReferences"]:
+        return True
+    for pointer in OWNED_PATHS[desired["kind"]] or ():
+        try:
+            live = _get(current, pointer)
+        except (KeyError, TypeError):
+            return True
+        if not _contains(live, _get(desired, pointer)):
+            return True
+    return False
+
+
+def _contains(live: Any, want: Any) -> bool:
+    """`live` holds every value of `want`: maps key by key (extra keys allowed), lists
+    item by item (same length), anything else equal (resource quantities by value)."""
+    if isinstance(want, Mapping):
+        return isinstance(live, Mapping) and all(
+            k in live and _contains(live[k], v) for k, v in want.items()
+        )
+    if isinstance(want, list):
+        return (
+            isinstance(live, list)
+            and len(live) == len(want)
+            and all(_contains(a, b) for a, b in zip(live, want, strict=True))
+        )
+    return live == want or _same_quantity(live, want)
+
+
+_QUANTITY_SUFFIXES = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+    "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "": 1,
+}  # fmt: skip
+
+
+def _same_quantity(a: Any, b: Any) -> bool:
+    """ "1Gi" and "1024Mi", "500m" and "0.5": the API server rewrites quantities in its
+    canonical form, which must not count as drift."""
+    va, vb = _quantity(a), _quantity(b)
+    return va is not None and va == vb
+
+
+def _quantity(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, str | int | float):
+        return None
+    text = str(x)
+    for suffix in sorted(_QUANTITY_SUFFIXES, key=len, reverse=True):
+        if suffix and not text.endswith(suffix):
+            continue
+        number = text[: len(text) - len(suffix)]
+        try:
+            return float(number) * _QUANTITY_SUFFIXES[suffix]
+        except ValueError:
+            return None
+    return None
+
+
 def with_applied_hash(manifest: Mapping[str, Any]) -> dict[str, Any]:
     stamped = copy.deepcopy(dict(manifest))
     annotations = stamped["metadata"].setdefault("annotations", {})
@@ -94,8 +161,7 @@ async def apply(client: KubeClient, manifest: Mapping[str, Any]) -> Applied:
     if current is None:
         await client.create(desired)
         return Applied.CREATED
-    current_hash = (current["metadata"].get("annotations") or {}).get(APPLIED_HASH_ANNOTATION)
-    if OWNED_PATHS[kind] is None or current_hash == meta["annotations"][APPLIED_HASH_ANNOTATION]:
+    if OWNED_PATHS[kind] is None or not drifted(current, desired):
         return Applied.UNCHANGED
     await client.json_patch(
         kind, meta["namespace"], meta["name"], patch_operations(current, desired)

@@ -159,7 +159,9 @@ async def refresh(
         except SpecError:
             continue  # the change handler reported it; nothing runs until the spec changes
         try:
-            obs, _ = await _pass(memo, parsed, status, apply_children=False, overwrite_policy=False)
+            # children re-applied every period: a deleted one comes back, a hand edit of
+            # what the operator owns is undone (apply.py), and an unchanged one is one GET
+            obs, _ = await _pass(memo, parsed, status, apply_children=True, overwrite_policy=False)
             await memo.kube.patch_status(
                 KIND, parsed.owner.namespace, parsed.owner.name, _status(status, parsed, obs)
             )

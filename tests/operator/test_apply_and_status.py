@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
-from rimuru.operator.apply import manifest_hash, patch_operations, with_applied_hash
-from rimuru.operator.builders import build_dataplane_service
+from rimuru.operator.apply import drifted, manifest_hash, patch_operations, with_applied_hash
+from rimuru.operator.builders import build_children, build_dataplane_service
+from rimuru.operator.config import OperatorConfig
 from rimuru.operator.policy_sync import PolicyState
 from rimuru.operator.spec import parse_spec
 from rimuru.operator.status import (
@@ -259,3 +262,40 @@ def test_every_status_the_operator_writes_fits_the_crd(api, tiny_rd):
         assert errors == []
     invalid = {**tiny_rd, "status": invalid_spec_status(3, "spec.engine: bad", now=NOW)}
     assert api.admit(invalid)[1] == []
+
+
+def _live(desired: dict) -> dict:
+    """What the API server hands back: the manifest plus defaults and canonical quantities."""
+    live = copy.deepcopy(desired)
+    spec = live["spec"]
+    spec["revisionHistoryLimit"] = 10
+    spec["progressDeadlineSeconds"] = 600
+    container = spec["template"]["spec"]["containers"][0]
+    container["terminationMessagePath"] = "/dev/termination-log"
+    container["imagePullPolicy"] = "IfNotPresent"
+    container.setdefault("resources", {}).setdefault("limits", {})["memory"] = "2Gi"
+    return live
+
+
+def test_defaults_and_canonical_quantities_are_not_drift_but_hand_edits_are(tiny_rd):
+    spec = parse_spec(tiny_rd["metadata"], tiny_rd["spec"])
+    config = OperatorConfig(dataplane_image="reg/dp:1", controlplane_image="reg/cp:1")
+    desired = next(c for c in build_children(spec, config) if c["kind"] == "Deployment")
+    container = desired["spec"]["template"]["spec"]["containers"][0]
+    container.setdefault("resources", {}).setdefault("limits", {})["memory"] = "2048Mi"
+    desired = with_applied_hash(desired)
+    live = _live(desired)
+    assert not drifted(live, desired)
+
+    edited = copy.deepcopy(live)  # kubectl edit: another image, same applied-hash annotation
+    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:latest"
+    assert drifted(edited, desired)
+    ops = patch_operations(edited, desired)
+    assert {"op": "add", "path": "/spec", "value": desired["spec"]} in ops
+
+    unlabelled = copy.deepcopy(live)
+    unlabelled["metadata"]["labels"].pop("app.kubernetes.io/instance")
+    assert drifted(unlabelled, desired)
+    scaled = copy.deepcopy(live)
+    scaled["spec"]["replicas"] = desired["spec"]["replicas"] + 3
+    assert drifted(scaled, desired)

@@ -470,3 +470,42 @@ async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
         # The generated Secret was the operator's: deleted with the rest.
         assert obj(kmock, "v1/secrets", "other-token") is None
     assert runner.exception is None
+
+
+async def test_a_deleted_or_hand_edited_child_is_restored(kmock, env, tiny_rd):
+    """Drift: `kubectl edit` of a field the operator owns is undone, and a deleted child
+    is created again, within a status interval or two (0.2 s here)."""
+    http = env
+    rd = copy.deepcopy(tiny_rd)
+    rd["spec"]["authSecretRef"] = await create_token_secret(http)
+    path = f"/apis/apps/v1/namespaces/{NS}/deployments/tiny-dataplane"
+
+    def image():
+        return obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"]["template"]["spec"]["containers"][
+            0
+        ]["image"]
+
+    async with operator_running() as runner:
+        await _call(http, "POST", RD_PATH, rd)
+        await eventually(lambda: obj(kmock, DEPLOYMENTS, "tiny-dataplane"), what="data plane")
+        container = obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+        edit = {"spec": {"template": {"spec": {"containers": [
+            {"name": container["name"], "image": "someone/else:1"}
+        ]}}}}  # fmt: skip
+        await _call(http, "PATCH", path, edit, "application/merge-patch+json")
+        assert image() == "someone/else:1"
+        await eventually(lambda: image() == "reg/dp:e2e", timeout=5, what="image restored")
+        restored = obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"]["template"]["spec"]
+        assert restored["containers"][0] == container  # args, env, resources: all back
+
+        await _call(http, "DELETE", path)
+        await eventually(
+            lambda: obj(kmock, DEPLOYMENTS, "tiny-dataplane") is not None,
+            timeout=5,
+            what="deleted data plane created again",
+        )
+        await _call(http, "DELETE", f"{RD_PATH}/tiny")
+        await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+    assert runner.exception is None
