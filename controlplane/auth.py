@@ -31,7 +31,6 @@ OPERATOR_METHODS = frozenset(
 )
 REPORT_ROUTING = "/rimuru.v1.PolicyDiscoveryService/ReportRouting"
 WATCH_POLICY = "/rimuru.v1.PolicyDiscoveryService/WatchPolicy"
-CLIENT_STREAMING = frozenset({REPORT_ROUTING})
 BIDI_STREAMING = frozenset({WATCH_POLICY})
 
 
@@ -89,15 +88,15 @@ def _deny_handler(method: str, reason: str) -> grpc.RpcMethodHandler:
         "theirs, rimuru serve --token-file PATH)"
     )
 
-    async def deny(request, context):
+    # Stream-request handlers whatever the method: they never read the request, so a call
+    # that sends none is refused too (a unary handler would wait for one; see rimuru.rpc).
+    async def deny(request_iterator, context):
         await context.abort(code_for(error), str(error))
 
-    async def deny_stream(request, context):
+    async def deny_stream(request_iterator, context):
         await context.abort(code_for(error), str(error))
         yield  # an async generator: the handler of a streaming response
 
     if method in BIDI_STREAMING:
         return grpc.stream_stream_rpc_method_handler(deny_stream)
-    if method in CLIENT_STREAMING:
-        return grpc.stream_unary_rpc_method_handler(deny)
-    return grpc.unary_unary_rpc_method_handler(deny)
+    return grpc.stream_unary_rpc_method_handler(deny)

@@ -11,6 +11,7 @@ from grpc_reflection.v1alpha import reflection
 from rimuru.controlplane.auth import BearerTokenInterceptor
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.servicers import PolicyDiscoveryServicer, PolicyServicer
+from rimuru.rpc import RequestChecks
 from rimuru.v1 import control_pb2, control_pb2_grpc
 
 # Pings end a WatchPolicy stream whose data plane vanished without closing it, so the
@@ -54,7 +55,9 @@ async def create_server(
     """
     if dataplane_token and not token:
         raise ValueError("a data-plane token needs an operator token as well")
+    # Auth first: an unauthenticated call is refused as such, whatever its bytes.
     interceptors = [BearerTokenInterceptor(token, dataplane_token)] if token else []
+    interceptors.append(RequestChecks())
     server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     control_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(plane), server)
     control_pb2_grpc.add_PolicyDiscoveryServiceServicer_to_server(

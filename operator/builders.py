@@ -22,9 +22,11 @@ from rimuru.operator.naming import (
     DATAPLANE,
     DATAPLANE_GRPC_PORT,
     DATAPLANE_METRICS_PORT,
+    TOKEN_KEY,
     child_metadata,
     child_name,
     config_map_name,
+    dataplane_secret_name,
     prometheus_annotations,
     pvc_name,
     selector_labels,
@@ -50,6 +52,18 @@ def build_token_secret(spec: DeploymentSpec, token: str) -> dict[str, Any]:
         "metadata": child_metadata(spec.owner, spec.auth.secret_name, CONTROLPLANE),
         "type": "Opaque",
         "data": {spec.auth.key: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def build_dataplane_token_secret(spec: DeploymentSpec, token: str) -> dict[str, Any]:
+    """The data planes' token (WatchPolicy, ReportRouting): never the operator's, so a
+    data-plane pod cannot write policy."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": child_metadata(spec.owner, dataplane_secret_name(spec.owner), DATAPLANE),
+        "type": "Opaque",
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
     }
 
 
@@ -137,7 +151,7 @@ def build_dataplane_deployment(spec: DeploymentSpec, config: OperatorConfig) -> 
 
 
 def build_children(spec: DeploymentSpec, config: OperatorConfig) -> list[dict[str, Any]]:
-    """Every child except the token Secret, in the order they should be applied."""
+    """Every child except the token Secrets, in the order they should be applied."""
     children = [build_engine_config_map(spec)]
     if spec.control_plane.storage_enabled:
         children.append(build_policy_pvc(spec))

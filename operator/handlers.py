@@ -96,6 +96,7 @@ async def _pass(
     uploaded = (status.get("policy") or {}).get("rankingDigest", "")
     try:
         token = await reconcile.ensure_token(kube, spec)
+        await reconcile.ensure_dataplane_token(kube, spec)
         if apply_children:
             await reconcile.apply_children(kube, spec, config)
         ranking = await reconcile.read_ranking(kube, spec)

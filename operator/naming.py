@@ -11,7 +11,11 @@ DATAPLANE_METRICS_PORT = 9464  # the OpenTelemetry Prometheus exporter's usual p
 CONTROLPLANE_GRPC_PORT = 50052
 MODEL_MOUNT = "/models"
 POLICY_DIR = "/var/lib/rimuru"
+# Token files: the control plane reads `token` (the operator's) and `dataplane-token`;
+# a data-plane pod holds only its own token, as `token`.
 TOKEN_DIR = "/var/run/secrets/rimuru"
+TOKEN_KEY = "token"
+DATAPLANE_TOKEN_FILE = "dataplane-token"
 CONFIG_HASH_ANNOTATION = "rimuru.dev/engine-config-hash"
 APPLIED_HASH_ANNOTATION = "rimuru.dev/applied-hash"
 DATAPLANE = "dataplane"
@@ -27,6 +31,11 @@ def child_name(owner: Owner, component: str) -> str:
 
 def config_map_name(owner: Owner) -> str:
     return f"{owner.name}-engine"
+
+
+def dataplane_secret_name(owner: Owner) -> str:
+    """The data planes' bearer token: always generated and owned by the operator."""
+    return f"{owner.name}-dataplane-token"
 
 
 def pvc_name(owner: Owner) -> str:
@@ -96,6 +105,7 @@ def child_refs(owner: Owner) -> list[tuple[str, str]]:
         ("ConfigMap", config_map_name(owner)),
         ("PersistentVolumeClaim", pvc_name(owner)),
         ("Secret", generated_secret_name(owner)),
+        ("Secret", dataplane_secret_name(owner)),
     ]
 
 

@@ -20,12 +20,15 @@ from rimuru.operator.naming import (
     DATAPLANE,
     DATAPLANE_GRPC_PORT,
     DATAPLANE_METRICS_PORT,
+    DATAPLANE_TOKEN_FILE,
     MODEL_MOUNT,
     POLICY_DIR,
     RUN_AS_USER,
     TOKEN_DIR,
+    TOKEN_KEY,
     child_name,
     config_map_name,
+    dataplane_secret_name,
     labels,
     prometheus_annotations,
     pvc_name,
@@ -69,12 +72,37 @@ def _pod_security() -> dict[str, Any]:
     }
 
 
-def _token_volume(spec: DeploymentSpec) -> dict[str, Any]:
+def _dataplane_token_volume(spec: DeploymentSpec) -> dict[str, Any]:
+    # Only the data planes' own token: the operator's never reaches a data-plane pod.
     return {
         "name": "token",
         "secret": {
-            "secretName": spec.auth.secret_name,
-            "items": [{"key": spec.auth.key, "path": "token"}],
+            "secretName": dataplane_secret_name(spec.owner),
+            "items": [{"key": TOKEN_KEY, "path": "token"}],
+            "defaultMode": 0o440,
+        },
+    }
+
+
+def _controlplane_token_volume(spec: DeploymentSpec) -> dict[str, Any]:
+    # The control plane checks both tokens: the operator's and the data planes'.
+    return {
+        "name": "token",
+        "projected": {
+            "sources": [
+                {
+                    "secret": {
+                        "name": spec.auth.secret_name,
+                        "items": [{"key": spec.auth.key, "path": "token"}],
+                    }
+                },
+                {
+                    "secret": {
+                        "name": dataplane_secret_name(spec.owner),
+                        "items": [{"key": TOKEN_KEY, "path": DATAPLANE_TOKEN_FILE}],
+                    }
+                },
+            ],
             "defaultMode": 0o440,
         },
     }
@@ -100,7 +128,10 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
         {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
-    volumes: list[dict[str, Any]] = [_token_volume(spec), {"name": "tmp", "emptyDir": {}}]
+    volumes: list[dict[str, Any]] = [
+        _dataplane_token_volume(spec),
+        {"name": "tmp", "emptyDir": {}},
+    ]
     model_volume = _model_volume(spec)
     if model_volume is not None:
         volumes.append(model_volume)
@@ -185,6 +216,8 @@ def controlplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> d
             POLICY_DIR,
             "--token-file",
             f"{TOKEN_DIR}/token",
+            "--dataplane-token-file",
+            f"{TOKEN_DIR}/{DATAPLANE_TOKEN_FILE}",
         ],
         "ports": [{"name": "grpc", "containerPort": CONTROLPLANE_GRPC_PORT, "protocol": "TCP"}],
         "readinessProbe": _grpc_probe(CONTROLPLANE_GRPC_PORT, 5, READINESS_FAILURE_THRESHOLD),
@@ -203,6 +236,6 @@ def controlplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> d
             "enableServiceLinks": False,
             "securityContext": _pod_security(),
             "containers": [container],
-            "volumes": [policy_volume, _token_volume(spec)],
+            "volumes": [policy_volume, _controlplane_token_volume(spec)],
         },
     }

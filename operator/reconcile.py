@@ -16,7 +16,11 @@ from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.errors import ControlPlaneError, InvalidArgument, Unauthenticated
 from rimuru.operator import policy_sync
 from rimuru.operator.apply import apply
-from rimuru.operator.builders import build_children, build_token_secret
+from rimuru.operator.builders import (
+    build_children,
+    build_dataplane_token_secret,
+    build_token_secret,
+)
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.kube import KubeClient, KubeError
 from rimuru.operator.naming import (
@@ -25,6 +29,7 @@ from rimuru.operator.naming import (
     DATAPLANE,
     child_name,
     child_refs,
+    dataplane_secret_name,
     is_owned_by,
 )
 from rimuru.operator.policy_sync import PolicyState, RankingUpload
@@ -58,6 +63,14 @@ async def ensure_token(kube: KubeClient, spec: DeploymentSpec) -> str:
     if not encoded:
         raise Blocked(Blocker.SECRET_MISSING, f"Secret {auth.secret_name} has no key {auth.key!r}")
     return base64.b64decode(encoded).decode().strip()
+
+
+async def ensure_dataplane_token(kube: KubeClient, spec: DeploymentSpec) -> None:
+    """Generate the data planes' token Secret once; the operator never reads it back."""
+    name = dataplane_secret_name(spec.owner)
+    if await kube.get("Secret", spec.owner.namespace, name) is None:
+        token = secrets.token_urlsafe(TOKEN_BYTES)
+        await apply(kube, build_dataplane_token_secret(spec, token))
 
 
 async def read_ranking(kube: KubeClient, spec: DeploymentSpec) -> RankingUpload | None:

@@ -67,6 +67,7 @@ class _Submit:
 class _Abort:
     engine_id: str
     notify: bool  # True: the server aborts (drain past its grace) and the client hears it
+    reason: str  # the metric's label: "cancelled", "deadline" (the client's) or "shutdown"
 
 
 @dataclass
@@ -127,8 +128,8 @@ class EngineLoop:
     def submit(self, engine_id: str, spec: GenerateSpec, sink: Sink) -> None:
         self._send(_Submit(engine_id, spec, sink))
 
-    def abort(self, engine_id: str, *, notify: bool = False) -> None:
-        self._send(_Abort(engine_id, notify))
+    def abort(self, engine_id: str, *, notify: bool = False, reason: str = "cancelled") -> None:
+        self._send(_Abort(engine_id, notify, reason))
 
     def call(self, fn: Callable[[Engine], Any]) -> concurrent.futures.Future:
         """Run fn(engine) on the engine thread between two steps; its result or exception."""
@@ -193,7 +194,7 @@ class EngineLoop:
             for command in self._take_commands(block=idle):
                 if isinstance(command, _Stop):
                     for engine_id in list(self._streams):
-                        self._abort(engine, engine_id, notify=True)
+                        self._abort(engine, engine_id, notify=True, reason="shutdown")
                     engine.step()  # completes the reclaim of the aborted requests' pages
                     self._publish(engine)
                     self._flush()
@@ -218,7 +219,7 @@ class EngineLoop:
         if isinstance(command, _Submit):
             self._add(engine, command)
         elif isinstance(command, _Abort):
-            self._abort(engine, command.engine_id, command.notify)
+            self._abort(engine, command.engine_id, command.notify, command.reason)
         elif isinstance(command, _Call):
             try:
                 self._answers.append((command.future, command.fn(engine), None))
@@ -251,13 +252,14 @@ class EngineLoop:
         request = engine.requests[command.engine_id]
         self._streams[command.engine_id] = _Stream(request, command.sink)
 
-    def _abort(self, engine: Engine, engine_id: str, notify: bool) -> None:
+    def _abort(self, engine: Engine, engine_id: str, notify: bool, reason: str) -> None:
         stream = self._streams.pop(engine_id, None)
-        if stream is None:  # finished meanwhile, or never added
+        if stream is None:  # finished meanwhile, or never added: nothing was aborted
             return
         engine.abort(engine_id)
         engine.forget(engine_id)
         self._needs_reclaim_step = True
+        self._observer.on_aborted(reason)
         if notify:
             self._post(stream.sink, _finished(stream, "aborted"))
 

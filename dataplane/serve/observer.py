@@ -19,5 +19,9 @@ class Observer:
     def on_finished(self, event: FinishedEvent, token_times: tuple[float, ...]) -> None:
         """A request finished by itself (length or stop); token_times: monotonic, per token."""
 
+    def on_aborted(self, reason: str) -> None:
+        """A request in the engine was aborted: "cancelled" or "deadline" (its client went
+        away) or "shutdown" (drain past its grace)."""
+
     def on_snapshot(self, snapshot: EngineSnapshot) -> None:
         """The engine's state after a round."""

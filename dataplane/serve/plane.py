@@ -60,12 +60,13 @@ class RequestStream:
             if isinstance(event, FinishedEvent | RejectedEvent):
                 return
 
-    def close(self) -> None:
-        """Idempotent. Before the end: the client went away (cancel, deadline) -> abort."""
+    def close(self, reason: str = "cancelled") -> None:
+        """Idempotent. Before the end: the client went away -> abort; reason: "cancelled"
+        or "deadline" (the client's), counted in rimuru_request_aborted_total."""
         if not self.done:
             self.done = True
             self._plane._forget(self)
-            self._plane.engine.abort(self.engine_id)
+            self._plane.engine.abort(self.engine_id, reason=reason)
 
 
 class DataPlane:
@@ -127,7 +128,7 @@ class DataPlane:
         except TimeoutError:
             left = list(self._streams)
             for engine_id in left:
-                self.engine.abort(engine_id, notify=True)
+                self.engine.abort(engine_id, notify=True, reason="shutdown")
             log.warning("drain: grace of %.1f s over, aborted %d streams", grace_s, len(left))
         # The aborted streams still send their final message (FINISH_REASON_ABORT).
         with contextlib.suppress(TimeoutError):

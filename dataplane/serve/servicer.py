@@ -64,7 +64,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         finally:
             if not stream.done:
                 span.set_attribute("rimuru.cancelled", True)  # client cancel or deadline
-            stream.close()
+            stream.close(_why_ended(context))
             span.end()
 
     @grpc_errors
@@ -83,3 +83,14 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     @grpc_errors
     async def EngineStats(self, request: pb.EngineStatsRequest, context) -> pb.EngineStatsResponse:
         return convert.engine_stats_response(self._plane.snapshot())
+
+
+# The client's deadline fires on its side first and cancels the call, so the server may
+# see the cancel a moment before its own copy of the deadline passes.
+_DEADLINE_SLACK_S = 0.05
+
+
+def _why_ended(context) -> str:
+    """Why a Generate stream ended early: "deadline" or "cancelled" (the metric's label)."""
+    remaining = context.time_remaining()
+    return "deadline" if remaining is not None and remaining < _DEADLINE_SLACK_S else "cancelled"

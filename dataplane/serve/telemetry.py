@@ -16,6 +16,8 @@ Names (Prometheus spelling; OpenTelemetry's dots become underscores, counters ge
     rimuru_num_preemptions_total                   rimuru_pool_pages{kind=kv|expert|free}
                                                    rimuru_pool_bytes{kind=kv|expert}
                                                    rimuru_policy_version
+                                                   rimuru_request_aborted_total{reason=
+                                                     cancelled|deadline|shutdown}
 
 Gauges and engine counters are read from the engine thread's latest snapshot at scrape
 time; request histograms are recorded when a request finishes.
@@ -91,6 +93,11 @@ class ServeMetrics(Observer):
         self._success = meter.create_counter(
             "rimuru.request_success", unit="{request}", description="Finished requests."
         )
+        self._aborted = meter.create_counter(
+            "rimuru.request_aborted",
+            unit="{request}",
+            description="Requests aborted before they finished, by reason.",
+        )
         gauges = {
             "rimuru.num_requests_running": ("Requests in the running batch.", "{request}"),
             "rimuru.num_requests_waiting": ("Requests waiting to be scheduled.", "{request}"),
@@ -141,6 +148,9 @@ class ServeMetrics(Observer):
         self._genai_duration.record(t.e2e_seconds, genai)
         if event.usage.completion_tokens > 1:
             self._genai_tpot.record(t.mean_inter_token_seconds, genai)
+
+    def on_aborted(self, reason: str) -> None:
+        self._aborted.add(1, {"model_name": self._model, "reason": reason})
 
     def on_snapshot(self, snapshot: EngineSnapshot) -> None:
         self._snapshot = snapshot  # one reference swap: scrapes see a whole snapshot

@@ -15,6 +15,7 @@ from rimuru.operator.builders import (
     build_controlplane_deployment,
     build_dataplane_deployment,
     build_dataplane_service,
+    build_dataplane_token_secret,
     build_engine_config_map,
     build_policy_pvc,
     build_token_secret,
@@ -33,7 +34,11 @@ def _parse(rd):
 
 def test_every_child_is_owned_labelled_and_valid(tiny_rd, api):
     spec = _parse(tiny_rd)
-    children = [*build_children(spec, CONFIG), build_token_secret(spec, "t0k3n")]
+    children = [
+        *build_children(spec, CONFIG),
+        build_token_secret(spec, "t0k3n"),
+        build_dataplane_token_secret(spec, "dp-t0k3n"),
+    ]
     kinds = [(c["kind"], c["metadata"]["name"]) for c in children]
     assert kinds == [
         ("ConfigMap", "tiny-engine"),  # storage disabled in this example: no PVC
@@ -42,6 +47,7 @@ def test_every_child_is_owned_labelled_and_valid(tiny_rd, api):
         ("Deployment", "tiny-dataplane"),
         ("Service", "tiny-dataplane"),
         ("Secret", "tiny-token"),
+        ("Secret", "tiny-dataplane-token"),
     ]
     for child in children:
         meta = child["metadata"]
@@ -139,7 +145,8 @@ def test_gpu_dataplane_places_and_mounts(gpu_rd):
     assert container["startupProbe"]["failureThreshold"] == 360  # 3600 s / 10 s
     assert pod["terminationGracePeriodSeconds"] == 120
     secret_volume = next(v for v in pod["volumes"] if v["name"] == "token")
-    assert secret_volume["secret"]["secretName"] == "qwen-moe-token"  # authSecretRef
+    # The data planes' own token, never the operator's (authSecretRef: qwen-moe-token).
+    assert secret_volume["secret"]["secretName"] == "qwen-moe-dataplane-token"
 
 
 def test_engine_config_map(gpu_rd, tiny_rd):
@@ -221,6 +228,8 @@ def test_controlplane_persists_to_its_volume(gpu_rd, tiny_rd):
         "/var/lib/rimuru",
         "--token-file",
         "/var/run/secrets/rimuru/token",
+        "--dataplane-token-file",
+        "/var/run/secrets/rimuru/dataplane-token",
     ]
     assert container["readinessProbe"]["grpc"] == {"port": 50052}
     assert {"name": "policy", "persistentVolumeClaim": {"claimName": "qwen-moe-policy"}} in pod[
@@ -380,13 +389,21 @@ def test_controlplane_container_args_are_its_cli(gpu_rd):
     (container,) = pod["containers"]
     assert container["args"][0] == "controlplane"
     args = _parse_args("rimuru.controlplane.cli", container["args"][1:])
-    assert (args.port, str(args.data_dir), args.token_file) == (
+    assert (args.port, str(args.data_dir), args.token_file, args.dataplane_token_file) == (
         50052,
         "/var/lib/rimuru",
         "/var/run/secrets/rimuru/token",
+        "/var/run/secrets/rimuru/dataplane-token",
     )
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/var/lib/rimuru", "/var/run/secrets/rimuru"} <= mounts
+    # Both tokens, each under the file name its flag reads.
+    (token_volume,) = [v for v in pod["volumes"] if v["name"] == "token"]
+    files = {
+        source["secret"]["name"]: source["secret"]["items"][0]["path"]
+        for source in token_volume["projected"]["sources"]
+    }
+    assert files == {"qwen-moe-token": "token", "qwen-moe-dataplane-token": "dataplane-token"}
 
 
 def test_dataplane_pod_is_what_rimuru_serve_reads(gpu_rd, monkeypatch):

@@ -249,6 +249,12 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
                     }
                 ]
             assert obj(kmock, "v1/secrets", "tiny-token") is None  # referenced, not generated
+            # The data planes' token is always generated, and is not the operator's.
+            dp_secret = await eventually(
+                lambda: obj(kmock, "v1/secrets", "tiny-dataplane-token"), what="dp token"
+            )
+            dp_token = base64.b64decode(dp_secret["data"]["token"]).decode()
+            assert len(dp_token) >= 32 and dp_token != TOKEN
 
             # 2. Pods start from what the operator wrote; the policy reaches the engine.
             pod = obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"]["template"]["spec"]
@@ -366,6 +372,7 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
                 assert obj(kmock, resource, child["metadata"]["name"]) is None, child["kind"]
             # The user's Secret is theirs: never deleted.
             assert obj(kmock, "v1/secrets", "tiny-auth") is not None
+            assert obj(kmock, "v1/secrets", "tiny-dataplane-token") is None  # ours
         assert runner.exception is None
     finally:
         if data_plane is not None:

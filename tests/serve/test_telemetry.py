@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
+import grpc
+import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rimuru.dataplane.serve.telemetry import PrometheusEndpoint
+from rimuru.v1 import inference_pb2 as pb
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9] * 20]
 MAX_TOKENS = 5
@@ -121,3 +124,39 @@ async def test_one_span_per_request(start_data_plane):
     )
     assert {s.attributes["gen_ai.usage.output_tokens"] for s in spans} == {MAX_TOKENS}
     assert {s.attributes["gen_ai.response.finish_reasons"] for s in spans} == {("length",)}
+
+
+async def test_aborted_requests_are_counted_by_reason(start_data_plane, eventually):
+    endpoint = PrometheusEndpoint("127.0.0.1", 0)
+    try:
+        dp = await start_data_plane(metric_readers=[endpoint.reader])
+        long = pb.GenerateRequest(
+            token_ids=pb.TokenIds(ids=[1, 2, 3]),
+            sampling=pb.SamplingParams(max_tokens=1000, ignore_eos=True),
+        )
+        cancelled = [dp.stub.Generate(long) for _ in range(3)]
+        for call in cancelled:
+            assert (await call.read()).HasField("delta")  # in the engine, decoding
+            call.cancel()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in dp.stub.Generate(long, timeout=0.3):
+                pass
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await dp.generate([1, 2, 3], max_tokens=2, ignore_eos=True)  # finished: not counted
+        url = f"http://127.0.0.1:{endpoint.port}/metrics"
+
+        async def scrape() -> str:
+            return await asyncio.to_thread(
+                lambda: urllib.request.urlopen(url, timeout=5).read().decode()
+            )
+
+        async def counted() -> bool:
+            text = await scrape()
+            return all(
+                f'rimuru_request_aborted_total{{model_name="tiny",reason="{reason}"}} {n}.0' in text
+                for reason, n in (("cancelled", 3), ("deadline", 1))
+            )
+
+        await eventually(counted, what="three cancels and one deadline counted")
+    finally:
+        endpoint.close()
