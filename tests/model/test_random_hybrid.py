@@ -154,8 +154,8 @@ def test_qwen35_shapes_keep_the_hidden_state_rms_sane_in_bf16():
     """One full layer cycle (3 GDN, 1 attention) at Qwen3.5-35B-A3B's shapes. Cut to stay fast
     on a CPU: 8 experts, all routed (a near-uniform router's renormalised top-8 weights are
     ~1/8 each, as with 256 experts, so the routed output keeps its scale), 4096 vocabulary
-    rows (iid, so one token's embedding is as before). Over all 40 layers the RMS grows
-    smoothly from 0.6 to about 3.3."""
+    rows (iid, so one token's embedding is as before). Measured over all 40 layers (seed 0):
+    0.58 after the first, growing smoothly to 3.3 after the last; Qwen3-Next's 48: 3.6."""
     base = PRESETS["qwen3.5-35b-a3b"]
     cfg = base.replace(
         num_layers=4, layer_types=base.layer_types[:4], num_experts=8, vocab_size=4096
