@@ -116,6 +116,8 @@ def build_dataplane_service(spec: DeploymentSpec) -> dict[str, Any]:
         _port("grpc", DATAPLANE_GRPC_PORT, "grpc"),
         _port("metrics", DATAPLANE_METRICS_PORT, "http"),
     ]
+    if spec.data_plane.http_port is not None:
+        ports.append(_port("http", spec.data_plane.http_port, "http"))
     return _service(spec.owner, DATAPLANE, ports, annotations=prometheus_annotations())
 
 

@@ -22,7 +22,7 @@ import kopf
 from rimuru.operator import reconcile
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.kube import KubeClient, KubeError, connection_info
-from rimuru.operator.naming import controlplane_endpoint, selector_string
+from rimuru.operator.naming import controlplane_endpoint, dataplane_endpoints, selector_string
 from rimuru.operator.spec import (
     GROUP,
     KIND,
@@ -80,6 +80,7 @@ def _status(status: kopf.Status, spec: DeploymentSpec, obs: Observation) -> dict
         now=_now(),
         selector=selector_string(spec.owner),
         controlplane_endpoint=controlplane_endpoint(spec.owner),
+        endpoints=dataplane_endpoints(spec.owner, spec.data_plane.http_port),
     )
 
 

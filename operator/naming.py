@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from rimuru.operator.spec import API_VERSION, KIND, Owner, generated_secret_name
+from rimuru.operator.spec import (
+    API_VERSION,
+    DATAPLANE_GRPC_PORT,
+    DATAPLANE_METRICS_PORT,
+    KIND,
+    Owner,
+    generated_secret_name,
+)
 
-DATAPLANE_GRPC_PORT = 50051
-DATAPLANE_METRICS_PORT = 9464  # the OpenTelemetry Prometheus exporter's usual port
 CONTROLPLANE_GRPC_PORT = 50052
 MODEL_MOUNT = "/models"
 POLICY_DIR = "/var/lib/rimuru"
@@ -83,8 +88,22 @@ def child_metadata(owner: Owner, name: str, component: str, **extra: Any) -> dic
     }
 
 
+def _service_host(owner: Owner, component: str) -> str:
+    return f"{child_name(owner, component)}.{owner.namespace}.svc"
+
+
 def controlplane_endpoint(owner: Owner) -> str:
-    return f"{child_name(owner, CONTROLPLANE)}.{owner.namespace}.svc:{CONTROLPLANE_GRPC_PORT}"
+    return f"{_service_host(owner, CONTROLPLANE)}:{CONTROLPLANE_GRPC_PORT}"
+
+
+def dataplane_endpoints(owner: Owner, http_port: int | None) -> dict[str, str]:
+    """The data-plane Service's inference endpoints: gRPC `host:port` (as the control
+    plane's), and with the HTTP API on, its base URL (OpenAI clients append /v1)."""
+    host = _service_host(owner, DATAPLANE)
+    endpoints = {"grpc": f"{host}:{DATAPLANE_GRPC_PORT}"}
+    if http_port is not None:
+        endpoints["http"] = f"http://{host}:{http_port}"
+    return endpoints
 
 
 def prometheus_annotations() -> dict[str, str]:

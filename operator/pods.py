@@ -51,6 +51,16 @@ def _grpc_probe(port: int, period_s: int, failure_threshold: int) -> dict[str, A
     }
 
 
+def _http_probe(port_name: str, period_s: int, failure_threshold: int) -> dict[str, Any]:
+    # The HTTP API's /health answers 503 while loading or draining, 200 while serving.
+    return {
+        "httpGet": {"path": "/health", "port": port_name},
+        "periodSeconds": period_s,
+        "timeoutSeconds": min(5, period_s),
+        "failureThreshold": failure_threshold,
+    }
+
+
 def _container_security() -> dict[str, Any]:
     return {
         "allowPrivilegeEscalation": False,
@@ -136,23 +146,34 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
     if model_volume is not None:
         volumes.append(model_volume)
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    args = [
+        "serve",
+        "--port",
+        str(DATAPLANE_GRPC_PORT),
+        "--metrics-port",
+        str(DATAPLANE_METRICS_PORT),
+        "--control-plane",
+        f"{child_name(owner, CONTROLPLANE)}:{CONTROLPLANE_GRPC_PORT}",
+        "--deployment",
+        owner.name,
+        "--token-file",
+        f"{TOKEN_DIR}/token",
+    ]
+    ports = [
+        {"name": "grpc", "containerPort": DATAPLANE_GRPC_PORT, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": DATAPLANE_METRICS_PORT, "protocol": "TCP"},
+    ]
+    readiness = _grpc_probe(DATAPLANE_GRPC_PORT, period, READINESS_FAILURE_THRESHOLD)
+    if dp.http_port is not None:
+        args += ["--http-port", str(dp.http_port)]
+        ports.append({"name": "http", "containerPort": dp.http_port, "protocol": "TCP"})
+        # Ready means what HTTP clients (and gateways that probe the same path) see.
+        readiness = _http_probe("http", period, READINESS_FAILURE_THRESHOLD)
     container = {
         "name": "dataplane",
         "image": dp.image or config.dataplane_image,
         "imagePullPolicy": dp.image_pull_policy,
-        "args": [
-            "serve",
-            "--port",
-            str(DATAPLANE_GRPC_PORT),
-            "--metrics-port",
-            str(DATAPLANE_METRICS_PORT),
-            "--control-plane",
-            f"{child_name(owner, CONTROLPLANE)}:{CONTROLPLANE_GRPC_PORT}",
-            "--deployment",
-            owner.name,
-            "--token-file",
-            f"{TOKEN_DIR}/token",
-        ],
+        "args": args,
         "envFrom": [{"configMapRef": {"name": config_map_name(owner)}}],
         "env": [
             # The node id the control plane lists this replica under (ListSubscribers).
@@ -161,16 +182,13 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
             {"name": "HOME", "value": "/tmp"},
             {"name": "TRITON_CACHE_DIR", "value": "/tmp/triton"},
         ],
-        "ports": [
-            {"name": "grpc", "containerPort": DATAPLANE_GRPC_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": DATAPLANE_METRICS_PORT, "protocol": "TCP"},
-        ],
+        "ports": ports,
         # Loading a large checkpoint takes minutes: the startup probe holds liveness and
         # readiness back for up to startupTimeoutSeconds instead of killing the pod.
         "startupProbe": _grpc_probe(
             DATAPLANE_GRPC_PORT, period, math.ceil(dp.startup_timeout_seconds / period)
         ),
-        "readinessProbe": _grpc_probe(DATAPLANE_GRPC_PORT, period, READINESS_FAILURE_THRESHOLD),
+        "readinessProbe": readiness,
         "livenessProbe": _grpc_probe(DATAPLANE_GRPC_PORT, period, LIVENESS_FAILURE_THRESHOLD),
         "resources": dict(dp.resources),
         "volumeMounts": mounts,

@@ -25,6 +25,13 @@ PLURAL = "rimurudeployments"
 # Child names append at most "-controlplane" (13); Services need DNS-1035 labels <= 63.
 MAX_NAME_LEN = 50
 GPU_RESOURCE = "nvidia.com/gpu"
+# The data plane's fixed ports (naming.py re-exports them): spec.dataPlane.httpPort must
+# differ from both.
+DATAPLANE_GRPC_PORT = 50051
+DATAPLANE_METRICS_PORT = 9464  # the OpenTelemetry Prometheus exporter's usual port
+# Pods run as a non-root user with every capability dropped: a port below 1024 would need
+# NET_BIND_SERVICE.
+MIN_HTTP_PORT = 1024
 
 
 class SpecError(ValueError):
@@ -80,6 +87,7 @@ class DataPlaneSpec:
     startup_timeout_seconds: int
     probe_period_seconds: int
     termination_grace_period_seconds: int
+    http_port: int | None = None  # the OpenAI-compatible HTTP API; None = off
 
 
 @dataclass(frozen=True)
@@ -261,6 +269,25 @@ def _parse_data_plane(dp: Mapping[str, Any]) -> DataPlaneSpec:
         startup_timeout_seconds=_require(dp, "startupTimeoutSeconds", path),
         probe_period_seconds=_require(dp, "probePeriodSeconds", path),
         termination_grace_period_seconds=_require(dp, "terminationGracePeriodSeconds", path),
+        http_port=_parse_http_port(dp, path),
+    )
+
+
+def _parse_http_port(dp: Mapping[str, Any], path: str) -> int | None:
+    # Absent (a CRD older than the field) means off, as before it existed; 0 turns it off.
+    value = dp.get("httpPort", 0)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value == 0:
+            return None
+        if MIN_HTTP_PORT <= value <= 65535 and value not in (
+            DATAPLANE_GRPC_PORT,
+            DATAPLANE_METRICS_PORT,
+        ):
+            return value
+    raise SpecError(
+        f"{path}.httpPort",
+        f"must be 0 (off) or a port from {MIN_HTTP_PORT} to 65535 other than "
+        f"{DATAPLANE_GRPC_PORT} (gRPC) and {DATAPLANE_METRICS_PORT} (metrics); got {value!r}",
     )
 
 

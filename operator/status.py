@@ -196,8 +196,10 @@ def compute_status(
     now: str,
     selector: str,
     controlplane_endpoint: str,
+    endpoints: Mapping[str, str],
 ) -> dict[str, Any]:
-    """The full status object; `now` is an RFC 3339 timestamp (injected for tests)."""
+    """The full status object; `now` is an RFC 3339 timestamp (injected for tests).
+    `endpoints` are the data plane's ({"grpc": host:port, "http": base URL})."""
     synced = _policy_synced(obs)
     by_type = {
         c["type"]: c for c in (_available(obs), _progressing(obs), synced, _degraded(obs, synced))
@@ -213,6 +215,7 @@ def compute_status(
         "readyReplicas": obs.ready_replicas,
         "selector": selector,
         "controlPlaneEndpoint": controlplane_endpoint,
+        "endpoints": dict(endpoints),
         "conditions": conditions,
     }
     if obs.policy is not None:

@@ -9,6 +9,7 @@ import pytest
 from rimuru.operator.apply import drifted, manifest_hash, patch_operations, with_applied_hash
 from rimuru.operator.builders import build_children, build_dataplane_service
 from rimuru.operator.config import OperatorConfig
+from rimuru.operator.naming import dataplane_endpoints
 from rimuru.operator.policy_sync import PolicyState
 from rimuru.operator.spec import parse_spec
 from rimuru.operator.status import (
@@ -21,6 +22,7 @@ from rimuru.operator.status import (
 )
 
 NOW = "2026-01-02T03:04:05Z"
+ENDPOINTS = {"grpc": "dp:50051", "http": "http://dp:8000"}
 
 
 def test_service_patch_keeps_what_others_own(tiny_rd):
@@ -77,7 +79,12 @@ def _obs(**kw) -> Observation:
 
 def _status(obs, previous=()):
     return compute_status(
-        obs, list(previous), now=NOW, selector="sel", controlplane_endpoint="cp:50052"
+        obs,
+        list(previous),
+        now=NOW,
+        selector="sel",
+        controlplane_endpoint="cp:50052",
+        endpoints=ENDPOINTS,
     )
 
 
@@ -232,6 +239,19 @@ def test_scaled_to_zero_is_not_steady_while_something_is_in_progress(kw):
     assert _conditions(status)["Progressing"][0] == "True"
 
 
+def test_status_lists_the_data_plane_endpoints_beside_the_control_planes(tiny_rd):
+    status = _status(_obs())
+    assert (status["controlPlaneEndpoint"], status["endpoints"]) == ("cp:50052", ENDPOINTS)
+
+    spec = parse_spec(tiny_rd["metadata"], tiny_rd["spec"])
+    assert dataplane_endpoints(spec.owner, spec.data_plane.http_port) == {
+        "grpc": "tiny-dataplane.default.svc:50051",
+        "http": "http://tiny-dataplane.default.svc:8000",
+    }
+    # HTTP API off: no http endpoint is claimed.
+    assert dataplane_endpoints(spec.owner, None) == {"grpc": "tiny-dataplane.default.svc:50051"}
+
+
 def test_transition_time_moves_only_on_a_change():
     first = _status(_obs())
     later = compute_status(
@@ -240,6 +260,7 @@ def test_transition_time_moves_only_on_a_change():
         now="2026-01-02T09:00:00Z",
         selector="sel",
         controlplane_endpoint="cp:50052",
+        endpoints=ENDPOINTS,
     )
     times = {c["type"]: c["lastTransitionTime"] for c in later["conditions"]}
     assert times["Available"] == NOW  # still True

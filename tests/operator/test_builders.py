@@ -98,11 +98,14 @@ def test_dataplane_deployment_fields(tiny_rd):
         "tiny",
         "--token-file",
         "/var/run/secrets/rimuru/token",
+        "--http-port",
+        "8000",
     ]
     assert container["envFrom"] == [{"configMapRef": {"name": "tiny-engine"}}]
     assert container["ports"] == [
         {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
         {"name": "metrics", "containerPort": 9464, "protocol": "TCP"},
+        {"name": "http", "containerPort": 8000, "protocol": "TCP"},
     ]
     # startupTimeoutSeconds 300 / probePeriodSeconds 10 -> 30 failures before a restart.
     assert container["startupProbe"] == {
@@ -111,8 +114,14 @@ def test_dataplane_deployment_fields(tiny_rd):
         "timeoutSeconds": 5,
         "failureThreshold": 30,
     }
-    assert container["readinessProbe"]["grpc"] == {"port": 50051}
-    assert container["readinessProbe"]["failureThreshold"] == 3
+    # The HTTP API is on by default: ready is what its /health says (503 loading, draining).
+    assert container["readinessProbe"] == {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+    }
+    assert container["livenessProbe"]["grpc"] == {"port": 50051}
     assert container["livenessProbe"]["failureThreshold"] == 6
     assert container["resources"] == {
         "requests": {"cpu": "1", "memory": "2Gi"},
@@ -209,7 +218,56 @@ def test_dataplane_service_ports_and_scrape_annotations(tiny_rd):
             "protocol": "TCP",
             "appProtocol": "http",
         },
+        {
+            "name": "http",
+            "port": 8000,
+            "targetPort": "http",
+            "protocol": "TCP",
+            "appProtocol": "http",
+        },
     ]
+
+
+@pytest.mark.parametrize("port", [0, None])  # 0 turns it off; None = a CRD without the field
+def test_http_api_off_keeps_grpc_readiness_and_no_http_port(tiny_rd, port):
+    rd = copy.deepcopy(tiny_rd)
+    if port is None:
+        del rd["spec"]["dataPlane"]["httpPort"]
+    else:
+        rd["spec"]["dataPlane"]["httpPort"] = port
+    spec = _parse(rd)
+    assert spec.data_plane.http_port is None
+    (container,) = build_dataplane_deployment(spec, CONFIG)["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert "--http-port" not in container["args"]
+    assert [p["name"] for p in container["ports"]] == ["grpc", "metrics"]
+    assert container["readinessProbe"]["grpc"] == {"port": 50051}
+    assert "httpGet" not in container["readinessProbe"]
+    service_ports = build_dataplane_service(spec)["spec"]["ports"]
+    assert [p["name"] for p in service_ports] == ["grpc", "metrics"]
+
+
+def test_http_port_reaches_args_container_and_service(tiny_rd):
+    spec = _parse(_changed(tiny_rd, "dataPlane.httpPort", 8080))
+    (container,) = build_dataplane_deployment(spec, CONFIG)["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert container["args"][-2:] == ["--http-port", "8080"]
+    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    (service_port,) = [
+        p for p in build_dataplane_service(spec)["spec"]["ports"] if p["name"] == "http"
+    ]
+    assert (service_port["port"], service_port["targetPort"]) == (8080, "http")
+
+
+@pytest.mark.parametrize("port", [80, 50051, 9464, 65536, -1, True, "8000"])
+def test_unusable_http_port_is_refused_with_what_to_set(tiny_rd, port):
+    with pytest.raises(SpecError) as info:
+        _parse(_changed(tiny_rd, "dataPlane.httpPort", port))
+    assert info.value.field == "spec.dataPlane.httpPort"
+    assert "must be 0 (off) or a port from 1024 to 65535 other than 50051 (gRPC)" in str(info.value)
 
 
 def test_controlplane_persists_to_its_volume(gpu_rd, tiny_rd):
@@ -417,7 +475,7 @@ def test_dataplane_pod_is_what_rimuru_serve_reads(gpu_rd, monkeypatch):
     monkeypatch.setenv("RIMURU_NODE_ID", "qwen-moe-dataplane-7d9f-abcde")  # the fieldRef
     assert container["args"][0] == "serve"
     args = _parse_args("rimuru.dataplane.serve.cli", container["args"][1:])
-    assert (args.port, args.metrics_port) == (50051, 9464)
+    assert (args.port, args.metrics_port, args.http_port) == (50051, 9464, 8000)
     assert (args.control_plane, args.deployment) == ("qwen-moe-controlplane:50052", "qwen-moe")
     assert args.node_id == "qwen-moe-dataplane-7d9f-abcde"
     from rimuru.dataplane.serve.cli import engine_config as serve_engine_config

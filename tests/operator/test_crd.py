@@ -98,6 +98,7 @@ def test_defaults_fill_an_almost_empty_spec(api):
         "copyBudget": 0,
     }
     assert spec["dataPlane"]["replicas"] == 1
+    assert spec["dataPlane"]["httpPort"] == 8000  # the OpenAI-compatible API is on
     assert spec["controlPlane"]["storage"] == {"enabled": True, "size": "1Gi"}
 
 
@@ -187,6 +188,26 @@ INVALID = {
         _with("dataPlane", {"startupTimeoutSeconds": 5}),
         "5 is less than the minimum of 30",
     ),
+    "privileged HTTP port": (
+        _with("dataPlane", {"httpPort": 80}),
+        "spec.dataPlane.httpPort must be 0 (off) or a port from 1024 to 65535",
+    ),
+    "HTTP port on the gRPC port": (
+        _with("dataPlane", {"httpPort": 50051}),
+        "other than 50051 (gRPC) and 9464 (metrics)",
+    ),
+    "HTTP port on the metrics port": (
+        _with("dataPlane", {"httpPort": 9464}),
+        "other than 50051 (gRPC) and 9464 (metrics)",
+    ),
+    "HTTP port above 65535": (
+        _with("dataPlane", {"httpPort": 70000}),
+        "70000 is greater than the maximum of 65535",
+    ),
+    "HTTP port as string": (
+        _with("dataPlane", {"httpPort": "8000"}),
+        "'8000' is not of type 'integer'",
+    ),
     "bad toleration operator": (
         _with("dataPlane", {"tolerations": [{"key": "k", "operator": "In"}]}),
         "'In' is not one of",
@@ -220,6 +241,13 @@ def test_invalid_specs_are_rejected(api, spec, message):
 def test_names_children_cannot_carry_are_rejected(api, name, message):
     _, errors = api.admit(_rd(_valid_spec(), name=name))
     assert any(message in e for e in errors), errors
+
+
+@pytest.mark.parametrize("port", [0, 1024, 8000, 65535])
+def test_http_port_off_or_unprivileged_is_accepted(api, port):
+    obj, errors = api.admit(_rd(_with("dataPlane", {"httpPort": port})))
+    assert errors == []
+    assert obj["spec"]["dataPlane"]["httpPort"] == port
 
 
 def test_missing_spec_is_rejected(api):

@@ -67,7 +67,7 @@ async def test_a_deployment_is_rolled_only_once_it_observed_its_latest_spec(kube
     assert _observed(obs) == (STALE, OBSERVED)
     assert (obs.ready_replicas, obs.updated_replicas) == (1, 1)
     status = compute_status(
-        obs, [], now="2026-01-02T03:04:05Z", selector="", controlplane_endpoint=""
+        obs, [], now="2026-01-02T03:04:05Z", selector="", controlplane_endpoint="", endpoints={}
     )
     progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
     assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut")

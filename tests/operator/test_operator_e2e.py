@@ -288,6 +288,10 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
                 "app.kubernetes.io/instance=tiny,app.kubernetes.io/component=dataplane"
             )
             assert status["controlPlaneEndpoint"] == "tiny-controlplane.default.svc:50052"
+            assert status["endpoints"] == {
+                "grpc": "tiny-dataplane.default.svc:50051",
+                "http": "http://tiny-dataplane.default.svc:8000",
+            }
             assert (await data_plane.tunables()).expert_offload_limit == 2
             template_key = (DEPLOYMENTS, NS, "tiny-dataplane")
             num_versions = len(kmock.objects[template_key].history)
