@@ -34,7 +34,7 @@ from rimuru.dataplane.serve.events import ModelInfo
 from rimuru.dataplane.serve.plane import SERVING, DataPlane
 from rimuru.dataplane.serve.servicer import InferenceServicer
 from rimuru.dataplane.serve.telemetry import ServeMetrics, prometheus_reader
-from rimuru.rpc import RequestChecks
+from rimuru.rpc import RequestChecks, message_size_options
 from rimuru.v1 import inference_pb2, inference_pb2_grpc
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ async def create_server(
     )
     plane = DataPlane(engine_loop, load_tokenizer=tokenizer)
     tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("rimuru.serve")
-    server = grpc.aio.server(interceptors=[RequestChecks()])
+    server = grpc.aio.server(interceptors=[RequestChecks()], options=message_size_options())
     inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(plane, tracer), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
