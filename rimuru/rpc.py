@@ -63,6 +63,15 @@ class TlsFiles:
         return grpc.ssl_server_credentials([(self.private_key, self.cert_chain)])
 
 
+def read_root_certificates(path: str, flag: str) -> bytes:
+    """A PEM CA file a client trusts (`flag` names it in the error)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {flag} {path}: {exc}") from exc
+
+
 def bind(server: grpc.aio.Server, address: str, tls: TlsFiles | None) -> int:
     """Add a listening port (TLS when given); 0 when the address cannot be bound."""
     if tls is None:
