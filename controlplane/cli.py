@@ -17,7 +17,8 @@ from rimuru.cli_args import port
 from rimuru.controlplane.auth import read_token_file
 from rimuru.controlplane.hotness import HotnessConfig
 from rimuru.controlplane.plane import ControlPlane
-from rimuru.controlplane.server import TlsFiles, create_server
+from rimuru.controlplane.server import create_server
+from rimuru.rpc import TlsFiles
 
 log = logging.getLogger("rimuru.controlplane")
 ENV_PREFIX = "RIMURU_CP_"

@@ -18,6 +18,7 @@ from rimuru.controlplane.status import error_from_rpc
 from rimuru.controlplane.subscribers import Subscriber
 from rimuru.policy import HotnessRanking, Tunables
 from rimuru.policy_proto import layers_to_proto, tunables_to_proto
+from rimuru.rpc import message_size_options
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 
@@ -32,11 +33,12 @@ class ControlPlaneClient:
         timeout_s: float = 10.0,
     ) -> None:
         """`root_certificates` (PEM) switches to TLS; None = plaintext channel."""
+        options = message_size_options()
         if root_certificates is None:
-            self._channel = grpc.insecure_channel(target)
+            self._channel = grpc.insecure_channel(target, options=options)
         else:
             credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-            self._channel = grpc.secure_channel(target, credentials)
+            self._channel = grpc.secure_channel(target, credentials, options=options)
         self._stub = pb_grpc.PolicyServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout_s = timeout_s

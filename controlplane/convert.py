@@ -8,9 +8,11 @@ uses too.
 
 from __future__ import annotations
 
+from rimuru.controlplane.errors import InvalidArgument
 from rimuru.controlplane.policy import Policy, RankingRef
 from rimuru.controlplane.ranking import Ranking
 from rimuru.controlplane.subscribers import Subscriber
+from rimuru.policy import HotnessRanking, Tunables
 from rimuru.policy_proto import (
     layers_to_proto,
     ranking_from_layers,
@@ -92,3 +94,29 @@ def subscriber_from_proto(msg: pb.Subscriber) -> Subscriber:
         connected=msg.connected,
         last_seen_unix_seconds=msg.last_seen_unix_seconds,
     )
+
+
+def check_push_fits(
+    deployment: str,
+    tunables: Tunables,
+    ranking: HotnessRanking | None,
+    max_bytes: int,
+    field_name: str,
+) -> None:
+    """InvalidArgument unless a push of this policy and ranking fits `max_bytes` (a data
+    plane's receive limit). Measured with the largest version numbers, a 64-character
+    nonce and reason: exact for everything but those, and never an underestimate."""
+    largest = 2**64 - 1
+    text = "x" * 64
+    ref = RankingRef(text, largest, text)
+    policy = Policy(deployment, largest, tunables, ref if ranking else None, largest, text)
+    update = pb.PolicyUpdate(version=largest, nonce=text, policy=policy_to_proto(policy))
+    if ranking is not None:
+        update.ranking.CopyFrom(ranking_to_proto(Ranking(ref, deployment, ranking)))
+    size = update.ByteSize()
+    if size > max_bytes:
+        raise InvalidArgument(
+            field_name,
+            f"its push to the data planes would be {size} bytes, over the {max_bytes}-byte "
+            "message limit both planes share (rimuru.rpc.MAX_MESSAGE_BYTES); nothing stored",
+        )

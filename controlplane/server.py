@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -11,7 +9,7 @@ from grpc_reflection.v1alpha import reflection
 from rimuru.controlplane.auth import BearerTokenInterceptor
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.servicers import PolicyDiscoveryServicer, PolicyServicer
-from rimuru.rpc import RequestChecks
+from rimuru.rpc import MAX_MESSAGE_BYTES, RequestChecks, TlsFiles, bind, message_size_options
 from rimuru.v1 import control_pb2, control_pb2_grpc
 
 # Pings end a WatchPolicy stream whose data plane vanished without closing it, so the
@@ -25,20 +23,6 @@ SERVER_OPTIONS = (
 SERVICE_NAMES = tuple(s.full_name for s in control_pb2.DESCRIPTOR.services_by_name.values())
 
 
-@dataclass(frozen=True)
-class TlsFiles:
-    cert_chain: bytes  # PEM
-    private_key: bytes  # PEM
-
-    @classmethod
-    def read(cls, cert_path: str, key_path: str) -> TlsFiles:
-        try:
-            with open(cert_path, "rb") as cert, open(key_path, "rb") as key:
-                return cls(cert.read(), key.read())
-        except OSError as exc:
-            raise SystemExit(f"cannot read the TLS certificate or key: {exc}") from exc
-
-
 async def create_server(
     address: str,
     plane: ControlPlane,
@@ -46,11 +30,14 @@ async def create_server(
     token: str | None = None,
     dataplane_token: str | None = None,
     tls: TlsFiles | None = None,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
 ) -> tuple[grpc.aio.Server, int]:
     """A ready-to-start server bound to `address` ("127.0.0.1:0" picks a free port).
 
     token: the operator's (policy writes); dataplane_token: the data planes' (WatchPolicy,
     ReportRouting); auth.py says what each allows. No token = everything open.
+    max_message_bytes: the send and receive limit; a ranking or policy whose push would
+    exceed it is refused (INVALID_ARGUMENT), so every push fits a data plane's limit.
     Call it in the event loop that will run the server; the caller starts and stops it.
     """
     if dataplane_token and not token:
@@ -58,8 +45,12 @@ async def create_server(
     # Auth first: an unauthenticated call is refused as such, whatever its bytes.
     interceptors = [BearerTokenInterceptor(token, dataplane_token)] if token else []
     interceptors.append(RequestChecks())
-    server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
-    control_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(plane), server)
+    server = grpc.aio.server(
+        interceptors=interceptors, options=SERVER_OPTIONS + message_size_options(max_message_bytes)
+    )
+    control_pb2_grpc.add_PolicyServiceServicer_to_server(
+        PolicyServicer(plane, max_message_bytes), server
+    )
     control_pb2_grpc.add_PolicyDiscoveryServiceServicer_to_server(
         PolicyDiscoveryServicer(plane), server
     )
@@ -71,11 +62,7 @@ async def create_server(
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    if tls is None:
-        port = server.add_insecure_port(address)
-    else:
-        credentials = grpc.ssl_server_credentials([(tls.private_key, tls.cert_chain)])
-        port = server.add_secure_port(address, credentials)
+    port = bind(server, address, tls)
     if port == 0:
         raise SystemExit(f"cannot bind the control plane to {address}")
     return server, port

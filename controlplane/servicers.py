@@ -10,11 +10,15 @@ import contextlib
 import logging
 
 from rimuru.controlplane import convert
+from rimuru.controlplane.convert import check_push_fits
 from rimuru.controlplane.errors import InvalidArgument
 from rimuru.controlplane.plane import ControlPlane
+from rimuru.controlplane.policy import Policy, check_deployment
 from rimuru.controlplane.status import maps_errors
 from rimuru.controlplane.subscribers import Answer, Watch
+from rimuru.policy import HotnessRanking
 from rimuru.policy_proto import ranking_from_layers, tunables_from_proto
+from rimuru.rpc import MAX_MESSAGE_BYTES
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 
@@ -22,8 +26,15 @@ log = logging.getLogger(__name__)
 
 
 class PolicyServicer(pb_grpc.PolicyServiceServicer):
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(self, plane: ControlPlane, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        """max_message_bytes: a version whose push would be larger is refused, not stored."""
         self._plane = plane
+        self._max_message_bytes = max_message_bytes
+
+    def _current_ranking(self, deployment: str) -> tuple[Policy | None, HotnessRanking | None]:
+        policy = self._plane.store.current(deployment)
+        ranking = None if policy is None else self._plane.ranking_of(policy)
+        return policy, None if ranking is None else ranking.hotness
 
     @maps_errors
     async def GetPolicy(self, request: pb.GetPolicyRequest, context) -> pb.Policy:
@@ -34,6 +45,9 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         if not request.HasField("tunables"):
             raise InvalidArgument("tunables", "required: the full set of tunables")
         tunables = tunables_from_proto(request.tunables)
+        check_deployment(request.deployment)
+        _, ranking = self._current_ranking(request.deployment)
+        check_push_fits(request.deployment, tunables, ranking, self._max_message_bytes, "tunables")
         expected = request.expected_version if request.HasField("expected_version") else None
         policy = self._plane.set_policy(request.deployment, tunables, expected)
         log.info("deployment %s: version %d (set)", policy.deployment, policy.version)
@@ -44,6 +58,12 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self, request: pb.UploadRankingRequest, context
     ) -> pb.UploadRankingResponse:
         hotness = ranking_from_layers(request.layers)
+        check_deployment(request.deployment)
+        current, _ = self._current_ranking(request.deployment)
+        if current is not None:  # else the plane answers FAILED_PRECONDITION
+            check_push_fits(
+                request.deployment, current.tunables, hotness, self._max_message_bytes, "layers"
+            )
         ranking, policy = self._plane.upload_ranking(
             request.deployment, request.ranking_id, hotness
         )

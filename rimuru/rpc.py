@@ -1,4 +1,12 @@
-"""gRPC rules both planes' servers share: request messages that are missing or malformed.
+"""gRPC rules both planes share: message size, bearer tokens, TLS files, bad requests.
+
+`MAX_MESSAGE_BYTES` is the one message-size limit: every server and client of both planes
+sets it as its send and receive limit (`message_size_options`), so a push the control
+plane may send is one a data plane may receive; the control plane refuses a ranking or
+policy whose push would not fit (INVALID_ARGUMENT) rather than store it.
+
+`BearerTokens` refuses a guarded method without its `authorization: Bearer <token>`
+header (UNAUTHENTICATED); more than one such header is refused whatever they hold.
 
 `RequestChecks` answers INVALID_ARGUMENT before a servicer runs when a request's bytes do
 not decode as the method's message (grpc itself answers UNKNOWN, names its exception
@@ -15,13 +23,111 @@ Imports only grpc: the data plane may not import rimuru.controlplane.
 
 from __future__ import annotations
 
+import hmac
 import inspect
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 
 import grpc
 
 log = logging.getLogger("rimuru.rpc")
+
+# gRPC's default receive limit, now also every send limit: a larger ranking (thousands of
+# layers x experts) would need every plane's limit raised together, through this constant.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+def message_size_options(max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[tuple[str, int], ...]:
+    """Channel or server options: send and receive at most max_bytes per message."""
+    return (
+        ("grpc.max_send_message_length", max_bytes),
+        ("grpc.max_receive_message_length", max_bytes),
+    )
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert_chain: bytes  # PEM
+    private_key: bytes  # PEM
+
+    @classmethod
+    def read(cls, cert_path: str, key_path: str) -> TlsFiles:
+        try:
+            with open(cert_path, "rb") as cert, open(key_path, "rb") as key:
+                return cls(cert.read(), key.read())
+        except OSError as exc:
+            raise SystemExit(f"cannot read the TLS certificate or key: {exc}") from exc
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials([(self.private_key, self.cert_chain)])
+
+
+def read_root_certificates(path: str, flag: str) -> bytes:
+    """A PEM CA file a client trusts (`flag` names it in the error)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {flag} {path}: {exc}") from exc
+
+
+def bind(server: grpc.aio.Server, address: str, tls: TlsFiles | None) -> int:
+    """Add a listening port (TLS when given); 0 when the address cannot be bound."""
+    if tls is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, tls.server_credentials())
+
+
+class BearerTokens(grpc.aio.ServerInterceptor):
+    """Guarded methods need `authorization: Bearer <their token>`; other methods pass.
+
+    hint: what the refusal tells the caller to do (which flag supplies the token)."""
+
+    def __init__(self, tokens: Mapping[str, str], hint: str) -> None:
+        if not all(tokens.values()):
+            raise ValueError("tokens must be non-empty; pass no interceptor to leave calls open")
+        self._expected = {method: f"Bearer {t}".encode() for method, t in tokens.items()}
+        self._hint = hint
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        metadata = handler_call_details.invocation_metadata or ()
+        presented = [value for key, value in metadata if key == "authorization"]
+        if len(presented) > 1:
+            return await self._deny(continuation, handler_call_details, "more than one")
+        expected = self._expected.get(method)
+        if expected is None:
+            return await continuation(handler_call_details)
+        value = presented[0] if presented else b""
+        if isinstance(value, str):
+            value = value.encode()
+        if hmac.compare_digest(value, expected):
+            return await continuation(handler_call_details)
+        reason = "wrong" if value else "missing"
+        return await self._deny(continuation, handler_call_details, reason)
+
+    async def _deny(self, continuation, handler_call_details, reason: str):
+        detail = (
+            f"{reason} bearer token: this call needs one `authorization: Bearer <token>` "
+            f"header ({self._hint})"
+        )
+        handler = await continuation(handler_call_details)  # only to learn its shape
+        streaming = handler is not None and handler.response_streaming
+
+        # Stream-request handlers whatever the method: they never read the request, so a
+        # call that sends none is refused too (a unary handler would wait for one).
+        async def deny(request_iterator, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, detail)
+
+        async def deny_stream(request_iterator, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, detail)
+            yield  # an async generator: the handler of a streaming response
+
+        if streaming:
+            return grpc.stream_stream_rpc_method_handler(deny_stream)
+        return grpc.stream_unary_rpc_method_handler(deny)
+
 
 _UNDECODABLE = object()  # what the checked deserializer returns for bytes it cannot read
 

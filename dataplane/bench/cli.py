@@ -107,6 +107,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target", default=None, help="host:port of a data plane: benchmark through gRPC"
     )
+    p.add_argument(
+        "--token-file",
+        default=None,
+        help="--target: bearer token file (rimuru serve --api-token-file)",
+    )
+    p.add_argument("--tls-ca", default=None, help="--target: PEM root certificate: talk TLS")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ from rimuru.dataplane.bench.results import BenchResult, write_results
 from rimuru.dataplane.bench.slo import SLO
 from rimuru.dataplane.bench.trace import Trace
 from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.serve.client import StreamResult, stream_generate
+from rimuru.dataplane.serve.client import StreamResult, open_channel, stream_generate
 from rimuru.v1 import inference_pb2 as pb
 from rimuru.v1 import inference_pb2_grpc as pb_grpc
 
@@ -87,7 +87,7 @@ async def _run_all(
     args: argparse.Namespace, trace: Trace, rates: list[float]
 ) -> tuple[list[BenchResult], list[dict[str, int]]]:
     results, counters = [], []
-    async with grpc.aio.insecure_channel(args.target) as channel:
+    async with open_target_channel(args) as channel:
         stub = pb_grpc.InferenceStub(channel)
         try:
             info = await stub.ModelInfo(pb.ModelInfoRequest(), timeout=30)
@@ -172,3 +172,14 @@ async def _run_one(
     if not records:
         raise ValueError("no request finished: see the errors above")
     return records, duration
+
+
+def open_target_channel(args: argparse.Namespace) -> grpc.aio.Channel:
+    """--target with --token-file and --tls-ca (a server with --api-token-file, --tls-cert)."""
+    from rimuru.dataplane.serve.policy_watch import read_token
+
+    token = read_token(args.token_file) if args.token_file else None
+    from rimuru.rpc import read_root_certificates
+
+    root_certificates = read_root_certificates(args.tls_ca, "--tls-ca") if args.tls_ca else None
+    return open_channel(args.target, token=token, root_certificates=root_certificates)

@@ -67,6 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--control-plane-ca",
         help="PEM CA certificate of a control plane that serves TLS (default: plaintext)",
     )
+    option(
+        "--api-token-file",
+        help="bearer token file for this server's own port: Inference calls (gRPC) need "
+        "`authorization: Bearer <token>`; health and reflection stay open (default: open)",
+    )
+    option("--tls-cert", help="PEM certificate chain: serve TLS on the gRPC port (with --tls-key)")
+    option("--tls-key", help="PEM private key of --tls-cert")
     option("--report-interval", default="10", type=float, help="seconds between routing reports")
     option("--metrics-port", type=port, help="Prometheus /metrics port, 0 = any (default: off)")
     option(
@@ -89,11 +96,12 @@ def run(args: argparse.Namespace) -> int:
     # before the server starts: the engine would only fail in the background, after it.
     check_device_available(config.device)
     link = control_plane_link(args)
+    api_token, tls = own_port_security(args)
     import torch
 
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    return asyncio.run(_serve(args, config, link))
+    return asyncio.run(_serve(args, config, link, api_token, tls))
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -120,13 +128,9 @@ def control_plane_link(args: argparse.Namespace):
         token = read_token(args.token_file)
     root_certificates = None
     if args.control_plane_ca:
-        try:
-            with open(args.control_plane_ca, "rb") as f:
-                root_certificates = f.read()
-        except OSError as exc:
-            raise ValueError(
-                f"cannot read --control-plane-ca {args.control_plane_ca}: {exc}"
-            ) from exc
+        from rimuru.rpc import read_root_certificates
+
+        root_certificates = read_root_certificates(args.control_plane_ca, "--control-plane-ca")
     return ControlPlaneLink(
         args.control_plane,
         args.deployment,
@@ -137,7 +141,18 @@ def control_plane_link(args: argparse.Namespace):
     )
 
 
-async def _serve(args: argparse.Namespace, config, link) -> int:
+def own_port_security(args: argparse.Namespace):
+    """(api token or None, TlsFiles or None) of this server's own gRPC port."""
+    from rimuru.dataplane.serve.policy_watch import read_token
+    from rimuru.rpc import TlsFiles
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together: give both or neither")
+    tls = TlsFiles.read(args.tls_cert, args.tls_key) if args.tls_cert else None
+    return (read_token(args.api_token_file) if args.api_token_file else None), tls
+
+
+async def _serve(args: argparse.Namespace, config, link, api_token, tls) -> int:
     from rimuru.dataplane.serve.plane import FAILED
     from rimuru.dataplane.serve.server import create_server
     from rimuru.dataplane.serve.telemetry import PrometheusEndpoint
@@ -153,6 +168,8 @@ async def _serve(args: argparse.Namespace, config, link) -> int:
         control_plane=link,
         metric_readers=[endpoint.reader] if endpoint else [],
         http_address=(args.host, args.http_port) if args.http_port is not None else None,
+        api_token=api_token,
+        tls=tls,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,6 +1,7 @@
 """A small asyncio client of the Inference service, timing each token as it arrives.
 
-Used by `rimuru bench --target` and bench/loadtest_grpc.py. Times are time.monotonic()
+Used by `rimuru bench --target` and bench/loadtest_grpc.py; `open_channel` adds the
+token and TLS a server may require. Times are time.monotonic()
 on the client, so they include the network and the server's queue.
 """
 
@@ -14,8 +15,44 @@ import grpc
 
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.serve.convert import sampling_to_proto
+from rimuru.rpc import message_size_options
 from rimuru.v1 import inference_pb2 as pb
 from rimuru.v1 import inference_pb2_grpc as pb_grpc
+
+
+def open_channel(
+    target: str, *, token: str | None = None, root_certificates: bytes | None = None
+) -> grpc.aio.Channel:
+    """A channel to a data plane: TLS when `root_certificates` (PEM) are given, and every
+    call carries `authorization: Bearer <token>` when a token is (`rimuru serve
+    --api-token-file`)."""
+    interceptors = [_UnaryToken(token), _StreamToken(token)] if token else None
+    options = message_size_options()
+    if root_certificates is None:
+        return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+    credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+    return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
+
+
+def _with_token(details: grpc.aio.ClientCallDetails, header) -> grpc.aio.ClientCallDetails:
+    return details._replace(metadata=grpc.aio.Metadata(*(details.metadata or ()), header))
+
+
+# Two classes: a grpc.aio channel files an interceptor under its first matching kind only.
+class _UnaryToken(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await continuation(_with_token(client_call_details, self._header), request)
+
+
+class _StreamToken(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await continuation(_with_token(client_call_details, self._header), request)
 
 
 @dataclass(frozen=True)

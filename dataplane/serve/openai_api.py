@@ -14,6 +14,7 @@ choice i uses seed + i, as vLLM does).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -394,10 +395,27 @@ def _delta_row(c: _Choice, delta: _Delta, chat: bool, token_ids: bool) -> dict:
     return row
 
 
-def create_app(plane: DataPlane, chat_template: ChatTemplate, registry=None) -> FastAPI:
-    """The HTTP app over `plane`; `registry`: the prometheus_client registry for /metrics."""
+def create_app(
+    plane: DataPlane, chat_template: ChatTemplate, registry=None, api_token: str | None = None
+) -> FastAPI:
+    """The HTTP app over `plane`; `registry`: the prometheus_client registry for /metrics;
+    `api_token`: the /v1/ routes need `Authorization: Bearer <api_token>` (401 otherwise),
+    /health and /metrics stay open, as gRPC health does."""
     app = FastAPI(title="rimuru", docs_url=None, redoc_url=None, openapi_url=None)
     routes = OpenAIRoutes(plane, chat_template)
+
+    if api_token is not None:
+        expected = f"Bearer {api_token}".encode()
+
+        @app.middleware("http")
+        async def bearer_token(request: Request, call_next):
+            if request.url.path.startswith("/v1/"):
+                presented = request.headers.getlist("authorization")
+                if len(presented) != 1 or not hmac.compare_digest(presented[0].encode(), expected):
+                    message = "this API needs one `Authorization: Bearer <token>` header"
+                    body = error_body(message, "authentication_error")
+                    return JSONResponse(body, status_code=401)
+            return await call_next(request)
 
     @app.exception_handler(ServeError)
     async def serve_error(_request: Request, exc: ServeError) -> JSONResponse:

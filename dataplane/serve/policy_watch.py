@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from rimuru.rpc import MAX_MESSAGE_BYTES, message_size_options
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 
@@ -71,11 +72,14 @@ class Backoff:
         return base * (1.0 + rng.uniform(-self.jitter, self.jitter))
 
 
-def open_channel(target: str, root_certificates: bytes | None) -> grpc.aio.Channel:
+def open_channel(
+    target: str, root_certificates: bytes | None, max_message_bytes: int = MAX_MESSAGE_BYTES
+) -> grpc.aio.Channel:
+    options = CHANNEL_OPTIONS + message_size_options(max_message_bytes)
     if root_certificates is None:
-        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(target, options=options)
     credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-    return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(target, credentials, options=options)
 
 
 class PolicyWatcher:
@@ -91,9 +95,13 @@ class PolicyWatcher:
         backoff: Backoff = Backoff(),
         rng: random.Random | None = None,
         token: str | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         """applied_version: what the node runs already (0 = start-up flags only).
-        token: the data planes' bearer token (a control plane with one requires it)."""
+        token: the data planes' bearer token (a control plane with one requires it).
+        max_message_bytes: the receive limit; a larger push ends the stream (no nonce to
+        NACK) with RESOURCE_EXHAUSTED, and the watcher backs off as from any refusal."""
+        self._max_message_bytes = max_message_bytes
         self._metadata = _bearer(token)
         self.target = target
         self.node_id = node_id
@@ -123,6 +131,11 @@ class PolicyWatcher:
             except grpc.aio.AioRpcError as exc:
                 reason = f"{exc.code().name}: {exc.details()}"
                 refused = exc.code() in REFUSALS
+                if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    reason += (
+                        f" (a push over this node's {self._max_message_bytes}-byte receive "
+                        "limit? Both planes must use rimuru.rpc.MAX_MESSAGE_BYTES)"
+                    )
             await self._set_connected(False)
             if self.num_connects > num_connects_before and not refused:
                 attempt = 0  # it was up: start over from the shortest delay
@@ -152,7 +165,8 @@ class PolicyWatcher:
             while True:
                 yield await answers.get()
 
-        async with open_channel(self.target, self._root_certificates) as channel:
+        channel = open_channel(self.target, self._root_certificates, self._max_message_bytes)
+        async with channel:
             call = pb_grpc.PolicyDiscoveryServiceStub(channel).WatchPolicy(
                 requests(), metadata=self._metadata
             )

@@ -34,7 +34,7 @@ from rimuru.dataplane.serve.events import ModelInfo
 from rimuru.dataplane.serve.plane import SERVING, DataPlane
 from rimuru.dataplane.serve.servicer import InferenceServicer
 from rimuru.dataplane.serve.telemetry import ServeMetrics, prometheus_reader
-from rimuru.rpc import RequestChecks
+from rimuru.rpc import BearerTokens, RequestChecks, TlsFiles, bind, message_size_options
 from rimuru.v1 import inference_pb2, inference_pb2_grpc
 
 if TYPE_CHECKING:
@@ -43,6 +43,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("rimuru.serve")
 
 SERVICE_NAMES = tuple(s.full_name for s in inference_pb2.DESCRIPTOR.services_by_name.values())
+# What --api-token-file guards: every Inference method; health and reflection stay open.
+INFERENCE_METHODS = tuple(
+    f"/{service.full_name}/{method.name}"
+    for service in inference_pb2.DESCRIPTOR.services_by_name.values()
+    for method in service.methods
+)
 _STOP_GRACE_S = 1.0  # after the drain: in-flight RPCs only need to send their last message
 
 
@@ -110,6 +116,8 @@ async def create_server(
     tracer_provider: trace.TracerProvider | None = None,
     tokenizer: Callable[[ModelInfo], Tokenizer | None] = default_tokenizer,
     http_address: tuple[str, int] | None = None,
+    api_token: str | None = None,
+    tls: TlsFiles | None = None,
 ) -> tuple[grpc.aio.Server, int, ServerHandle]:
     """A server bound to `address` ("127.0.0.1:0" picks a free port), not yet started.
 
@@ -118,6 +126,8 @@ async def create_server(
     `tokenizer` picks the model's tokenizer (None: token ids only, text is refused).
     `http_address` (host, port): also serve the OpenAI-compatible HTTP API there
     (`handle.http.port`), with its own /metrics.
+    `api_token`: Inference calls need `authorization: Bearer <api_token>` (UNAUTHENTICATED
+    otherwise); `tls`: serve TLS instead of plaintext.
     """
     metric_readers = list(metric_readers)
     registry = None
@@ -130,7 +140,13 @@ async def create_server(
     )
     plane = DataPlane(engine_loop, load_tokenizer=tokenizer)
     tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("rimuru.serve")
-    server = grpc.aio.server(interceptors=[RequestChecks()])
+    # Auth first: an unauthenticated call is refused as such, whatever its bytes.
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if api_token is not None:
+        hint = "rimuru generate/bench --token-file PATH, the file `rimuru serve --api-token-file` reads"
+        interceptors.append(BearerTokens(dict.fromkeys(INFERENCE_METHODS, api_token), hint))
+    interceptors.append(RequestChecks())
+    server = grpc.aio.server(interceptors=interceptors, options=message_size_options())
     inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(plane, tracer), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -141,7 +157,7 @@ async def create_server(
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(address)
+    port = bind(server, address, tls)
     if port == 0:
         raise OSError(f"cannot bind the data plane to {address}: is the port in use?")
     follower = PolicyFollower(control_plane, engine_loop) if control_plane is not None else None
@@ -151,7 +167,7 @@ async def create_server(
         from rimuru.dataplane.serve.http_server import HttpServer
         from rimuru.dataplane.serve.openai_api import create_app
 
-        app = create_app(plane, load_chat_template(engine_config.model), registry)
+        app = create_app(plane, load_chat_template(engine_config.model), registry, api_token)
         http = HttpServer(app, *http_address)
     return server, port, ServerHandle(server, plane, metrics, health_servicer, follower, http)
 

@@ -11,6 +11,7 @@ import pytest
 from rimuru.controlplane.hotness import HotnessConfig
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.server import create_server
+from rimuru.rpc import MAX_MESSAGE_BYTES
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 
 TOKEN = "test-token-0123"
@@ -33,7 +34,7 @@ class RunningControlPlane:
 
 @pytest.fixture
 async def start_control_plane(tmp_path: Path):
-    """start(data_dir=tmp, port=0, token=None, hotness=None) -> RunningControlPlane."""
+    """start(data_dir=tmp, port=0, token=None, hotness=None, max_message_bytes) -> it."""
     running: list[RunningControlPlane] = []
 
     async def start(
@@ -42,9 +43,12 @@ async def start_control_plane(tmp_path: Path):
         port: int = 0,
         token: str | None = None,
         hotness: HotnessConfig | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> RunningControlPlane:
         plane = ControlPlane.open(data_dir, hotness)
-        server, bound = await create_server(f"127.0.0.1:{port}", plane, token=token)
+        server, bound = await create_server(
+            f"127.0.0.1:{port}", plane, token=token, max_message_bytes=max_message_bytes
+        )
         await server.start()
         cp = RunningControlPlane(plane, server, bound)
         running.append(cp)
