@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from rimuru.cli_args import positive_int
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
@@ -29,6 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-token-ids", default="", help="comma-separated")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--timeout", type=float, default=300.0, help="--target: deadline in seconds")
+    p.add_argument(
+        "--token-file", default=None, help="--target: bearer token file (serve --api-token-file)"
+    )
+    p.add_argument("--tls-ca", default=None, help="--target: PEM root certificate: talk TLS")
     engine = p.add_argument_group("in-process engine")
     # --seed above is the sampling seed (as vLLM's); presets' weights keep the default seed.
     add_engine_arguments(engine, skip=("seed",))
@@ -106,9 +111,18 @@ def _remote(args: argparse.Namespace, token_ids: list[int] | None, params) -> in
         request.text = args.prompt
     show_text = args.prompt is not None
     out = _Printer()
-    with grpc.insecure_channel(args.target) as channel:
+    metadata = None
+    if args.token_file:
+        metadata = [("authorization", f"Bearer {Path(args.token_file).read_text().strip()}")]
+    if args.tls_ca:
+        credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes())
+        channel = grpc.secure_channel(args.target, credentials)
+    else:
+        channel = grpc.insecure_channel(args.target)
+    with channel:
         try:
-            for response in pb_grpc.InferenceStub(channel).Generate(request, timeout=args.timeout):
+            stub = pb_grpc.InferenceStub(channel)
+            for response in stub.Generate(request, timeout=args.timeout, metadata=metadata):
                 if response.HasField("delta"):
                     if show_text:
                         out.text(response.delta.text)

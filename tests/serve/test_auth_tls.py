@@ -61,6 +61,19 @@ async def test_bench_target_with_token_and_tls(start_data_plane, self_signed, tm
     assert (tmp_path / "out" / "results.json").exists()
 
 
+async def test_generate_target_with_token_and_tls(start_data_plane, self_signed, tmp_path):
+    from rimuru.cli import main
+
+    cert, key = self_signed
+    dp = await start_data_plane(tls=TlsFiles.read(str(cert), str(key)), api_token=TOKEN)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    argv = ["generate", "--target", f"localhost:{dp.port}", "--token-ids", "1,2,3",
+            "--max-tokens", "3", "--ignore-eos", "--tls-ca", str(cert)]  # fmt: skip
+    assert await asyncio.to_thread(main, argv) == 1  # UNAUTHENTICATED: no token
+    assert await asyncio.to_thread(main, [*argv, "--token-file", str(token_file)]) == 0
+
+
 def _http(url: str, body: dict | None = None, token: str | None = None) -> tuple[int, dict]:
     """(status, JSON body) of one request, with the standard library only."""
     import json
