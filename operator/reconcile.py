@@ -37,6 +37,9 @@ from rimuru.operator.spec import DeploymentSpec, Owner
 from rimuru.operator.status import Blocker, ChildSpec, Observation, Problem
 
 TOKEN_BYTES = 32
+# The API server's answer to an object that fails validation (or an admission policy):
+# retrying the same manifest gets it again.
+HTTP_UNPROCESSABLE = 422
 
 
 class Blocked(Exception):
@@ -93,11 +96,16 @@ async def read_ranking(kube: KubeClient, spec: DeploymentSpec) -> RankingUpload 
 
 
 async def apply_children(kube: KubeClient, spec: DeploymentSpec, config: OperatorConfig) -> None:
-    try:
-        for child in build_children(spec, config):
+    for child in build_children(spec, config):
+        ref = f"{child['kind']} {child['metadata']['name']}"
+        try:
             await apply(kube, child)
-    except KubeError as exc:
-        raise Blocked(Blocker.API_ERROR, f"applying children: {exc}") from exc
+        except KubeError as exc:
+            if exc.status == HTTP_UNPROCESSABLE:
+                raise Blocked(
+                    Blocker.CHILD_REJECTED, f"the API server rejected {ref}: {exc.message}"
+                ) from exc
+            raise Blocked(Blocker.API_ERROR, f"applying {ref}: {exc}") from exc
 
 
 async def require_controlplane_ready(kube: KubeClient, spec: DeploymentSpec) -> None:

@@ -26,6 +26,9 @@ class Blocker(enum.Enum):
     CONTROL_PLANE_UNAVAILABLE = ("ControlPlaneUnavailable", False)
     CONTROL_PLANE_UNAUTHENTICATED = ("ControlPlaneUnauthenticated", False)
     POLICY_REJECTED = ("PolicyRejected", True)
+    # The API server refused a child as invalid (HTTP 422): the same manifest is refused
+    # again, so nothing is retried until the spec changes.
+    CHILD_REJECTED = ("ChildRejected", True)
     API_ERROR = ("KubernetesAPIError", False)
 
     def __init__(self, reason: str, permanent: bool) -> None:
@@ -121,8 +124,12 @@ def _policy_synced(obs: Observation) -> dict[str, Any]:
 
 
 def _progressing(obs: Observation) -> dict[str, Any]:
-    if obs.problem is not None and not obs.problem.blocker.permanent:
-        return _condition("Progressing", True, obs.problem.blocker.reason, obs.problem.message)
+    if obs.problem is not None:
+        # A permanent problem stops every step until the spec changes: nothing progresses.
+        progressing = not obs.problem.blocker.permanent
+        return _condition(
+            "Progressing", progressing, obs.problem.blocker.reason, obs.problem.message
+        )
     children = (("data-plane", obs.dataplane_spec), ("control-plane", obs.controlplane_spec))
     pending = [
         f"{' and '.join(name for name, spec in children if spec is state)} Deployment: "
@@ -153,6 +160,7 @@ def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
         Blocker.INVALID_SPEC,
         Blocker.RANKING_INVALID,
         Blocker.POLICY_REJECTED,
+        Blocker.CHILD_REJECTED,
     ):
         return _condition("Degraded", True, obs.problem.blocker.reason, obs.problem.message)
     if synced["reason"] == "Rejected":

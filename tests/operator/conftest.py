@@ -199,8 +199,17 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
 
     _versions: itertools.count = attrs.field(factory=lambda: itertools.count(100), init=False)
     _latest: int = attrs.field(default=0, init=False)
+    # object name -> the message of a 422 that every create or update of it gets, as from
+    # field validation or an admission policy; `num_rejected` counts those writes
+    invalid: dict[str, str] = attrs.field(factory=dict, init=False)
+    num_rejected: int = attrs.field(default=0, init=False)
 
     async def _handle(self, request):
+        if self._rejects(request):
+            self.num_rejected += 1
+            raise kmock.KubernetesError(
+                status=422, reason="Invalid", message=self.invalid[self._target_name(request)]
+            )
         if request.resource is not None and request.action in (
             kmock.action.CREATE,
             kmock.action.UPDATE,
@@ -224,6 +233,19 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
                         {"op": "add", "path": "/metadata/generation", "value": generation}
                     )
         return await super()._handle(request)
+
+    def _target_name(self, request) -> str | None:
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            return request.data.get("metadata", {}).get("name")
+        return request.name
+
+    def _rejects(self, request) -> bool:
+        return (
+            request.resource is not None
+            and request.subresource is None
+            and request.action in (kmock.action.CREATE, kmock.action.UPDATE)
+            and self._target_name(request) in self.invalid
+        )
 
     def _next_generation(self, request) -> int | None:
         """The generation this write leaves; None = unchanged (or not the emulator's

@@ -520,3 +520,43 @@ async def test_a_deleted_or_hand_edited_child_is_restored(kmock, env, tiny_rd):
         await _call(http, "DELETE", f"{RD_PATH}/tiny")
         await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
     assert runner.exception is None
+
+
+async def test_a_child_the_api_server_rejects_fails_until_the_spec_changes(kmock, env, tiny_rd):
+    """A 422 on a child is permanent: status Failed / Degraded with the API server's
+    message, steady (no retry each interval), until a spec change tries again."""
+    http = env
+    rd = copy.deepcopy(tiny_rd)
+    rd["spec"]["authSecretRef"] = await create_token_secret(http)
+    message = 'Deployment.apps "tiny-dataplane" is invalid: spec.template: denied by policy'
+    kmock.invalid["tiny-dataplane"] = message
+    async with operator_running() as runner:
+        await _call(http, "POST", RD_PATH, rd)
+        await eventually(
+            lambda: obj(kmock, RD, "tiny")["status"]["phase"] == "Failed", what="Failed"
+        )
+        status = obj(kmock, RD, "tiny")["status"]
+        degraded = condition(obj(kmock, RD, "tiny"), "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "ChildRejected")
+        assert message in degraded["message"] and "Deployment tiny-dataplane" in degraded["message"]
+        progressing = condition(obj(kmock, RD, "tiny"), "Progressing")
+        assert (progressing["status"], progressing["reason"]) == ("False", "ChildRejected")
+
+        # Five status intervals later: not one more attempt, the same status.
+        num_rejected = kmock.num_rejected
+        await asyncio.sleep(1.0)
+        assert kmock.num_rejected == num_rejected
+        assert obj(kmock, RD, "tiny")["status"] == status
+
+        # The user fixes the cause and changes the spec: the child is created.
+        del kmock.invalid["tiny-dataplane"]
+        fix = {"spec": {"engine": {"maxNumSeqs": 8}}}
+        await _call(http, "PATCH", f"{RD_PATH}/tiny", fix, "application/merge-patch+json")
+        await eventually(lambda: obj(kmock, DEPLOYMENTS, "tiny-dataplane"), what="created")
+        await eventually(
+            lambda: condition(obj(kmock, RD, "tiny"), "Degraded")["status"] == "False",
+            what="no longer Degraded",
+        )
+        await _call(http, "DELETE", f"{RD_PATH}/tiny")
+        await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+    assert runner.exception is None
