@@ -21,6 +21,8 @@ class Blocker(enum.Enum):
 
     INVALID_SPEC = ("InvalidSpec", True)
     SECRET_MISSING = ("AuthSecretNotFound", False)
+    # The Secret exists but its token is unusable (not UTF-8, empty): someone must edit it.
+    SECRET_INVALID = ("AuthSecretInvalid", False)
     RANKING_MISSING = ("RankingNotFound", False)
     RANKING_INVALID = ("RankingInvalid", False)
     CONTROL_PLANE_UNAVAILABLE = ("ControlPlaneUnavailable", False)
@@ -158,6 +160,7 @@ def _progressing(obs: Observation) -> dict[str, Any]:
 def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
     if obs.problem is not None and obs.problem.blocker in (
         Blocker.INVALID_SPEC,
+        Blocker.SECRET_INVALID,
         Blocker.RANKING_INVALID,
         Blocker.POLICY_REJECTED,
         Blocker.CHILD_REJECTED,

@@ -560,3 +560,45 @@ async def test_a_child_the_api_server_rejects_fails_until_the_spec_changes(kmock
         await _call(http, "DELETE", f"{RD_PATH}/tiny")
         await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
     assert runner.exception is None
+
+
+async def test_a_token_secret_that_is_not_text_is_reported_not_raised(kmock, env, tiny_rd):
+    """A token Secret whose bytes are not UTF-8: status Degraded / AuthSecretInvalid
+    naming the Secret and key, no unhandled UnicodeDecodeError; fixed, it proceeds."""
+    http = env
+    rd = copy.deepcopy(tiny_rd)
+    rd["spec"]["authSecretRef"] = {"name": "tiny-auth", "key": "token"}
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "tiny-auth", "namespace": NS},
+        "data": {"token": base64.b64encode(b"\xff\xfe binary \x80").decode()},
+    }
+    await _call(http, "POST", f"/api/v1/namespaces/{NS}/secrets", secret)
+    async with operator_running() as runner:
+        await _call(http, "POST", RD_PATH, rd)
+
+        def degraded():
+            c = condition(obj(kmock, RD, "tiny"), "Degraded")
+            return c if c["reason"] == "AuthSecretInvalid" else None
+
+        reported = await eventually(degraded, what="AuthSecretInvalid")
+        assert reported["status"] == "True"
+        assert "Secret tiny-auth key 'token' is not a UTF-8 text token" in reported["message"]
+        assert obj(kmock, RD, "tiny")["status"]["phase"] == "Degraded"
+
+        fixed = {"data": {"token": base64.b64encode(TOKEN.encode()).decode()}}
+        await _call(
+            http,
+            "PATCH",
+            f"/api/v1/namespaces/{NS}/secrets/tiny-auth",
+            fixed,
+            "application/merge-patch+json",
+        )
+        await eventually(
+            lambda: condition(obj(kmock, RD, "tiny"), "Degraded")["status"] == "False",
+            what="no longer Degraded",
+        )
+        await _call(http, "DELETE", f"{RD_PATH}/tiny")
+        await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+    assert runner.exception is None
