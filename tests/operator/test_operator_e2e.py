@@ -201,6 +201,16 @@ def rollout_state(kmock, name: str = "tiny") -> tuple[str, str, str]:
     return rd["status"]["phase"], progressing["status"], progressing["reason"]
 
 
+async def recovered_then_deleted(kmock, http) -> None:
+    """Wait until "tiny" is no longer Degraded, then delete it and wait until it is gone."""
+    await eventually(
+        lambda: condition(obj(kmock, RD, "tiny"), "Degraded")["status"] == "False",
+        what="no longer Degraded",
+    )
+    await _call(http, "DELETE", f"{RD_PATH}/tiny")
+    await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+
+
 async def create_token_secret(http) -> dict:
     """The user's token Secret (authSecretRef); the control plane was started with it."""
     secret = {
@@ -553,12 +563,7 @@ async def test_a_child_the_api_server_rejects_fails_until_the_spec_changes(kmock
         fix = {"spec": {"engine": {"maxNumSeqs": 8}}}
         await _call(http, "PATCH", f"{RD_PATH}/tiny", fix, "application/merge-patch+json")
         await eventually(lambda: obj(kmock, DEPLOYMENTS, "tiny-dataplane"), what="created")
-        await eventually(
-            lambda: condition(obj(kmock, RD, "tiny"), "Degraded")["status"] == "False",
-            what="no longer Degraded",
-        )
-        await _call(http, "DELETE", f"{RD_PATH}/tiny")
-        await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+        await recovered_then_deleted(kmock, http)
     assert runner.exception is None
 
 
@@ -595,10 +600,5 @@ async def test_a_token_secret_that_is_not_text_is_reported_not_raised(kmock, env
             fixed,
             "application/merge-patch+json",
         )
-        await eventually(
-            lambda: condition(obj(kmock, RD, "tiny"), "Degraded")["status"] == "False",
-            what="no longer Degraded",
-        )
-        await _call(http, "DELETE", f"{RD_PATH}/tiny")
-        await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+        await recovered_then_deleted(kmock, http)
     assert runner.exception is None
