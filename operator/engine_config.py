@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 
 from rimuru.operator.naming import MODEL_MOUNT
-from rimuru.operator.spec import GPU_RESOURCE, DeploymentSpec
+from rimuru.operator.spec import DeploymentSpec
 from rimuru.policy import Tunables
 
 
@@ -29,8 +29,7 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
         config["RIMURU_PRESET"] = model.preset
     else:
         config["RIMURU_MODEL_PATH"] = f"{MODEL_MOUNT}/{model.path.lstrip('/')}"
-    has_gpu = GPU_RESOURCE in spec.data_plane.resources.get("limits", {})
-    config["RIMURU_DEVICE"] = "cuda" if has_gpu else "cpu"
+    config["RIMURU_DEVICE"] = "cuda" if spec.data_plane.num_gpus > 0 else "cpu"
     if engine.memory_budget_bytes is not None:
         config["RIMURU_MEMORY_BUDGET_BYTES"] = str(engine.memory_budget_bytes)
     else:

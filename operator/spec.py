@@ -24,7 +24,11 @@ PLURAL = "rimurudeployments"
 
 # Child names append at most "-controlplane" (13); Services need DNS-1035 labels <= 63.
 MAX_NAME_LEN = 50
-GPU_RESOURCE = "nvidia.com/gpu"
+# Extended resources that hand the container GPUs the engine reaches as torch's "cuda"
+# device (ROCm builds of torch name AMD GPUs so too): whole GPUs, or NVIDIA MIG slices
+# (nvidia.com/mig-1g.10gb, ...). The CRD's CEL rule on gpuMemoryUtilization names the same.
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 # The data plane's fixed ports (naming.py re-exports them): spec.dataPlane.httpPort must
 # differ from both.
 DATAPLANE_GRPC_PORT = 50051
@@ -88,6 +92,7 @@ class DataPlaneSpec:
     probe_period_seconds: int
     termination_grace_period_seconds: int
     http_port: int | None = None  # the OpenAI-compatible HTTP API; None = off
+    num_gpus: int = 0  # GPUs (or MIG slices) in resources.limits; 0 = the engine runs on CPU
 
 
 @dataclass(frozen=True)
@@ -196,11 +201,11 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
     budget, utilization = engine.get("memoryBudget"), engine.get("gpuMemoryUtilization")
     if (budget is None) == (utilization is None):
         raise SpecError("spec.engine", "set exactly one of memoryBudget or gpuMemoryUtilization")
-    if utilization is not None and GPU_RESOURCE not in data_plane.resources.get("limits", {}):
+    if utilization is not None and data_plane.num_gpus == 0:
         raise SpecError(
             "spec.engine.gpuMemoryUtilization",
-            f"needs a GPU: set spec.dataPlane.resources.limits['{GPU_RESOURCE}'] "
-            "or use spec.engine.memoryBudget",
+            f"needs a GPU: set spec.dataPlane.resources.limits['{GPU_RESOURCES[0]}'] "
+            f"(or {GPU_RESOURCES[1]}, {MIG_RESOURCE_PREFIX}*) or use spec.engine.memoryBudget",
         )
     path = "spec.engine"
     return EngineSpec(
@@ -257,19 +262,39 @@ def quantity_bytes(quantity: int | str, field: str) -> int:
     return int(value)
 
 
+def is_gpu_resource(name: str) -> bool:
+    return name in GPU_RESOURCES or name.startswith(MIG_RESOURCE_PREFIX)
+
+
+def count_gpus(limits: Mapping[str, Any], path: str) -> int:
+    """GPUs (whole or MIG slices) a container's limits ask for; extended resources are
+    whole numbers, and `nvidia.com/gpu: 0` asks for none."""
+    total = 0
+    for name, value in limits.items():
+        if not is_gpu_resource(name):
+            continue
+        text = str(value)
+        if isinstance(value, bool) or not text.isdigit():
+            raise SpecError(f"{path}['{name}']", f"must be a whole number of GPUs; got {value!r}")
+        total += int(text)
+    return total
+
+
 def _parse_data_plane(dp: Mapping[str, Any]) -> DataPlaneSpec:
     path = "spec.dataPlane"
+    resources = dict(dp.get("resources") or {})
     return DataPlaneSpec(
         replicas=_require(dp, "replicas", path),
         image=dp.get("image", ""),
         image_pull_policy=_require(dp, "imagePullPolicy", path),
-        resources=dict(dp.get("resources") or {}),
+        resources=resources,
         node_selector=dict(dp.get("nodeSelector") or {}),
         tolerations=tuple(dp.get("tolerations") or ()),
         startup_timeout_seconds=_require(dp, "startupTimeoutSeconds", path),
         probe_period_seconds=_require(dp, "probePeriodSeconds", path),
         termination_grace_period_seconds=_require(dp, "terminationGracePeriodSeconds", path),
         http_port=_parse_http_port(dp, path),
+        num_gpus=count_gpus(resources.get("limits") or {}, f"{path}.resources.limits"),
     )
 
 

@@ -158,6 +158,32 @@ def test_gpu_dataplane_places_and_mounts(gpu_rd):
     assert secret_volume["secret"]["secretName"] == "qwen-moe-dataplane-token"
 
 
+@pytest.mark.parametrize(
+    "limits,device",
+    [
+        ({"nvidia.com/gpu": 1}, "cuda"),
+        ({"amd.com/gpu": "2"}, "cuda"),  # ROCm torch calls it "cuda" too
+        ({"nvidia.com/mig-1g.10gb": 1}, "cuda"),
+        ({"nvidia.com/gpu": 0}, "cpu"),  # asks for no GPU
+        ({"memory": "2Gi"}, "cpu"),
+    ],
+)
+def test_the_engine_runs_on_whatever_gpu_the_pod_gets(tiny_rd, limits, device):
+    rd = _changed(tiny_rd, "dataPlane.resources", {"limits": limits})
+    assert build_engine_config_map(_parse(rd))["data"]["RIMURU_DEVICE"] == device
+
+
+def test_gpu_memory_utilization_needs_a_gpu_above_zero(tiny_rd):
+    rd = _changed(tiny_rd, "dataPlane.resources", {"limits": {"nvidia.com/gpu": 0}})
+    rd["spec"]["engine"] = {**rd["spec"]["engine"], "gpuMemoryUtilization": 0.5}
+    del rd["spec"]["engine"]["memoryBudget"]
+    with pytest.raises(SpecError) as info:
+        _parse(rd)
+    assert info.value.field == "spec.engine.gpuMemoryUtilization"
+    rd["spec"]["dataPlane"]["resources"]["limits"] = {"nvidia.com/mig-2g.20gb": 1}
+    assert _parse(rd).data_plane.num_gpus == 1
+
+
 def test_engine_config_map(gpu_rd, tiny_rd):
     assert build_engine_config_map(_parse(gpu_rd))["data"] == {
         "RIMURU_DTYPE": "bfloat16",
@@ -411,6 +437,11 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
         ("engine.expertCopy", "gpu", "spec.engine.expertCopy"),
         ("engine.cudagraphMode", "piecewise", "spec.engine.cudagraphMode"),
         ("policy.copyBudget", -1, "spec.policy.copyBudget"),
+        (
+            "dataPlane.resources",
+            {"limits": {"amd.com/gpu": "1.5"}},
+            "spec.dataPlane.resources.limits['amd.com/gpu']",
+        ),
     ],
 )
 def test_specs_that_can_never_work_name_the_field(tiny_rd, path, value, field):

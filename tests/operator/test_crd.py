@@ -78,7 +78,7 @@ def test_examples_are_accepted(api, path):
 def test_defaults_fill_an_almost_empty_spec(api):
     obj, errors = api.admit(_rd({"model": {"preset": "tiny"}}))
     assert errors == [
-        "spec.engine.gpuMemoryUtilization needs a GPU: set spec.dataPlane.resources.limits['nvidia.com/gpu'], or use spec.engine.memoryBudget"
+        "spec.engine.gpuMemoryUtilization needs a GPU: set spec.dataPlane.resources.limits['nvidia.com/gpu'] (or amd.com/gpu, nvidia.com/mig-*) above 0, or use spec.engine.memoryBudget"
     ]
     spec = obj["spec"]
     assert spec["engine"] == {
@@ -154,6 +154,14 @@ INVALID = {
     ),
     "utilization without a GPU": (
         {"model": {"preset": "tiny"}, "engine": {"gpuMemoryUtilization": 0.5}},
+        "spec.engine.gpuMemoryUtilization needs a GPU",
+    ),
+    "utilization with zero GPUs": (
+        {
+            "model": {"preset": "tiny"},
+            "engine": {"gpuMemoryUtilization": 0.5},
+            "dataPlane": {"resources": {"limits": {"nvidia.com/gpu": 0}}},
+        },
         "spec.engine.gpuMemoryUtilization needs a GPU",
     ),
     "utilization above 1": (
@@ -255,3 +263,16 @@ def test_missing_spec_is_rejected(api):
         {"apiVersion": "rimuru.dev/v1alpha1", "kind": "RimuruDeployment", "metadata": {"name": "x"}}
     )
     assert errors == [": 'spec' is a required property"]
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"nvidia.com/gpu": 1}, {"amd.com/gpu": "2"}, {"nvidia.com/mig-1g.10gb": 1}],
+)
+def test_every_gpu_resource_allows_gpu_memory_utilization(api, limits):
+    spec = {
+        "model": {"preset": "tiny"},
+        "engine": {"gpuMemoryUtilization": 0.5},
+        "dataPlane": {"resources": {"limits": limits}},
+    }
+    assert api.admit(_rd(spec))[1] == []
