@@ -47,6 +47,12 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
         config["RIMURU_EXPERT_COPY"] = engine.expert_copy
     if engine.cudagraph_mode is not None:
         config["RIMURU_CUDAGRAPH_MODE"] = engine.cudagraph_mode
+    if engine.max_model_len is not None:
+        config["RIMURU_MAX_MODEL_LEN"] = str(engine.max_model_len)
+    if engine.max_waiting is not None:
+        config["RIMURU_MAX_WAITING"] = str(engine.max_waiting)
+    if engine.fixed_expert_share is not None:
+        config["RIMURU_FIXED_EXPERT_SHARE"] = repr(engine.fixed_expert_share)
     tunables = spec.policy.tunables
     config["RIMURU_POLICY_MODE"] = tunables.mode
     config["RIMURU_PAGES_PER_EXPERT"] = str(tunables.pages_per_expert)

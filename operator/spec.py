@@ -78,6 +78,9 @@ class EngineSpec:
     expert_copy: str | None = None  # "host" | "device"; None = the engine's default (device)
     # "full_and_piecewise" | "full_decode_only"; None = the engine's default (full_and_piecewise)
     cudagraph_mode: str | None = None
+    max_model_len: int | None = None  # None = the model's context length
+    max_waiting: int | None = None  # 0 = unbounded; None = the server's default (1024)
+    fixed_expert_share: float | None = None  # `fixed` policy; None = the engine's (0.5)
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,9 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
         cudagraph_mode=_optional_choice(
             engine, "cudagraphMode", ("full_and_piecewise", "full_decode_only"), path
         ),
+        max_model_len=_optional_number(engine, "maxModelLen", int, 1, None, path),
+        max_waiting=_optional_number(engine, "maxWaiting", int, 0, None, path),
+        fixed_expert_share=_optional_number(engine, "fixedExpertShare", float, 0.0, 1.0, path),
     )
 
 
@@ -231,6 +237,26 @@ def _optional_bool(section: Mapping[str, Any], key: str, path: str) -> bool | No
     if value is not None and not isinstance(value, bool):
         raise SpecError(f"{path}.{key}", f"must be true or false; got {value!r}")
     return value
+
+
+def _optional_number(
+    section: Mapping[str, Any],
+    key: str,
+    kind: type[int] | type[float],
+    low: float,
+    high: float | None,
+    path: str,
+) -> Any:
+    value = section.get(key)
+    if value is None:
+        return None
+    # An integer is a fine float; a float is not an int, and a bool is neither.
+    allowed = (int,) if kind is int else (int, float)
+    in_range = isinstance(value, allowed) and low <= value and (high is None or value <= high)
+    if isinstance(value, bool) or not in_range:
+        bounds = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise SpecError(f"{path}.{key}", f"must be a {kind.__name__} {bounds}; got {value!r}")
+    return kind(value)
 
 
 def _optional_choice(

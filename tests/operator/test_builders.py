@@ -98,6 +98,8 @@ def test_dataplane_deployment_fields(tiny_rd):
         "tiny",
         "--token-file",
         "/var/run/secrets/rimuru/token",
+        "--drain-grace-seconds",
+        "50",  # terminationGracePeriodSeconds 60, less the exit margin
         "--http-port",
         "8000",
     ]
@@ -437,6 +439,10 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
         ("engine.expertCopy", "gpu", "spec.engine.expertCopy"),
         ("engine.cudagraphMode", "piecewise", "spec.engine.cudagraphMode"),
         ("policy.copyBudget", -1, "spec.policy.copyBudget"),
+        ("engine.maxModelLen", 0, "spec.engine.maxModelLen"),
+        ("engine.maxWaiting", -1, "spec.engine.maxWaiting"),
+        ("engine.fixedExpertShare", 1.5, "spec.engine.fixedExpertShare"),
+        ("engine.maxWaiting", 2.5, "spec.engine.maxWaiting"),
         (
             "dataPlane.resources",
             {"limits": {"amd.com/gpu": "1.5"}},
@@ -526,6 +532,22 @@ def test_dataplane_pod_is_what_rimuru_serve_reads(gpu_rd, monkeypatch):
     assert (engine.tunables.mode, engine.tunables.pages_per_expert) == ("elastic", 3)
 
 
+@pytest.mark.parametrize("grace, drain", [(120, 110), (60, 50), (10, 0), (0, 0)])
+def test_the_pod_grace_period_covers_the_drain_and_the_exit(gpu_rd, grace, drain):
+    rd = _changed(gpu_rd, "dataPlane.terminationGracePeriodSeconds", grace)
+    pod = build_dataplane_deployment(_parse(rd), CONFIG)["spec"]["template"]["spec"]
+    args = _parse_args("rimuru.dataplane.serve.cli", pod["containers"][0]["args"][1:])
+    assert (pod["terminationGracePeriodSeconds"], args.drain_grace_seconds) == (grace, drain)
+
+
+def test_max_waiting_reaches_rimuru_serve(tiny_rd, monkeypatch):
+    assert "RIMURU_MAX_WAITING" not in build_engine_config_map(_parse(tiny_rd))["data"]
+    data = build_engine_config_map(_parse(_changed(tiny_rd, "engine.maxWaiting", 7)))["data"]
+    for key, value in data.items():
+        monkeypatch.setenv(key, value)
+    assert _parse_args("rimuru.dataplane.serve.cli", []).max_waiting == 7
+
+
 def test_memory_budget_reaches_rimuru_serve_in_bytes(tiny_rd, monkeypatch):
     for key, value in build_engine_config_map(_parse(tiny_rd))["data"].items():
         monkeypatch.setenv(key, value)
@@ -550,6 +572,9 @@ def test_loading_buffer_slots_reach_the_engine_config(tiny_rd):
         ("engine.evictToAdmit", False, "RIMURU_EVICT_TO_ADMIT", "off", "evict_to_admit", False),
         ("engine.cudagraphMode", "full_decode_only", "RIMURU_CUDAGRAPH_MODE", "full_decode_only",
          "cudagraph_mode", "full_decode_only"),
+        ("engine.maxModelLen", 96, "RIMURU_MAX_MODEL_LEN", "96", "max_model_len", 96),
+        ("engine.fixedExpertShare", 0.25, "RIMURU_FIXED_EXPERT_SHARE", "0.25",
+         "fixed_expert_share", 0.25),
     ],
 )  # fmt: skip
 def test_optional_engine_fields_reach_rimuru_serve_only_when_set(

@@ -164,6 +164,11 @@ INVALID = {
         },
         "spec.engine.gpuMemoryUtilization needs a GPU",
     ),
+    "fixed expert share above 1": (
+        _with("engine.fixedExpertShare", 1.5),
+        "1.5 is greater than the maximum of 1",
+    ),
+    "negative max waiting": (_with("engine.maxWaiting", -1), "-1 is less than the minimum of 0"),
     "utilization above 1": (
         _with("engine.gpuMemoryUtilization", 1.5),
         "1.5 is greater than the maximum of 1",
@@ -276,3 +281,10 @@ def test_every_gpu_resource_allows_gpu_memory_utilization(api, limits):
         "dataPlane": {"resources": {"limits": limits}},
     }
     assert api.admit(_rd(spec))[1] == []
+
+
+def test_engine_limits_are_in_the_schema(api):
+    engine = {"memoryBudget": "1Gi", "maxModelLen": 4096, "maxWaiting": 0, "fixedExpertShare": 0.3}
+    obj, errors = api.admit(_rd({"model": {"preset": "tiny"}, "engine": engine}))
+    assert errors == []
+    assert engine.items() <= obj["spec"]["engine"].items()
