@@ -67,6 +67,19 @@ def test_every_child_is_owned_labelled_and_valid(tiny_rd, api):
         kubernetes_validate.validate(child, api.kube_version, strict=True)
 
 
+@pytest.mark.parametrize("rd_name", ["tiny_rd", "gpu_rd"])
+def test_every_example_pod_requests_what_it_needs(rd_name, request):
+    # Without requests a pod is BestEffort: scheduled anywhere, evicted first under pressure.
+    children = build_children(_parse(request.getfixturevalue(rd_name)), CONFIG)
+    deployments = [c for c in children if c["kind"] == "Deployment"]
+    assert len(deployments) == 2
+    for deployment in deployments:
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        resources = container["resources"]
+        assert {"cpu", "memory"} <= resources["requests"].keys(), container["name"]
+        assert "memory" in resources["limits"], container["name"]
+
+
 def test_dataplane_deployment_fields(tiny_rd):
     deployment = build_dataplane_deployment(_parse(tiny_rd), CONFIG)
     spec = deployment["spec"]
