@@ -118,6 +118,31 @@ class Admission:
     kube_version = KUBE_VERSION
 
 
+# (API group, resource) -> the RBAC verbs the operator uses: kopf (watch the
+# RimuruDeployments, patch their finalizer and progress annotations, post events) and
+# operator/kube.py, whose children are read by name (never listed) and whose Secrets and
+# PVCs are created once, never patched. The chart's ClusterRole grants exactly this
+# (test_helm_chart) and the operator, run end to end, calls nothing else (test_operator_e2e).
+_CHILD = frozenset({"get", "create", "patch", "delete"})
+OPERATOR_RBAC: dict[tuple[str, str], frozenset[str]] = {
+    ("rimuru.dev", "rimurudeployments"): frozenset({"list", "watch", "patch"}),
+    ("rimuru.dev", "rimurudeployments/status"): frozenset({"patch"}),
+    # children carry ownerReferences with blockOwnerDeletion, which needs this
+    ("rimuru.dev", "rimurudeployments/finalizers"): frozenset({"update"}),
+    ("apps", "deployments"): _CHILD,
+    ("", "services"): _CHILD,
+    ("", "configmaps"): _CHILD,
+    ("", "persistentvolumeclaims"): frozenset({"get", "create", "delete"}),
+    ("", "secrets"): frozenset({"get", "create", "delete"}),
+    ("", "events"): frozenset({"create"}),
+}
+
+
+@pytest.fixture
+def operator_rbac() -> dict[tuple[str, str], frozenset[str]]:
+    return OPERATOR_RBAC
+
+
 @pytest.fixture
 def api() -> Admission:
     return Admission()

@@ -201,6 +201,28 @@ def rollout_state(kmock, name: str = "tiny") -> tuple[str, str, str]:
     return rd["status"]["phase"], progressing["status"], progressing["reason"]
 
 
+_RBAC_VERB = {"FETCH": "get", "LIST": "list", "WATCH": "watch", "CREATE": "create",
+              "DELETE": "delete", "PATCH": "patch", "PUT": "update"}  # fmt: skip
+
+
+def operator_calls(kmock) -> dict[tuple[str, str], set[str]]:
+    """(API group, resource[/subresource]) -> RBAC verbs of every call the operator made
+    (with its kubeconfig's token: the test's own calls carry none)."""
+    calls: dict[tuple[str, str], set[str]] = {}
+    for request in kmock:
+        if request.resource is None or "Authorization" not in request.headers:
+            continue
+        if request.resource.plural is None:
+            continue  # API discovery: open to every authenticated client
+        resource = request.resource.plural
+        if request.subresource:
+            resource += f"/{request.subresource}"
+        action = request.action.value
+        verb = _RBAC_VERB[request.method.value if action == "UPDATE" else action]
+        calls.setdefault((request.resource.group or "", resource), set()).add(verb)
+    return calls
+
+
 async def recovered_then_deleted(kmock, http) -> None:
     """Wait until "tiny" is no longer Degraded, then delete it and wait until it is gone."""
     await eventually(
@@ -493,9 +515,10 @@ async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
     assert runner.exception is None
 
 
-async def test_a_deleted_or_hand_edited_child_is_restored(kmock, env, tiny_rd):
+async def test_a_deleted_or_hand_edited_child_is_restored(kmock, env, tiny_rd, operator_rbac):
     """Drift: `kubectl edit` of a field the operator owns is undone, and a deleted child
-    is created again, within a status interval or two (0.2 s here)."""
+    is created again, within a status interval or two (0.2 s here). Every call the
+    operator made on the way is one its RBAC grants."""
     http = env
     rd = copy.deepcopy(tiny_rd)
     rd["spec"]["authSecretRef"] = await create_token_secret(http)
@@ -530,6 +553,10 @@ async def test_a_deleted_or_hand_edited_child_is_restored(kmock, env, tiny_rd):
         await _call(http, "DELETE", f"{RD_PATH}/tiny")
         await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
     assert runner.exception is None
+    calls = operator_calls(kmock)
+    assert {"get", "create", "patch", "delete"} <= calls[("apps", "deployments")]
+    for resource, verbs in calls.items():
+        assert verbs <= operator_rbac.get(resource, set()), resource
 
 
 async def test_a_child_the_api_server_rejects_fails_until_the_spec_changes(kmock, env, tiny_rd):
