@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 
 from rimuru.operator.naming import MODEL_MOUNT
-from rimuru.operator.spec import GPU_RESOURCE, DeploymentSpec
+from rimuru.operator.spec import DeploymentSpec
 from rimuru.policy import Tunables
 
 
@@ -29,8 +29,7 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
         config["RIMURU_PRESET"] = model.preset
     else:
         config["RIMURU_MODEL_PATH"] = f"{MODEL_MOUNT}/{model.path.lstrip('/')}"
-    has_gpu = GPU_RESOURCE in spec.data_plane.resources.get("limits", {})
-    config["RIMURU_DEVICE"] = "cuda" if has_gpu else "cpu"
+    config["RIMURU_DEVICE"] = "cuda" if spec.data_plane.num_gpus > 0 else "cpu"
     if engine.memory_budget_bytes is not None:
         config["RIMURU_MEMORY_BUDGET_BYTES"] = str(engine.memory_budget_bytes)
     else:
@@ -48,6 +47,12 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
         config["RIMURU_EXPERT_COPY"] = engine.expert_copy
     if engine.cudagraph_mode is not None:
         config["RIMURU_CUDAGRAPH_MODE"] = engine.cudagraph_mode
+    if engine.max_model_len is not None:
+        config["RIMURU_MAX_MODEL_LEN"] = str(engine.max_model_len)
+    if engine.max_waiting is not None:
+        config["RIMURU_MAX_WAITING"] = str(engine.max_waiting)
+    if engine.fixed_expert_share is not None:
+        config["RIMURU_FIXED_EXPERT_SHARE"] = repr(engine.fixed_expert_share)
     tunables = spec.policy.tunables
     config["RIMURU_POLICY_MODE"] = tunables.mode
     config["RIMURU_PAGES_PER_EXPERT"] = str(tunables.pages_per_expert)

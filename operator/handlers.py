@@ -135,10 +135,14 @@ async def reconcile_handler(
         if problem.blocker.permanent:
             raise kopf.PermanentError(problem.message)
         delay = memo.config.retry_delay_seconds
-        if problem.blocker is Blocker.RANKING_INVALID:
-            delay *= 6  # someone must edit the ConfigMap; do not spin
+        if problem.blocker in (Blocker.RANKING_INVALID, Blocker.SECRET_INVALID):
+            delay *= 6  # someone must edit the ConfigMap or Secret; do not spin
         raise kopf.TemporaryError(problem.message, delay=delay)
     logger.info("reconciled; policy v%d", obs.policy.desired_version if obs.policy else 0)
+
+
+def _failed_at(status: kopf.Status, generation: int) -> bool:
+    return status.get("phase") == "Failed" and status.get("observedGeneration") == generation
 
 
 @kopf.daemon(*RESOURCE, cancellation_timeout=5.0)
@@ -160,6 +164,8 @@ async def refresh(
             parsed = parse_spec(meta, spec)
         except SpecError:
             continue  # the change handler reported it; nothing runs until the spec changes
+        if _failed_at(status, parsed.owner.generation):
+            continue  # a permanent problem (a rejected child, ...): same, until the spec changes
         try:
             # children re-applied every period: a deleted one comes back, a hand edit of
             # what the operator owns is undone (apply.py), and an unchanged one is one GET

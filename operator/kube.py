@@ -31,6 +31,7 @@ class KubeError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+        self.message = message
 
 
 class NotFound(KubeError):

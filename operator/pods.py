@@ -38,6 +38,16 @@ from rimuru.operator.spec import DeploymentSpec
 # Readiness flips quickly (drain, overload); liveness only after sustained failure.
 READINESS_FAILURE_THRESHOLD = 3
 LIVENESS_FAILURE_THRESHOLD = 6
+# What must stay true: terminationGracePeriodSeconds = --drain-grace-seconds + this margin,
+# so that the engine aborts what is left of its drain and exits before the kubelet's
+# SIGKILL (stopping the servers, the control-plane link and the metrics exporter).
+DRAIN_EXIT_MARGIN_SECONDS = 10
+
+
+def drain_grace_seconds(termination_grace_period_seconds: int) -> int:
+    """The data plane's drain after SIGTERM: the pod's grace period less the exit margin
+    (none at all when the grace period is shorter than the margin)."""
+    return max(0, termination_grace_period_seconds - DRAIN_EXIT_MARGIN_SECONDS)
 
 
 def _grpc_probe(port: int, period_s: int, failure_threshold: int) -> dict[str, Any]:
@@ -158,6 +168,8 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
         owner.name,
         "--token-file",
         f"{TOKEN_DIR}/token",
+        "--drain-grace-seconds",
+        str(drain_grace_seconds(dp.termination_grace_period_seconds)),
     ]
     ports = [
         {"name": "grpc", "containerPort": DATAPLANE_GRPC_PORT, "protocol": "TCP"},

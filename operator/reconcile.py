@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import secrets
 from typing import Any
 
@@ -37,6 +38,9 @@ from rimuru.operator.spec import DeploymentSpec, Owner
 from rimuru.operator.status import Blocker, ChildSpec, Observation, Problem
 
 TOKEN_BYTES = 32
+# The API server's answer to an object that fails validation (or an admission policy):
+# retrying the same manifest gets it again.
+HTTP_UNPROCESSABLE = 422
 
 
 class Blocked(Exception):
@@ -62,7 +66,22 @@ async def ensure_token(kube: KubeClient, spec: DeploymentSpec) -> str:
     encoded = (secret.get("data") or {}).get(auth.key)
     if not encoded:
         raise Blocked(Blocker.SECRET_MISSING, f"Secret {auth.secret_name} has no key {auth.key!r}")
-    return base64.b64decode(encoded).decode().strip()
+    return _token_text(auth.secret_name, auth.key, encoded)
+
+
+def _token_text(secret_name: str, key: str, encoded: str) -> str:
+    # A token travels in a gRPC header: printable text, so UTF-8 without surrounding space.
+    try:
+        token = base64.b64decode(encoded, validate=True).decode("utf-8").strip()
+    except (binascii.Error, UnicodeDecodeError) as exc:
+        raise Blocked(
+            Blocker.SECRET_INVALID,
+            f"Secret {secret_name} key {key!r} is not a UTF-8 text token ({exc}); "
+            "store the token as text, e.g. kubectl create secret generic --from-literal",
+        ) from exc
+    if not token:
+        raise Blocked(Blocker.SECRET_INVALID, f"Secret {secret_name} key {key!r} is blank")
+    return token
 
 
 async def ensure_dataplane_token(kube: KubeClient, spec: DeploymentSpec) -> None:
@@ -93,11 +112,16 @@ async def read_ranking(kube: KubeClient, spec: DeploymentSpec) -> RankingUpload 
 
 
 async def apply_children(kube: KubeClient, spec: DeploymentSpec, config: OperatorConfig) -> None:
-    try:
-        for child in build_children(spec, config):
+    for child in build_children(spec, config):
+        ref = f"{child['kind']} {child['metadata']['name']}"
+        try:
             await apply(kube, child)
-    except KubeError as exc:
-        raise Blocked(Blocker.API_ERROR, f"applying children: {exc}") from exc
+        except KubeError as exc:
+            if exc.status == HTTP_UNPROCESSABLE:
+                raise Blocked(
+                    Blocker.CHILD_REJECTED, f"the API server rejected {ref}: {exc.message}"
+                ) from exc
+            raise Blocked(Blocker.API_ERROR, f"applying {ref}: {exc}") from exc
 
 
 async def require_controlplane_ready(kube: KubeClient, spec: DeploymentSpec) -> None:

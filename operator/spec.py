@@ -24,7 +24,11 @@ PLURAL = "rimurudeployments"
 
 # Child names append at most "-controlplane" (13); Services need DNS-1035 labels <= 63.
 MAX_NAME_LEN = 50
-GPU_RESOURCE = "nvidia.com/gpu"
+# Extended resources that hand the container GPUs the engine reaches as torch's "cuda"
+# device (ROCm builds of torch name AMD GPUs so too): whole GPUs, or NVIDIA MIG slices
+# (nvidia.com/mig-1g.10gb, ...). The CRD's CEL rule on gpuMemoryUtilization names the same.
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 # The data plane's fixed ports (naming.py re-exports them): spec.dataPlane.httpPort must
 # differ from both.
 DATAPLANE_GRPC_PORT = 50051
@@ -74,6 +78,9 @@ class EngineSpec:
     expert_copy: str | None = None  # "host" | "device"; None = the engine's default (device)
     # "full_and_piecewise" | "full_decode_only"; None = the engine's default (full_and_piecewise)
     cudagraph_mode: str | None = None
+    max_model_len: int | None = None  # None = the model's context length
+    max_waiting: int | None = None  # 0 = unbounded; None = the server's default (1024)
+    fixed_expert_share: float | None = None  # `fixed` policy; None = the engine's (0.5)
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,7 @@ class DataPlaneSpec:
     probe_period_seconds: int
     termination_grace_period_seconds: int
     http_port: int | None = None  # the OpenAI-compatible HTTP API; None = off
+    num_gpus: int = 0  # GPUs (or MIG slices) in resources.limits; 0 = the engine runs on CPU
 
 
 @dataclass(frozen=True)
@@ -196,11 +204,11 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
     budget, utilization = engine.get("memoryBudget"), engine.get("gpuMemoryUtilization")
     if (budget is None) == (utilization is None):
         raise SpecError("spec.engine", "set exactly one of memoryBudget or gpuMemoryUtilization")
-    if utilization is not None and GPU_RESOURCE not in data_plane.resources.get("limits", {}):
+    if utilization is not None and data_plane.num_gpus == 0:
         raise SpecError(
             "spec.engine.gpuMemoryUtilization",
-            f"needs a GPU: set spec.dataPlane.resources.limits['{GPU_RESOURCE}'] "
-            "or use spec.engine.memoryBudget",
+            f"needs a GPU: set spec.dataPlane.resources.limits['{GPU_RESOURCES[0]}'] "
+            f"(or {GPU_RESOURCES[1]}, {MIG_RESOURCE_PREFIX}*) or use spec.engine.memoryBudget",
         )
     path = "spec.engine"
     return EngineSpec(
@@ -218,6 +226,9 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
         cudagraph_mode=_optional_choice(
             engine, "cudagraphMode", ("full_and_piecewise", "full_decode_only"), path
         ),
+        max_model_len=_optional_number(engine, "maxModelLen", int, 1, None, path),
+        max_waiting=_optional_number(engine, "maxWaiting", int, 0, None, path),
+        fixed_expert_share=_optional_number(engine, "fixedExpertShare", float, 0.0, 1.0, path),
     )
 
 
@@ -226,6 +237,26 @@ def _optional_bool(section: Mapping[str, Any], key: str, path: str) -> bool | No
     if value is not None and not isinstance(value, bool):
         raise SpecError(f"{path}.{key}", f"must be true or false; got {value!r}")
     return value
+
+
+def _optional_number(
+    section: Mapping[str, Any],
+    key: str,
+    kind: type[int] | type[float],
+    low: float,
+    high: float | None,
+    path: str,
+) -> Any:
+    value = section.get(key)
+    if value is None:
+        return None
+    # An integer is a fine float; a float is not an int, and a bool is neither.
+    allowed = (int,) if kind is int else (int, float)
+    in_range = isinstance(value, allowed) and low <= value and (high is None or value <= high)
+    if isinstance(value, bool) or not in_range:
+        bounds = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise SpecError(f"{path}.{key}", f"must be a {kind.__name__} {bounds}; got {value!r}")
+    return kind(value)
 
 
 def _optional_choice(
@@ -257,19 +288,39 @@ def quantity_bytes(quantity: int | str, field: str) -> int:
     return int(value)
 
 
+def is_gpu_resource(name: str) -> bool:
+    return name in GPU_RESOURCES or name.startswith(MIG_RESOURCE_PREFIX)
+
+
+def count_gpus(limits: Mapping[str, Any], path: str) -> int:
+    """GPUs (whole or MIG slices) a container's limits ask for; extended resources are
+    whole numbers, and `nvidia.com/gpu: 0` asks for none."""
+    total = 0
+    for name, value in limits.items():
+        if not is_gpu_resource(name):
+            continue
+        text = str(value)
+        if isinstance(value, bool) or not text.isdigit():
+            raise SpecError(f"{path}['{name}']", f"must be a whole number of GPUs; got {value!r}")
+        total += int(text)
+    return total
+
+
 def _parse_data_plane(dp: Mapping[str, Any]) -> DataPlaneSpec:
     path = "spec.dataPlane"
+    resources = dict(dp.get("resources") or {})
     return DataPlaneSpec(
         replicas=_require(dp, "replicas", path),
         image=dp.get("image", ""),
         image_pull_policy=_require(dp, "imagePullPolicy", path),
-        resources=dict(dp.get("resources") or {}),
+        resources=resources,
         node_selector=dict(dp.get("nodeSelector") or {}),
         tolerations=tuple(dp.get("tolerations") or ()),
         startup_timeout_seconds=_require(dp, "startupTimeoutSeconds", path),
         probe_period_seconds=_require(dp, "probePeriodSeconds", path),
         termination_grace_period_seconds=_require(dp, "terminationGracePeriodSeconds", path),
         http_port=_parse_http_port(dp, path),
+        num_gpus=count_gpus(resources.get("limits") or {}, f"{path}.resources.limits"),
     )
 
 

@@ -21,11 +21,16 @@ class Blocker(enum.Enum):
 
     INVALID_SPEC = ("InvalidSpec", True)
     SECRET_MISSING = ("AuthSecretNotFound", False)
+    # The Secret exists but its token is unusable (not UTF-8, empty): someone must edit it.
+    SECRET_INVALID = ("AuthSecretInvalid", False)
     RANKING_MISSING = ("RankingNotFound", False)
     RANKING_INVALID = ("RankingInvalid", False)
     CONTROL_PLANE_UNAVAILABLE = ("ControlPlaneUnavailable", False)
     CONTROL_PLANE_UNAUTHENTICATED = ("ControlPlaneUnauthenticated", False)
     POLICY_REJECTED = ("PolicyRejected", True)
+    # The API server refused a child as invalid (HTTP 422): the same manifest is refused
+    # again, so nothing is retried until the spec changes.
+    CHILD_REJECTED = ("ChildRejected", True)
     API_ERROR = ("KubernetesAPIError", False)
 
     def __init__(self, reason: str, permanent: bool) -> None:
@@ -121,8 +126,12 @@ def _policy_synced(obs: Observation) -> dict[str, Any]:
 
 
 def _progressing(obs: Observation) -> dict[str, Any]:
-    if obs.problem is not None and not obs.problem.blocker.permanent:
-        return _condition("Progressing", True, obs.problem.blocker.reason, obs.problem.message)
+    if obs.problem is not None:
+        # A permanent problem stops every step until the spec changes: nothing progresses.
+        progressing = not obs.problem.blocker.permanent
+        return _condition(
+            "Progressing", progressing, obs.problem.blocker.reason, obs.problem.message
+        )
     children = (("data-plane", obs.dataplane_spec), ("control-plane", obs.controlplane_spec))
     pending = [
         f"{' and '.join(name for name, spec in children if spec is state)} Deployment: "
@@ -151,8 +160,10 @@ def _progressing(obs: Observation) -> dict[str, Any]:
 def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
     if obs.problem is not None and obs.problem.blocker in (
         Blocker.INVALID_SPEC,
+        Blocker.SECRET_INVALID,
         Blocker.RANKING_INVALID,
         Blocker.POLICY_REJECTED,
+        Blocker.CHILD_REJECTED,
     ):
         return _condition("Degraded", True, obs.problem.blocker.reason, obs.problem.message)
     if synced["reason"] == "Rejected":

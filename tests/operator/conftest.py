@@ -118,6 +118,31 @@ class Admission:
     kube_version = KUBE_VERSION
 
 
+# (API group, resource) -> the RBAC verbs the operator uses: kopf (watch the
+# RimuruDeployments, patch their finalizer and progress annotations, post events) and
+# operator/kube.py, whose children are read by name (never listed) and whose Secrets and
+# PVCs are created once, never patched. The chart's ClusterRole grants exactly this
+# (test_helm_chart) and the operator, run end to end, calls nothing else (test_operator_e2e).
+_CHILD = frozenset({"get", "create", "patch", "delete"})
+OPERATOR_RBAC: dict[tuple[str, str], frozenset[str]] = {
+    ("rimuru.dev", "rimurudeployments"): frozenset({"list", "watch", "patch"}),
+    ("rimuru.dev", "rimurudeployments/status"): frozenset({"patch"}),
+    # children carry ownerReferences with blockOwnerDeletion, which needs this
+    ("rimuru.dev", "rimurudeployments/finalizers"): frozenset({"update"}),
+    ("apps", "deployments"): _CHILD,
+    ("", "services"): _CHILD,
+    ("", "configmaps"): _CHILD,
+    ("", "persistentvolumeclaims"): frozenset({"get", "create", "delete"}),
+    ("", "secrets"): frozenset({"get", "create", "delete"}),
+    ("", "events"): frozenset({"create"}),
+}
+
+
+@pytest.fixture
+def operator_rbac() -> dict[tuple[str, str], frozenset[str]]:
+    return OPERATOR_RBAC
+
+
 @pytest.fixture
 def api() -> Admission:
     return Admission()
@@ -199,8 +224,17 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
 
     _versions: itertools.count = attrs.field(factory=lambda: itertools.count(100), init=False)
     _latest: int = attrs.field(default=0, init=False)
+    # object name -> the message of a 422 that every create or update of it gets, as from
+    # field validation or an admission policy; `num_rejected` counts those writes
+    invalid: dict[str, str] = attrs.field(factory=dict, init=False)
+    num_rejected: int = attrs.field(default=0, init=False)
 
     async def _handle(self, request):
+        if self._rejects(request):
+            self.num_rejected += 1
+            raise kmock.KubernetesError(
+                status=422, reason="Invalid", message=self.invalid[self._target_name(request)]
+            )
         if request.resource is not None and request.action in (
             kmock.action.CREATE,
             kmock.action.UPDATE,
@@ -224,6 +258,19 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
                         {"op": "add", "path": "/metadata/generation", "value": generation}
                     )
         return await super()._handle(request)
+
+    def _target_name(self, request) -> str | None:
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            return request.data.get("metadata", {}).get("name")
+        return request.name
+
+    def _rejects(self, request) -> bool:
+        return (
+            request.resource is not None
+            and request.subresource is None
+            and request.action in (kmock.action.CREATE, kmock.action.UPDATE)
+            and self._target_name(request) in self.invalid
+        )
 
     def _next_generation(self, request) -> int | None:
         """The generation this write leaves; None = unchanged (or not the emulator's

@@ -155,6 +155,7 @@ def test_permanent_problem_fails():
     status = _status(_obs(problem=problem))
     assert status["phase"] == "Failed"
     assert _conditions(status)["Degraded"] == ("True", "PolicyRejected")
+    assert _conditions(status)["Progressing"] == ("False", "PolicyRejected")
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,19 @@ def test_every_child_is_owned_labelled_and_valid(tiny_rd, api):
         kubernetes_validate.validate(child, api.kube_version, strict=True)
 
 
+@pytest.mark.parametrize("rd_name", ["tiny_rd", "gpu_rd"])
+def test_every_example_pod_requests_what_it_needs(rd_name, request):
+    # Without requests a pod is BestEffort: scheduled anywhere, evicted first under pressure.
+    children = build_children(_parse(request.getfixturevalue(rd_name)), CONFIG)
+    deployments = [c for c in children if c["kind"] == "Deployment"]
+    assert len(deployments) == 2
+    for deployment in deployments:
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        resources = container["resources"]
+        assert {"cpu", "memory"} <= resources["requests"].keys(), container["name"]
+        assert "memory" in resources["limits"], container["name"]
+
+
 def test_dataplane_deployment_fields(tiny_rd):
     deployment = build_dataplane_deployment(_parse(tiny_rd), CONFIG)
     spec = deployment["spec"]
@@ -98,6 +111,8 @@ def test_dataplane_deployment_fields(tiny_rd):
         "tiny",
         "--token-file",
         "/var/run/secrets/rimuru/token",
+        "--drain-grace-seconds",
+        "50",  # terminationGracePeriodSeconds 60, less the exit margin
         "--http-port",
         "8000",
     ]
@@ -156,6 +171,32 @@ def test_gpu_dataplane_places_and_mounts(gpu_rd):
     secret_volume = next(v for v in pod["volumes"] if v["name"] == "token")
     # The data planes' own token, never the operator's (authSecretRef: qwen-moe-token).
     assert secret_volume["secret"]["secretName"] == "qwen-moe-dataplane-token"
+
+
+@pytest.mark.parametrize(
+    "limits,device",
+    [
+        ({"nvidia.com/gpu": 1}, "cuda"),
+        ({"amd.com/gpu": "2"}, "cuda"),  # ROCm torch calls it "cuda" too
+        ({"nvidia.com/mig-1g.10gb": 1}, "cuda"),
+        ({"nvidia.com/gpu": 0}, "cpu"),  # asks for no GPU
+        ({"memory": "2Gi"}, "cpu"),
+    ],
+)
+def test_the_engine_runs_on_whatever_gpu_the_pod_gets(tiny_rd, limits, device):
+    rd = _changed(tiny_rd, "dataPlane.resources", {"limits": limits})
+    assert build_engine_config_map(_parse(rd))["data"]["RIMURU_DEVICE"] == device
+
+
+def test_gpu_memory_utilization_needs_a_gpu_above_zero(tiny_rd):
+    rd = _changed(tiny_rd, "dataPlane.resources", {"limits": {"nvidia.com/gpu": 0}})
+    rd["spec"]["engine"] = {**rd["spec"]["engine"], "gpuMemoryUtilization": 0.5}
+    del rd["spec"]["engine"]["memoryBudget"]
+    with pytest.raises(SpecError) as info:
+        _parse(rd)
+    assert info.value.field == "spec.engine.gpuMemoryUtilization"
+    rd["spec"]["dataPlane"]["resources"]["limits"] = {"nvidia.com/mig-2g.20gb": 1}
+    assert _parse(rd).data_plane.num_gpus == 1
 
 
 def test_engine_config_map(gpu_rd, tiny_rd):
@@ -411,6 +452,15 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
         ("engine.expertCopy", "gpu", "spec.engine.expertCopy"),
         ("engine.cudagraphMode", "piecewise", "spec.engine.cudagraphMode"),
         ("policy.copyBudget", -1, "spec.policy.copyBudget"),
+        ("engine.maxModelLen", 0, "spec.engine.maxModelLen"),
+        ("engine.maxWaiting", -1, "spec.engine.maxWaiting"),
+        ("engine.fixedExpertShare", 1.5, "spec.engine.fixedExpertShare"),
+        ("engine.maxWaiting", 2.5, "spec.engine.maxWaiting"),
+        (
+            "dataPlane.resources",
+            {"limits": {"amd.com/gpu": "1.5"}},
+            "spec.dataPlane.resources.limits['amd.com/gpu']",
+        ),
     ],
 )
 def test_specs_that_can_never_work_name_the_field(tiny_rd, path, value, field):
@@ -495,6 +545,22 @@ def test_dataplane_pod_is_what_rimuru_serve_reads(gpu_rd, monkeypatch):
     assert (engine.tunables.mode, engine.tunables.pages_per_expert) == ("elastic", 3)
 
 
+@pytest.mark.parametrize("grace, drain", [(120, 110), (60, 50), (10, 0), (0, 0)])
+def test_the_pod_grace_period_covers_the_drain_and_the_exit(gpu_rd, grace, drain):
+    rd = _changed(gpu_rd, "dataPlane.terminationGracePeriodSeconds", grace)
+    pod = build_dataplane_deployment(_parse(rd), CONFIG)["spec"]["template"]["spec"]
+    args = _parse_args("rimuru.dataplane.serve.cli", pod["containers"][0]["args"][1:])
+    assert (pod["terminationGracePeriodSeconds"], args.drain_grace_seconds) == (grace, drain)
+
+
+def test_max_waiting_reaches_rimuru_serve(tiny_rd, monkeypatch):
+    assert "RIMURU_MAX_WAITING" not in build_engine_config_map(_parse(tiny_rd))["data"]
+    data = build_engine_config_map(_parse(_changed(tiny_rd, "engine.maxWaiting", 7)))["data"]
+    for key, value in data.items():
+        monkeypatch.setenv(key, value)
+    assert _parse_args("rimuru.dataplane.serve.cli", []).max_waiting == 7
+
+
 def test_memory_budget_reaches_rimuru_serve_in_bytes(tiny_rd, monkeypatch):
     for key, value in build_engine_config_map(_parse(tiny_rd))["data"].items():
         monkeypatch.setenv(key, value)
@@ -519,6 +585,9 @@ def test_loading_buffer_slots_reach_the_engine_config(tiny_rd):
         ("engine.evictToAdmit", False, "RIMURU_EVICT_TO_ADMIT", "off", "evict_to_admit", False),
         ("engine.cudagraphMode", "full_decode_only", "RIMURU_CUDAGRAPH_MODE", "full_decode_only",
          "cudagraph_mode", "full_decode_only"),
+        ("engine.maxModelLen", 96, "RIMURU_MAX_MODEL_LEN", "96", "max_model_len", 96),
+        ("engine.fixedExpertShare", 0.25, "RIMURU_FIXED_EXPERT_SHARE", "0.25",
+         "fixed_expert_share", 0.25),
     ],
 )  # fmt: skip
 def test_optional_engine_fields_reach_rimuru_serve_only_when_set(

@@ -78,7 +78,7 @@ def test_examples_are_accepted(api, path):
 def test_defaults_fill_an_almost_empty_spec(api):
     obj, errors = api.admit(_rd({"model": {"preset": "tiny"}}))
     assert errors == [
-        "spec.engine.gpuMemoryUtilization needs a GPU: set spec.dataPlane.resources.limits['nvidia.com/gpu'], or use spec.engine.memoryBudget"
+        "spec.engine.gpuMemoryUtilization needs a GPU: set spec.dataPlane.resources.limits['nvidia.com/gpu'] (or amd.com/gpu, nvidia.com/mig-*) above 0, or use spec.engine.memoryBudget"
     ]
     spec = obj["spec"]
     assert spec["engine"] == {
@@ -156,6 +156,19 @@ INVALID = {
         {"model": {"preset": "tiny"}, "engine": {"gpuMemoryUtilization": 0.5}},
         "spec.engine.gpuMemoryUtilization needs a GPU",
     ),
+    "utilization with zero GPUs": (
+        {
+            "model": {"preset": "tiny"},
+            "engine": {"gpuMemoryUtilization": 0.5},
+            "dataPlane": {"resources": {"limits": {"nvidia.com/gpu": 0}}},
+        },
+        "spec.engine.gpuMemoryUtilization needs a GPU",
+    ),
+    "fixed expert share above 1": (
+        _with("engine.fixedExpertShare", 1.5),
+        "1.5 is greater than the maximum of 1",
+    ),
+    "negative max waiting": (_with("engine.maxWaiting", -1), "-1 is less than the minimum of 0"),
     "utilization above 1": (
         _with("engine.gpuMemoryUtilization", 1.5),
         "1.5 is greater than the maximum of 1",
@@ -255,3 +268,23 @@ def test_missing_spec_is_rejected(api):
         {"apiVersion": "rimuru.dev/v1alpha1", "kind": "RimuruDeployment", "metadata": {"name": "x"}}
     )
     assert errors == [": 'spec' is a required property"]
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"nvidia.com/gpu": 1}, {"amd.com/gpu": "2"}, {"nvidia.com/mig-1g.10gb": 1}],
+)
+def test_every_gpu_resource_allows_gpu_memory_utilization(api, limits):
+    spec = {
+        "model": {"preset": "tiny"},
+        "engine": {"gpuMemoryUtilization": 0.5},
+        "dataPlane": {"resources": {"limits": limits}},
+    }
+    assert api.admit(_rd(spec))[1] == []
+
+
+def test_engine_limits_are_in_the_schema(api):
+    engine = {"memoryBudget": "1Gi", "maxModelLen": 4096, "maxWaiting": 0, "fixedExpertShare": 0.3}
+    obj, errors = api.admit(_rd({"model": {"preset": "tiny"}, "engine": engine}))
+    assert errors == []
+    assert engine.items() <= obj["spec"]["engine"].items()

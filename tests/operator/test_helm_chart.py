@@ -101,7 +101,7 @@ def test_watched_namespaces_get_role_bindings_only():
     assert all(b["roleRef"]["kind"] == "ClusterRole" for b in bindings)
 
 
-def test_rbac_covers_exactly_what_the_operator_touches():
+def test_rbac_covers_exactly_what_the_operator_touches(operator_rbac):
     (role,) = by_kind(render())["ClusterRole"]
     granted = {
         (group, resource): set(rule["verbs"])
@@ -109,19 +109,10 @@ def test_rbac_covers_exactly_what_the_operator_touches():
         for group in rule["apiGroups"]
         for resource in rule["resources"]
     }
-    for kind, (prefix, plural) in RESOURCES.items():
+    assert granted == operator_rbac
+    for kind, (prefix, plural) in RESOURCES.items():  # every kind operator/kube.py knows
         group = "" if prefix == "/api/v1" else prefix.split("/")[2]
-        verbs = granted[(group, plural)]
-        assert "get" in verbs, kind
-        if kind == "RimuruDeployment":
-            assert granted[(group, "rimurudeployments/status")] == {"get", "patch"}
-        else:
-            assert {"create", "delete"} <= verbs, kind
-    # Children are read by name: no list/watch on them, and nothing on other kinds.
-    watched = {key for key, verbs in granted.items() if verbs & {"list", "watch"}}
-    assert watched == {("rimuru.dev", "rimurudeployments")}
-    assert "*" not in {v for verbs in granted.values() for v in verbs}
-    assert granted[("", "secrets")] == {"get", "create", "delete"}
+        assert (group, plural) in granted, kind
 
 
 def test_chart_ships_the_one_crd():

@@ -201,6 +201,38 @@ def rollout_state(kmock, name: str = "tiny") -> tuple[str, str, str]:
     return rd["status"]["phase"], progressing["status"], progressing["reason"]
 
 
+_RBAC_VERB = {"FETCH": "get", "LIST": "list", "WATCH": "watch", "CREATE": "create",
+              "DELETE": "delete", "PATCH": "patch", "PUT": "update"}  # fmt: skip
+
+
+def operator_calls(kmock) -> dict[tuple[str, str], set[str]]:
+    """(API group, resource[/subresource]) -> RBAC verbs of every call the operator made
+    (with its kubeconfig's token: the test's own calls carry none)."""
+    calls: dict[tuple[str, str], set[str]] = {}
+    for request in kmock:
+        if request.resource is None or "Authorization" not in request.headers:
+            continue
+        if request.resource.plural is None:
+            continue  # API discovery: open to every authenticated client
+        resource = request.resource.plural
+        if request.subresource:
+            resource += f"/{request.subresource}"
+        action = request.action.value
+        verb = _RBAC_VERB[request.method.value if action == "UPDATE" else action]
+        calls.setdefault((request.resource.group or "", resource), set()).add(verb)
+    return calls
+
+
+async def recovered_then_deleted(kmock, http) -> None:
+    """Wait until "tiny" is no longer Degraded, then delete it and wait until it is gone."""
+    await eventually(
+        lambda: condition(obj(kmock, RD, "tiny"), "Degraded")["status"] == "False",
+        what="no longer Degraded",
+    )
+    await _call(http, "DELETE", f"{RD_PATH}/tiny")
+    await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+
+
 async def create_token_secret(http) -> dict:
     """The user's token Secret (authSecretRef); the control plane was started with it."""
     secret = {
@@ -483,9 +515,10 @@ async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
     assert runner.exception is None
 
 
-async def test_a_deleted_or_hand_edited_child_is_restored(kmock, env, tiny_rd):
+async def test_a_deleted_or_hand_edited_child_is_restored(kmock, env, tiny_rd, operator_rbac):
     """Drift: `kubectl edit` of a field the operator owns is undone, and a deleted child
-    is created again, within a status interval or two (0.2 s here)."""
+    is created again, within a status interval or two (0.2 s here). Every call the
+    operator made on the way is one its RBAC grants."""
     http = env
     rd = copy.deepcopy(tiny_rd)
     rd["spec"]["authSecretRef"] = await create_token_secret(http)
@@ -519,4 +552,80 @@ async def test_a_deleted_or_hand_edited_child_is_restored(kmock, env, tiny_rd):
         )
         await _call(http, "DELETE", f"{RD_PATH}/tiny")
         await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+    assert runner.exception is None
+    calls = operator_calls(kmock)
+    assert {"get", "create", "patch", "delete"} <= calls[("apps", "deployments")]
+    for resource, verbs in calls.items():
+        assert verbs <= operator_rbac.get(resource, set()), resource
+
+
+async def test_a_child_the_api_server_rejects_fails_until_the_spec_changes(kmock, env, tiny_rd):
+    """A 422 on a child is permanent: status Failed / Degraded with the API server's
+    message, steady (no retry each interval), until a spec change tries again."""
+    http = env
+    rd = copy.deepcopy(tiny_rd)
+    rd["spec"]["authSecretRef"] = await create_token_secret(http)
+    message = 'Deployment.apps "tiny-dataplane" is invalid: spec.template: denied by policy'
+    kmock.invalid["tiny-dataplane"] = message
+    async with operator_running() as runner:
+        await _call(http, "POST", RD_PATH, rd)
+        await eventually(
+            lambda: obj(kmock, RD, "tiny")["status"]["phase"] == "Failed", what="Failed"
+        )
+        status = obj(kmock, RD, "tiny")["status"]
+        degraded = condition(obj(kmock, RD, "tiny"), "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "ChildRejected")
+        assert message in degraded["message"] and "Deployment tiny-dataplane" in degraded["message"]
+        progressing = condition(obj(kmock, RD, "tiny"), "Progressing")
+        assert (progressing["status"], progressing["reason"]) == ("False", "ChildRejected")
+
+        # Five status intervals later: not one more attempt, the same status.
+        num_rejected = kmock.num_rejected
+        await asyncio.sleep(1.0)
+        assert kmock.num_rejected == num_rejected
+        assert obj(kmock, RD, "tiny")["status"] == status
+
+        # The user fixes the cause and changes the spec: the child is created.
+        del kmock.invalid["tiny-dataplane"]
+        fix = {"spec": {"engine": {"maxNumSeqs": 8}}}
+        await _call(http, "PATCH", f"{RD_PATH}/tiny", fix, "application/merge-patch+json")
+        await eventually(lambda: obj(kmock, DEPLOYMENTS, "tiny-dataplane"), what="created")
+        await recovered_then_deleted(kmock, http)
+    assert runner.exception is None
+
+
+async def test_a_token_secret_that_is_not_text_is_reported_not_raised(kmock, env, tiny_rd):
+    """A token Secret whose bytes are not UTF-8: status Degraded / AuthSecretInvalid
+    naming the Secret and key, no unhandled UnicodeDecodeError; fixed, it proceeds."""
+    http = env
+    rd = copy.deepcopy(tiny_rd)
+    rd["spec"]["authSecretRef"] = {"name": "tiny-auth", "key": "token"}
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "tiny-auth", "namespace": NS},
+        "data": {"token": base64.b64encode(b"\xff\xfe binary \x80").decode()},
+    }
+    await _call(http, "POST", f"/api/v1/namespaces/{NS}/secrets", secret)
+    async with operator_running() as runner:
+        await _call(http, "POST", RD_PATH, rd)
+
+        def degraded():
+            c = condition(obj(kmock, RD, "tiny"), "Degraded")
+            return c if c["reason"] == "AuthSecretInvalid" else None
+
+        reported = await eventually(degraded, what="AuthSecretInvalid")
+        assert reported["status"] == "True"
+        assert "Secret tiny-auth key 'token' is not a UTF-8 text token" in reported["message"]
+        assert obj(kmock, RD, "tiny")["status"]["phase"] == "Degraded"
+
+        fixed = {"data": {"token": base64.b64encode(TOKEN.encode()).decode()}}
+        await _call(
+            http,
+            "PATCH",
+            f"/api/v1/namespaces/{NS}/secrets/tiny-auth",
+            fixed,
+            "application/merge-patch+json",
+        )
+        await recovered_then_deleted(kmock, http)
     assert runner.exception is None
