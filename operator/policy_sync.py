@@ -41,6 +41,10 @@ class PolicyState:
     num_synced: int  # connected data planes that applied desired_version
     last_error: str  # a connected data plane's NACK of desired_version, if any
     ranking_digest: str  # digest of the ranking this operator last uploaded ("" = none)
+    # The control plane holds spec.policy's tunables. False while a spec change is not
+    # pushed yet (the control plane was down when it came; the periodic check never
+    # overwrites): the versions above are then an older policy's, not the spec's.
+    spec_pushed: bool
 
 
 def parse_ranking(config_map_name: str, key: str, text: str) -> RankingUpload:
@@ -101,8 +105,9 @@ def sync_policy(
 
 
 def observe_policy(
-    client: ControlPlaneClient, deployment: str, uploaded_digest: str
+    client: ControlPlaneClient, deployment: str, tunables: Tunables, uploaded_digest: str
 ) -> PolicyState:
+    """What the control plane holds and who applied it; `tunables` are the spec's."""
     policy = _current(client, deployment)
     desired = 0 if policy is None else policy.version
     connected = [s for s in client.list_subscribers(deployment) if s.connected]
@@ -115,4 +120,5 @@ def observe_policy(
         num_synced=len(synced),
         last_error=errors[0] if errors else "",
         ranking_digest=uploaded_digest,
+        spec_pushed=policy is not None and policy.tunables == tunables,
     )

@@ -152,7 +152,7 @@ async def sync_policy(
             _, digest = policy_sync.sync_policy(
                 cp, owner.name, spec.policy.tunables, ranking, uploaded_digest, overwrite=overwrite
             )
-            return policy_sync.observe_policy(cp, owner.name, digest)
+            return policy_sync.observe_policy(cp, owner.name, spec.policy.tunables, digest)
 
     try:
         return await asyncio.to_thread(blocking)

@@ -89,12 +89,23 @@ def _available(obs: Observation) -> dict[str, Any]:
     return _condition("Available", False, "NoReplicasReady", "no data plane is ready yet")
 
 
+# The control plane holds a policy other than spec.policy: whatever its subscribers
+# applied, it is not the spec's, so neither PolicySynced nor a finished rollout is claimed.
+SPEC_NOT_PUSHED = "SpecNotPushed"
+
+
+def _not_pushed_message(p: PolicyState) -> str:
+    return f"spec.policy not pushed yet; the control plane holds v{p.desired_version} with other tunables"
+
+
 def _policy_synced(obs: Observation) -> dict[str, Any]:
     p = obs.policy
     if p is None:
         return _condition(
             "PolicySynced", None, "ControlPlaneUnavailable", "control plane not reached"
         )
+    if not p.spec_pushed:
+        return _condition("PolicySynced", False, SPEC_NOT_PUSHED, _not_pushed_message(p))
     if p.last_error:
         return _condition(
             "PolicySynced",
@@ -144,6 +155,8 @@ def _progressing(obs: Observation) -> dict[str, Any]:
         # all): not complete, whatever they say (kubectl rollout status waits on the same
         # check).
         return _condition("Progressing", True, "RollingOut", "; ".join(pending))
+    if obs.policy is not None and not obs.policy.spec_pushed:
+        return _condition("Progressing", True, SPEC_NOT_PUSHED, _not_pushed_message(obs.policy))
     # kubectl rollout status's other checks: every pod on the new template, none of the
     # old ones left (status.replicas counts both while a rolling update surges).
     rolled = obs.current_replicas <= obs.updated_replicas >= obs.desired_replicas

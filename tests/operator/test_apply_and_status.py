@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 
@@ -71,6 +72,7 @@ def _obs(**kw) -> Observation:
             num_synced=2,
             last_error="",
             ranking_digest="",
+            spec_pushed=True,
         ),
     )
     base.update(kw)
@@ -90,6 +92,18 @@ def _status(obs, previous=()):
 
 def _conditions(status):
     return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def test_a_policy_not_pushed_yet_is_neither_synced_nor_available():
+    """After a control-plane outage every data plane still runs the old policy, fully
+    acknowledged; the spec's new tunables are not pushed yet (test_policy_sync)."""
+    old = PolicyState(1, 1, 2, 2, "", "", spec_pushed=False)
+    status = _status(_obs(policy=old))
+    conditions = _conditions(status)
+    assert conditions["PolicySynced"] == ("False", "SpecNotPushed")
+    assert conditions["Progressing"] == ("True", "SpecNotPushed")
+    assert (status["phase"], status["observedGeneration"]) == ("Progressing", 4)
+    assert _status(_obs(policy=replace(old, spec_pushed=True)))["phase"] == "Available"
 
 
 def test_all_good_is_available_and_synced():
@@ -113,14 +127,14 @@ def test_all_good_is_available_and_synced():
 
 
 def test_one_replica_behind_is_pending_not_synced():
-    policy = PolicyState(7, 6, 2, 1, "", "")
+    policy = PolicyState(7, 6, 2, 1, "", "", True)
     status = _status(_obs(policy=policy))
     assert _conditions(status)["PolicySynced"] == ("False", "Pending")
     assert status["policy"]["appliedVersion"] == 6
 
 
 def test_a_nack_degrades():
-    policy = PolicyState(7, 6, 2, 1, "mode change needs a restart", "")
+    policy = PolicyState(7, 6, 2, 1, "mode change needs a restart", "", True)
     status = _status(_obs(policy=policy))
     assert status["phase"] == "Degraded"
     assert _conditions(status)["PolicySynced"] == ("False", "Rejected")
@@ -202,7 +216,7 @@ def test_a_missing_child_is_said_to_be_missing_not_unobserved(specs, message):
 
 
 def _scaled_to_zero(**kw) -> Observation:
-    policy = PolicyState(7, 0, 0, 0, "", "")
+    policy = PolicyState(7, 0, 0, 0, "", "", True)
     return _obs(
         desired_replicas=0,
         current_replicas=0,
@@ -271,7 +285,7 @@ def test_transition_time_moves_only_on_a_change():
 def test_every_status_the_operator_writes_fits_the_crd(api, tiny_rd):
     # The API server prunes fields the schema lacks: a status field missing there would
     # be silently lost (and, for rankingDigest, re-upload the ranking every period).
-    policy = PolicyState(7, 6, 2, 1, "mode change needs a restart", "ab12")
+    policy = PolicyState(7, 6, 2, 1, "mode change needs a restart", "ab12", True)
     problem = Problem(Blocker.SECRET_MISSING, "Secret x not found")
     for obs in (
         _obs(),

@@ -93,10 +93,25 @@ def test_ranking_uploads_only_when_its_content_changes(cp):
 
 def test_observe_reports_versions_without_subscribers(cp):
     sync_policy(cp, "qwen", TUNABLES, None, "", overwrite=True)
-    state = observe_policy(cp, "qwen", "abc")
+    state = observe_policy(cp, "qwen", TUNABLES, "abc")
     assert (state.desired_version, state.applied_version, state.num_subscribers) == (1, 0, 0)
     assert (state.last_error, state.ranking_digest) == ("", "abc")
-    assert observe_policy(cp, "unknown", "").desired_version == 0
+    assert observe_policy(cp, "unknown", TUNABLES, "").desired_version == 0
+    assert not observe_policy(cp, "unknown", TUNABLES, "").spec_pushed
+
+
+def test_a_spec_change_not_pushed_yet_is_seen(cp):
+    """The control plane was down when spec.policy changed: the periodic check never
+    overwrites, so until the change handler's retry pushes it the control plane holds the
+    old policy. test_apply_and_status checks what the status says of it."""
+    sync_policy(cp, "qwen", TUNABLES, None, "", overwrite=True)
+    changed = Tunables(mode="elastic", expert_offload_limit=8)
+    sync_policy(cp, "qwen", changed, None, "", overwrite=False)
+    stale = observe_policy(cp, "qwen", changed, "")
+    assert (stale.desired_version, stale.spec_pushed) == (1, False)
+    sync_policy(cp, "qwen", changed, None, "", overwrite=True)  # the retry after the outage
+    pushed = observe_policy(cp, "qwen", changed, "")
+    assert (pushed.desired_version, pushed.spec_pushed) == (2, True)
 
 
 @pytest.mark.parametrize(
