@@ -21,6 +21,7 @@ from typing import Any
 
 from rimuru.operator.kube import KubeClient
 from rimuru.operator.naming import APPLIED_HASH_ANNOTATION
+from rimuru.operator.spec import quantity_value
 
 # kind -> JSON pointers the operator owns below the top level; None = create only
 # (a generated token must never be rotated by a re-apply; a PVC's spec is immutable).
@@ -116,32 +117,11 @@ def _contains(live: Any, want: Any) -> bool:
     return live == want or _same_quantity(live, want)
 
 
-_QUANTITY_SUFFIXES = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
-    "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "": 1,
-}  # fmt: skip
-
-
 def _same_quantity(a: Any, b: Any) -> bool:
     """ "1Gi" and "1024Mi", "500m" and "0.5": the API server rewrites quantities in its
     canonical form, which must not count as drift."""
-    va, vb = _quantity(a), _quantity(b)
-    return va is not None and va == vb
-
-
-def _quantity(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, str | int | float):
-        return None
-    text = str(x)
-    for suffix in sorted(_QUANTITY_SUFFIXES, key=len, reverse=True):
-        if suffix and not text.endswith(suffix):
-            continue
-        number = text[: len(text) - len(suffix)]
-        try:
-            return float(number) * _QUANTITY_SUFFIXES[suffix]
-        except ValueError:
-            return None
-    return None
+    va = quantity_value(a)
+    return va is not None and va == quantity_value(b)
 
 
 def with_applied_hash(manifest: Mapping[str, Any]) -> dict[str, Any]:

@@ -270,19 +270,28 @@ def _optional_choice(
 
 _SUFFIXES = {
     "": 1,
+    "m": Decimal("0.001"),
     **{s: 1000**i for i, s in enumerate("kMGTPE", start=1)},
     **{f"{s}i": 1024**i for i, s in enumerate("KMGTPE", start=1)},
 }
-_QUANTITY = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[kMGTPE])?$")
+_QUANTITY = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[kMGTPEm])?$")
+
+
+def quantity_value(quantity: Any) -> Decimal | None:
+    """A Kubernetes quantity ("60Gi", "1.5G", "500m", 1024) as a number; None if not one."""
+    if isinstance(quantity, bool) or not isinstance(quantity, int | float | str):
+        return None
+    match = _QUANTITY.match(str(quantity))
+    if match is None:
+        return None
+    return Decimal(match.group(1)) * _SUFFIXES[match.group(2) or ""]
 
 
 def quantity_bytes(quantity: int | str, field: str) -> int:
     """A Kubernetes byte quantity ("60Gi", "1.5G", 1024) as whole bytes."""
-    match = _QUANTITY.match(str(quantity))
-    if match is None:
+    value = quantity_value(quantity)
+    if value is None:
         raise SpecError(field, f"{quantity!r} is not a byte quantity such as 60Gi or 64G")
-    number, suffix = match.group(1), match.group(2) or ""
-    value = Decimal(number) * _SUFFIXES[suffix]
     if value != value.to_integral_value() or value <= 0:
         raise SpecError(field, f"{quantity!r} must be a positive whole number of bytes")
     return int(value)

@@ -82,10 +82,7 @@ class CapacityPlan:
     @property
     def state_bytes_per_request(self) -> int:
         """A hybrid request's SSM and conv pages (slots, padding included); else 0."""
-        g, num_gdn = self.geometry, len(self.model_config.linear_attention_layers)
-        if not num_gdn:
-            return 0
-        return num_gdn * (g.bytes_of(PageType.SSM) + g.bytes_of(PageType.CONV))
+        return self.geometry.state_bytes(len(self.model_config.linear_attention_layers))
 
     def requests_of(self, kv_tokens: int, context_len: int) -> int:
         """Requests of `context_len` tokens the KV tokens' pages hold, each also paying its

@@ -211,17 +211,9 @@ class Engine:
         kv_pages = (
             total_expert_pages - min_resident * t.pages_per_expert
         ) * self.geometry.kv_pages_per_expert_page - self.cuda_graphs.num_pad_pages
-        kv_pages -= self._state_cost_in_kv_pages()
+        state = self.geometry.state_bytes(self.kv.num_state_layers)  # a hybrid's, in KV pages
+        kv_pages -= -(-state // self.geometry.kv_page_bytes)
         return max(0, kv_pages // mc.num_kv_layers) * self.config.block_size
-
-    def _state_cost_in_kv_pages(self) -> int:
-        """A hybrid request's SSM and conv pages, counted in KV pages by their bytes."""
-        num_states = self.kv.num_state_layers
-        if not num_states:
-            return 0
-        g = self.geometry
-        state_bytes = num_states * (g.bytes_of(PageType.SSM) + g.bytes_of(PageType.CONV))
-        return -(-state_bytes // g.kv_page_bytes)
 
     def validate_request(
         self, prompt_token_ids: Sequence[int], params: SamplingParams

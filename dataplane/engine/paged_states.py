@@ -113,6 +113,11 @@ class PagedStates:
         self.ssm = ssm_bytes.view(torch.float32).view(-1, *gdn.ssm_state_shape)  # [P, Hv, Dk, Dv]
         self.conv_states = conv_bytes.view(pool.dtype).view(-1, *gdn.conv_state_shape)
         self.use_kernels = use_kernels
+        if use_kernels:  # resolved once, not per layer of every step
+            from rimuru.kernels import causal_conv_decode, causal_conv_prefill, gated_delta_decode
+
+            self._conv_decode, self._conv_prefill = causal_conv_decode, causal_conv_prefill
+            self._rule_decode = gated_delta_decode
         cuda = pool.device.type == "cuda"  # fla's kernels are not for the interpreter
         self._chunk_prefill = _fla_chunk_prefill() if use_kernels and cuda else None
 
@@ -125,14 +130,13 @@ class PagedStates:
 
     def conv(self, gdn_layer: int, x, weight, meta: StateMeta) -> torch.Tensor:
         if self.use_kernels:
-            from rimuru.kernels import causal_conv_decode, causal_conv_prefill
 
             def decode(part: StepPart, x):
-                return causal_conv_decode(x, weight, self.conv_states, part.conv_pages[gdn_layer])
+                return self._conv_decode(x, weight, self.conv_states, part.conv_pages[gdn_layer])
 
             def prefill(part: StepPart, x):
                 pages = part.conv_pages[gdn_layer]
-                return causal_conv_prefill(x, weight, self.conv_states, pages, part.cu_seqlens)
+                return self._conv_prefill(x, weight, self.conv_states, pages, part.cu_seqlens)
 
             return _by_part(meta, x, x, decode, prefill)
         pages = meta.conv_pages[gdn_layer]
@@ -149,11 +153,10 @@ class PagedStates:
 
     def delta_rule(self, gdn_layer: int, q, k, v, g, beta, meta: StateMeta) -> torch.Tensor:
         if self.use_kernels and (meta.prefill is None or self._chunk_prefill is not None):
-            from rimuru.kernels import gated_delta_decode
 
             def decode(part: StepPart, q, k, v, g, beta):
                 pages = part.ssm_pages[gdn_layer]
-                return gated_delta_decode(q, k, v, g, beta, self.ssm, pages)
+                return self._rule_decode(q, k, v, g, beta, self.ssm, pages)
 
             def prefill(part: StepPart, q, k, v, g, beta):
                 pages = part.ssm_pages[gdn_layer]

@@ -268,6 +268,12 @@ class PageGeometry:
     def kv_pages_per_expert_page(self) -> int:
         return self.ratio(PageType.KV)
 
+    def state_bytes(self, num_state_layers: int) -> int:
+        """A hybrid request's state pages: one SSM and one conv slot per GDN layer."""
+        if not num_state_layers:
+            return 0
+        return num_state_layers * (self.bytes_of(PageType.SSM) + self.bytes_of(PageType.CONV))
+
     def describe(self) -> str:
         pages = ", ".join(p.describe() for p in self.padding)
         return f"page geometry: huge page {self.huge_page_bytes} B; {pages}"
