@@ -23,6 +23,7 @@ short table last.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import sys
 import time
@@ -177,9 +178,47 @@ def token_checks() -> list[tuple[str, str]]:
     return rows
 
 
+def load_timing() -> list[tuple[str, str]]:
+    """Where a start-up's minutes go: the non-expert weights on the device, then one MoE
+    layer's experts generated on the device and copied to pinned host memory."""
+    import cProfile
+    import io
+    import pstats
+
+    from rimuru.dataplane.model import open_weights
+    from rimuru.dataplane.model.hybrid_transformer import HybridTransformer
+
+    source = open_weights(MODEL, seed=0, router_skew=0.0)
+    cuda = torch.device("cuda")
+    torch.cuda.synchronize()
+    profile = cProfile.Profile()
+    start = time.monotonic()
+    profile.enable()
+    model = HybridTransformer.from_source(source, None, None, cuda, torch.bfloat16)
+    torch.cuda.synchronize()
+    profile.disable()
+    non_expert = time.monotonic() - start
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(18)
+    print(text.getvalue())
+    start = time.monotonic()
+    source.expert_weights(0, torch.bfloat16, pin_memory=True, work_device=cuda)
+    one_layer = time.monotonic() - start
+    start = time.monotonic()
+    source.expert_weights(1, torch.bfloat16, pin_memory=True, work_device=cuda)
+    second_layer = time.monotonic() - start
+    del model
+    torch.cuda.empty_cache()
+    n = source.config.num_moe_layers
+    return [
+        ("load: non-expert weights", f"{non_expert:.1f} s"),
+        ("load: experts of one layer", f"{one_layer:.2f} s, then {second_layer:.2f} s; x{n}"),
+    ]
+
+
 def _bench(out: Path, argv: list[str]) -> dict:
-    base = ["bench", "--model", MODEL, "--trace", "sharegpt_qwen_1000", "--request-rate", "inf",
-            "--output-dir", str(out), "--no-progress"]  # fmt: skip
+    base = ["bench", "--model", MODEL, "--device", "cuda", "--trace", "sharegpt_qwen_1000",
+            "--request-rate", "inf", "--output-dir", str(out), "--no-progress"]  # fmt: skip
     start = time.monotonic()
     code = rimuru_main(base + argv)
     torch.cuda.empty_cache()
@@ -212,10 +251,11 @@ def main() -> int:
     p.add_argument("what", choices=["checks", "full-memory", "just-fits"])
     p.add_argument("--out", default="out/hybrid_gpu")
     args = p.parse_args()
+    faulthandler.dump_traceback_later(540, exit=False)  # where a call that runs long stands
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     steps = {
-        "checks": [kernel_checks, token_checks],
+        "checks": [load_timing, kernel_checks, token_checks],
         "full-memory": [lambda: full_memory(out)],
         "just-fits": [lambda: just_fits(out)],
     }[args.what]

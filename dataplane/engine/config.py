@@ -74,6 +74,12 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}"
             )
+        # Refused before minutes of loading, not after: the device defaults to the CPU.
+        if self.gpu_memory_utilization is not None and self.device == "cpu":
+            raise ValueError(
+                "gpu_memory_utilization needs a CUDA device: add --device cuda, or on the CPU "
+                "give --memory-budget in bytes"
+            )
         if self.block_size != BLOCK_SIZE:
             raise ValueError(f"block_size must be {BLOCK_SIZE} (the kernels' page layout)")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:

@@ -197,6 +197,14 @@ def test_a_cuda_device_that_is_not_there_is_refused_when_the_engine_starts():
             Engine(EngineConfig(device=f"cuda:{count}"))
 
 
+def test_a_share_of_gpu_memory_on_the_cpu_is_refused_before_any_weights_load():
+    # The device defaults to the CPU: a GPU run that forgets --device cuda must not spend
+    # minutes generating a large model's weights on the host before it is told.
+    with pytest.raises(ValueError, match=r"needs a CUDA device: add --device cuda"):
+        EngineConfig(model="qwen3.5-35b-a3b", gpu_memory_utilization=0.9)
+    assert EngineConfig(device="cuda", gpu_memory_utilization=0.9).gpu_memory_utilization == 0.9
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
