@@ -61,7 +61,7 @@ def _err(got: torch.Tensor, want: torch.Tensor) -> str:
 
 
 def kernel_checks() -> list[tuple[str, str]]:
-    from rimuru.dataplane.engine.paged_states import _fla_chunk_prefill
+    from rimuru.dataplane.engine.paged_states import StepPart, _fla_chunk_prefill
     from rimuru.kernels import causal_conv_decode, causal_conv_prefill, gated_delta_decode
 
     gdn = preset_config(MODEL).linear_attention
@@ -106,7 +106,8 @@ def kernel_checks() -> list[tuple[str, str]]:
     if prefill is None:
         rows.append(("gdn chunked prefill", "fla-core not installed: torch path"))
     else:
-        out = prefill(q, k, v, g, beta, states, pages, cu.to(torch.int32))
+        part = StepPart(None, pages[None], pages[None], cu.to(torch.int32), cu, cu.cpu())
+        out = prefill(q, k, v, g, beta, states, pages, part)
         outs, finals = [], []
         for i, n in enumerate(lengths):
             r = slice(int(cu[i]), int(cu[i]) + n)
@@ -178,44 +179,6 @@ def token_checks() -> list[tuple[str, str]]:
     return rows
 
 
-def load_timing() -> list[tuple[str, str]]:
-    """Where a start-up's minutes go: the non-expert weights on the device, then one MoE
-    layer's experts generated on the device and copied to pinned host memory."""
-    import cProfile
-    import io
-    import pstats
-
-    from rimuru.dataplane.model import open_weights
-    from rimuru.dataplane.model.hybrid_transformer import HybridTransformer
-
-    source = open_weights(MODEL, seed=0, router_skew=0.0)
-    cuda = torch.device("cuda")
-    torch.cuda.synchronize()
-    profile = cProfile.Profile()
-    start = time.monotonic()
-    profile.enable()
-    model = HybridTransformer.from_source(source, None, None, cuda, torch.bfloat16)
-    torch.cuda.synchronize()
-    profile.disable()
-    non_expert = time.monotonic() - start
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(18)
-    print(text.getvalue())
-    start = time.monotonic()
-    source.expert_weights(0, torch.bfloat16, pin_memory=True, work_device=cuda)
-    one_layer = time.monotonic() - start
-    start = time.monotonic()
-    source.expert_weights(1, torch.bfloat16, pin_memory=True, work_device=cuda)
-    second_layer = time.monotonic() - start
-    del model
-    torch.cuda.empty_cache()
-    n = source.config.num_moe_layers
-    return [
-        ("load: non-expert weights", f"{non_expert:.1f} s"),
-        ("load: experts of one layer", f"{one_layer:.2f} s, then {second_layer:.2f} s; x{n}"),
-    ]
-
-
 def _bench(out: Path, argv: list[str]) -> dict:
     base = ["bench", "--model", MODEL, "--device", "cuda", "--trace", "sharegpt_qwen_1000",
             "--request-rate", "inf", "--output-dir", str(out), "--no-progress"]  # fmt: skip
@@ -255,7 +218,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     steps = {
-        "checks": [load_timing, kernel_checks, token_checks],
+        "checks": [kernel_checks, token_checks],
         "full-memory": [lambda: full_memory(out)],
         "just-fits": [lambda: just_fits(out)],
     }[args.what]

@@ -43,6 +43,11 @@ class StepPart:
     ssm_pages: torch.Tensor  # [G, S'] int64
     conv_pages: torch.Tensor  # [G, S'] int64
     cu_seqlens: torch.Tensor  # [S' + 1] int32 over their rows
+    # The same offsets for fla-core's chunked rule (prefill only): int64 on the device, one
+    # object for every layer of the step, and on the host. fla caches what it derives from
+    # them by tensor identity and reads the host copy instead of syncing on the device's.
+    cu_seqlens_long: torch.Tensor | None = None
+    cu_seqlens_host: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -75,24 +80,26 @@ class StateMeta:
         one = [i for i, n in enumerate(lengths) if n == 1]
         more = [i for i, n in enumerate(lengths) if n > 1]
 
-        def part(seqs: list[int]) -> StepPart | None:
+        def part(seqs: list[int], prefill: bool) -> StepPart | None:
             if not seqs:
                 return None
             every = len(seqs) == len(lengths)
             rows = [r for i in seqs for r in range(starts[i], starts[i] + lengths[i])]
             cu = [0, *itertools.accumulate(lengths[i] for i in seqs)]
+            cu_host = torch.tensor(cu, dtype=torch.int64)
             return StepPart(
                 None if every else to_device(torch.tensor(rows, dtype=torch.int64), device),
                 to_device(ssm[:, seqs].contiguous(), device),
                 to_device(conv[:, seqs].contiguous(), device),
-                to_device(torch.tensor(cu, dtype=torch.int32), device),
+                to_device(cu_host.to(torch.int32), device),
+                to_device(cu_host, device) if prefill else None, cu_host if prefill else None,
             )  # fmt: skip
 
         cu = [0, *itertools.accumulate(lengths)]
         return cls(
             tuple(starts), tuple(lengths), to_device(ssm, device), to_device(conv, device),
             to_device(torch.tensor(cu, dtype=torch.int32), device),
-            to_device(to_zero, device), len(new), part(one), part(more),
+            to_device(to_zero, device), len(new), part(one, prefill=False), part(more, prefill=True),
         )  # fmt: skip
 
 
@@ -160,7 +167,7 @@ class PagedStates:
 
             def prefill(part: StepPart, q, k, v, g, beta):
                 pages = part.ssm_pages[gdn_layer]
-                return self._chunk_prefill(q, k, v, g, beta, self.ssm, pages, part.cu_seqlens)
+                return self._chunk_prefill(q, k, v, g, beta, self.ssm, pages, part)
 
             return _by_part(meta, v, (q, k, v, g, beta), decode, prefill)
         pages = meta.ssm_pages[gdn_layer]
@@ -200,12 +207,12 @@ def _fla_chunk_prefill():
     except ImportError:
         return None
 
-    def prefill(q, k, v, g, beta, states, pages, cu_seqlens) -> torch.Tensor:
+    def prefill(q, k, v, g, beta, states, pages, part: StepPart) -> torch.Tensor:
         dtype = v.dtype
         out, final = chunk_gated_delta_rule(
             q.to(dtype)[None], k.to(dtype)[None], v[None], g[None], beta.to(dtype)[None],
             initial_state=states[pages], output_final_state=True,
-            cu_seqlens=cu_seqlens.to(torch.int64),
+            cu_seqlens=part.cu_seqlens_long, cu_seqlens_cpu=part.cu_seqlens_host,
         )  # fmt: skip
         states[pages] = final
         return out[0]
