@@ -21,7 +21,7 @@ from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.errors import DOMAIN_ERRORS, InvalidArgument, NotFound
 from rimuru.controlplane.policy import Policy
 from rimuru.controlplane.status import code_for, error_from_rpc
-from rimuru.policy import MODES, Tunables, check_pushable
+from rimuru.policy import ELASTIC_RULES, MODES, Tunables, check_pushable
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 
@@ -66,6 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--copy-budget", type=float, dest="copy_budget",
         help="elastic: expert copies per decode step the offloaded experts may cost (expected "
         "or measured, the larger); evictions stop and admission is capped there (0 = no budget)",
+    )  # fmt: skip
+    set_parser.add_argument(
+        "--elastic-rule", choices=ELASTIC_RULES, dest="elastic_rule",
+        help="elastic: cost (evict only where it pays) or paper (whenever pages run short)",
+    )  # fmt: skip
+    set_parser.add_argument(
+        "--tpot-slo-ms", type=float, dest="tpot_slo_ms",
+        help="elastic, cost rule: evictions may not push a decode step past this (0 = none)",
     )  # fmt: skip
     watch = verbs.add_parser(
         "watch", parents=[common], help="print each pushed version (ACKs them) until Ctrl-C"
@@ -125,7 +133,14 @@ def _set(client: ControlPlaneClient, args: argparse.Namespace) -> Policy:
         base, expected = None, 0
     changes = {
         name: getattr(args, name)
-        for name in ("mode", *INT_TUNABLES, "online_hotness", "copy_budget")
+        for name in (
+            "mode",
+            *INT_TUNABLES,
+            "online_hotness",
+            "copy_budget",
+            "elastic_rule",
+            "tpot_slo_ms",
+        )
     }
     changes = {k: v for k, v in changes.items() if v is not None}
     if not changes and base is not None:

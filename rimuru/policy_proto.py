@@ -14,6 +14,8 @@ from rimuru.v1 import control_pb2 as pb
 
 MODE_TO_PROTO = {"resident": pb.MODE_RESIDENT, "fixed": pb.MODE_FIXED, "elastic": pb.MODE_ELASTIC}
 MODE_FROM_PROTO = {v: k for k, v in MODE_TO_PROTO.items()}
+RULE_TO_PROTO = {"cost": pb.ELASTIC_RULE_COST, "paper": pb.ELASTIC_RULE_PAPER}
+RULE_FROM_PROTO = {v: k for k, v in RULE_TO_PROTO.items()}
 
 
 def tunables_to_proto(t: Tunables) -> pb.Tunables:
@@ -26,6 +28,8 @@ def tunables_to_proto(t: Tunables) -> pb.Tunables:
         pages_per_expert=t.pages_per_expert,
         online_hotness=t.online_hotness,
         copy_budget=t.copy_budget,
+        elastic_rule=RULE_TO_PROTO[t.elastic_rule],
+        tpot_slo_ms=t.tpot_slo_ms,
     )
 
 
@@ -36,6 +40,11 @@ def tunables_from_proto(msg: pb.Tunables) -> Tunables:
             "must be MODE_RESIDENT, MODE_FIXED or MODE_ELASTIC; got "
             f"{pb.Mode.Name(msg.mode) if msg.mode in pb.Mode.values() else msg.mode}",
         )
+    if msg.elastic_rule not in RULE_FROM_PROTO:
+        raise InvalidPolicy(
+            "tunables.elastic_rule",
+            f"must be ELASTIC_RULE_COST or ELASTIC_RULE_PAPER; got {msg.elastic_rule}",
+        )
     return Tunables(
         mode=MODE_FROM_PROTO[msg.mode],
         expert_offload_limit=msg.expert_offload_limit,
@@ -45,6 +54,8 @@ def tunables_from_proto(msg: pb.Tunables) -> Tunables:
         pages_per_expert=msg.pages_per_expert,
         online_hotness=msg.online_hotness,
         copy_budget=msg.copy_budget,
+        elastic_rule=RULE_FROM_PROTO[msg.elastic_rule],
+        tpot_slo_ms=msg.tpot_slo_ms,
     )
 
 

@@ -40,6 +40,11 @@ back are ones the budget counts. The ranking can be wrong about what is cold, so
 also measures the copies its decode steps make (engine/copy_budget.py) and the budget
 counts the larger figure.
 
+Cost rule (`tunables.elastic_rule = "cost"`, the default; "paper" is the rules above alone):
+each eviction the rules ask for must also pay for itself, from measured costs (payoff.py):
+the batch its pages buy against the copies it adds. The first that does not pay ends the
+round, so `expert_offload_limit` becomes a ceiling the rule stays under by itself.
+
 `reserve` then turns a decision into a ChangeList with page ids from the allocator.
 """
 
@@ -47,9 +52,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from rimuru.dataplane.adjust.payoff import CostView, eviction_pays
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.policy import HotnessRanking, Tunables
@@ -175,13 +181,16 @@ def decide(
     step: StepShape | None = None,
     counted: Residency | None = None,
     measured: float = 0.0,
+    costs: CostView | None = None,
 ) -> AdjusterDecision:
     """Pure: what to evict or load this round (see the module docstring). `step` is needed
     for a copy budget; without it the budget is not applied. `counted`: the experts whose
     absence the budget prices (the start-up residency; None: all). `measured`: copies per
     decode step lately (the engine's CopyMeter, engine/copy_budget.py); the budget counts the larger of it and the
     ranking's expectation, and at or past the budget evicts nothing, not even experts the
-    ranking calls free (it is evidently wrong about them)."""
+    ranking calls free (it is evidently wrong about them). `costs`: what the cost rule
+    (elastic_rule "cost", payoff.py) prices evictions with; without it (or with the paper
+    rule) evictions are not priced."""
     if shortfall < 0 or num_free_expert_pages < 0:
         raise ValueError("shortfall and free page counts must be >= 0")
     if len(resident) != ranking.num_layers:
@@ -190,17 +199,53 @@ def decide(
         return AdjusterDecision()
     n_evict = num_to_evict(shortfall, num_free_expert_pages, tunables)
     if n_evict:
-        budget = None
+        checks = []
         if tunables.copy_budget > 0 and step is not None:
             if measured >= tunables.copy_budget:
                 return AdjusterDecision()
             spent = max(expected_copies(ranking, resident, step, counted), measured)
-            budget = (tunables.copy_budget - spent, step, counted)
-        return AdjusterDecision(evict=_coldest(n_evict, ranking, resident, tunables, budget))
+            checks.append(_within_budget(tunables.copy_budget - spent, step, counted))
+        if tunables.elastic_rule == "cost" and costs is not None:
+            checks.append(_paying(costs, step.top_k if step else 1))
+        return AdjusterDecision(evict=_coldest(n_evict, ranking, resident, tunables, checks))
     n_load = num_to_load(shortfall, num_free_expert_pages, tunables)
     if n_load:
         return AdjusterDecision(load=hottest(n_load, ranking, resident))
     return AdjusterDecision()
+
+
+# An eviction check: given the next coldest (layer, expert) and its routing share, whether
+# it may go (and, if so, it counts it as gone).
+Check = Callable[[ExpertKey, float], bool]
+
+
+def _within_budget(left: float, step: StepShape, counted: Residency | None) -> Check:
+    def check(key: ExpertKey, share: float) -> bool:
+        nonlocal left
+        if counted is not None and key[1] not in counted[key[0]]:
+            return True  # never fitted at start-up: outside the budget
+        cost = route_probability(share, step)
+        if cost > 0 and cost > left:
+            return False
+        left -= cost
+        return True
+
+    return check
+
+
+def _paying(view: CostView, top_k: int) -> Check:
+    done, added = 0, 0.0
+
+    def check(key: ExpertKey, share: float) -> bool:
+        nonlocal done, added
+        batch_after = view.batch + (done + 1) * view.batch_per_eviction
+        dc = route_probability(share, StepShape(math.ceil(batch_after), top_k))
+        if not eviction_pays(view, done, added, dc):
+            return False
+        done, added = done + 1, added + dc
+        return True
+
+    return check
 
 
 def _coldest(
@@ -208,9 +253,10 @@ def _coldest(
     ranking: HotnessRanking,
     resident: Residency,
     t: Tunables,
-    # (copies per step left, the step, the experts that count)
-    budget: tuple[float, StepShape, Residency | None] | None = None,
+    checks: Sequence[Check] = (),
 ) -> tuple[ExpertKey, ...]:
+    """Up to n resident experts, coldest first across layers, within expert_offload_limit;
+    the first that a check refuses ends the list (the ones after it are hotter)."""
     num_experts = ranking.num_experts
     # per layer: resident experts coldest first
     queues = [
@@ -224,16 +270,12 @@ def _coldest(
             heap.append((ranking.share(layer, queue[0]), layer, 0))
     heapq.heapify(heap)
     chosen: list[ExpertKey] = []
-    left = budget[0] if budget is not None else math.inf
     while heap and len(chosen) < n:
         share, layer, pos = heapq.heappop(heap)
-        expert = queues[layer][pos]
-        if budget is not None and (budget[2] is None or expert in budget[2][layer]):
-            cost = route_probability(share, budget[1])
-            if cost > 0 and cost > left:  # the rest cost as much or are not counted: stop
-                break
-            left -= cost
-        chosen.append((layer, expert))
+        key = (layer, queues[layer][pos])
+        if not all(check(key, share) for check in checks):
+            break
+        chosen.append(key)
         offloaded[layer] += 1
         if pos + 1 < len(queues[layer]) and offloaded[layer] < t.expert_offload_limit:
             heapq.heappush(heap, (ranking.share(layer, queues[layer][pos + 1]), layer, pos + 1))

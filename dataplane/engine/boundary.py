@@ -16,13 +16,17 @@ from rimuru.dataplane.adjust.adjuster import (
     Residency,
     StepShape,
     decide,
+    expected_copies,
     reserve,
+    route_probability,
 )
+from rimuru.dataplane.adjust.payoff import CostView, eviction_pays
 from rimuru.dataplane.engine.copy_budget import CopyControl
 from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.policy_state import PolicyState
 from rimuru.dataplane.engine.scheduler import RoundState
+from rimuru.dataplane.engine.step_cost import StepCostMeter
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.policy import HotnessRanking, Tunables
@@ -41,6 +45,7 @@ def move_boundary(
     step: StepShape | None = None,  # for tunables.copy_budget
     counted: Residency | None = None,  # the experts the budget prices (adjuster.decide)
     measured: float = 0.0,  # copies per decode step lately (adjuster.decide)
+    costs: CostView | None = None,  # for elastic_rule "cost" (payoff.py)
 ) -> ChangeList:
     decision = decide(
         kv.shortfall_in_expert_pages(kv_pages_short),
@@ -51,6 +56,7 @@ def move_boundary(
         step,
         counted,
         measured,
+        costs,
     )
     if evict_only:
         decision = AdjusterDecision(evict=decision.evict)
@@ -70,10 +76,12 @@ class ElasticBoundary:
         kv: KVCacheManager,
         experts: ExpertManager,
         copy_control: CopyControl,
+        step_cost: StepCostMeter,
         max_num_seqs: int,
         top_k: int,
     ):
         self.policy = policy
+        self.step_cost = step_cost
         self.allocator = allocator
         self.kv = kv
         self.experts = experts
@@ -95,23 +103,71 @@ class ElasticBoundary:
         # admission cap must then let it in). Not applied with nothing running (else a
         # waiting request the budget keeps out would wait forever) nor when asked (a lone
         # request short of pages, scheduler.py).
-        step = None
+        step = costs = None
+        admitting = not evict_only and round.num_waiting > 0
+        batch = min(round.num_running + admitting, self.max_num_seqs)
         if apply_copy_budget and round.num_running:
-            admitting = not evict_only and round.num_waiting > 0
-            batch = min(round.num_running + admitting, self.max_num_seqs)
             step = StepShape(batch, self.top_k)
+            demand = evict_only or kv_pages_short > 0 or round.num_waiting > 0
+            costs = self.costs(batch, round.num_running, demand)
         return move_boundary(
             kv_pages_short, self.allocator, self.kv, self.experts, self.policy.ranking,
             self.policy.tunables, round.step - 1, evict_only=evict_only, step=step,
             counted=self.copy_control.start_resident, measured=self.copy_control.measured,
+            costs=costs,
         )  # fmt: skip
+
+    def costs(self, batch: int, num_running: int, demand: bool) -> CostView | None:
+        """What the cost rule prices an eviction with now (None under the paper rule):
+        the measured step cost, the copies per step (expected from the ranking over every
+        offloaded expert, or measured, the larger) and the batch one eviction's pages buy
+        (pages_per_expert over what a running request holds)."""
+        t = self.policy.tunables
+        if t.mode != "elastic" or t.elastic_rule != "cost":
+            return None
+        shape = StepShape(max(batch, 1), self.top_k)
+        resident = self.experts.resident_sets()
+        copies = max(
+            expected_copies(self.policy.ranking, resident, shape), self.copy_control.measured
+        )
+        per_request = self.kv.held_in_expert_pages() / num_running if num_running else 0.0
+        return CostView(
+            cost=self.step_cost.cost(),
+            batch=batch,
+            copies=copies,
+            batch_per_eviction=t.pages_per_expert / max(per_request, 1.0),
+            demand=demand,
+            tpot_slo_s=t.tpot_slo_ms / 1e3 if t.tpot_slo_ms else None,
+        )
 
     def admit_limit(self, round: RoundState) -> int:
         """Elastic with a copy budget: the batch up to which the experts offloaded now stay
-        within it (copy_budget.py); else max_num_seqs."""
-        return self.copy_control.limit(
+        within it (copy_budget.py); else max_num_seqs. Under the cost rule, no one more is
+        admitted while the hottest offloaded expert would no longer pay for its pages at
+        this batch: the pages that finishing requests free then go back to experts (the
+        grow rule) instead of to a larger batch whose copies cost more than it gains."""
+        limit = self.copy_control.limit(
             self.policy.tunables, self.policy.ranking, self.experts, round.num_running
         )
+        if round.num_running and not self._hottest_offloaded_pays(round.num_running + 1):
+            return min(limit, round.num_running)
+        return limit
+
+    def _hottest_offloaded_pays(self, batch: int) -> bool:
+        view = self.costs(batch, batch - 1, demand=True)
+        if view is None:
+            return True
+        ranking = self.policy.ranking
+        shares = [
+            ranking.share(layer, e)
+            for layer, here in enumerate(self.experts.resident_sets())
+            for e in range(ranking.num_experts)
+            if e not in here
+        ]
+        if not shares:
+            return True
+        dc = route_probability(max(shares), StepShape(batch, self.top_k))
+        return eviction_pays(view, 0, 0.0, dc)
 
     def make_room(self, kv_pages_lacking: int, round: RoundState) -> int:
         """Elastic, inside a scheduling round: evict experts now so that a running request

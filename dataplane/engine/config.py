@@ -125,9 +125,13 @@ class EngineConfig:
 
     def with_mode(self, mode: str) -> EngineConfig:
         """This config under another memory policy (bench and plan compare policies): the
-        copy budget belongs to elastic alone, so the other modes drop it."""
-        budget = self.tunables.copy_budget if mode == "elastic" else 0.0
-        return replace(self, tunables=replace(self.tunables, mode=mode, copy_budget=budget))
+        copy budget and the TPOT SLO belong to elastic alone, so the other modes drop them."""
+        elastic = mode == "elastic"
+        t = self.tunables
+        return replace(self, tunables=replace(
+            t, mode=mode, copy_budget=t.copy_budget if elastic else 0.0,
+            tpot_slo_ms=t.tpot_slo_ms if elastic else 0.0,
+        ))  # fmt: skip
 
 
 def check_device_name(device: str) -> None:

@@ -75,21 +75,25 @@ class CopyControl:
 
     def end_step(
         self, experts: ExpertManager, scheduled: Sequence, idle: bool, tunables: Tunables
-    ) -> None:
+    ) -> int:
         """After the step's forward finished and the device's counters were synced;
         `scheduled`: the step's ScheduledRequests. `idle`: nothing runs now; what was
         measured belonged to a batch that is gone (a server does not step while idle, so the
-        next burst would start held). Without a budget this returns at once (every step)."""
-        if tunables.mode != "elastic" or tunables.copy_budget <= 0 or not self._meter_on:
-            return
+        next burst would start held). Returns the step's expert copies. Without a budget or
+        the cost rule the meter is left alone."""
+        copies = experts.counters.buffer_copies - self._copies_before
+        priced = tunables.copy_budget > 0 or tunables.elastic_rule == "cost"
+        if tunables.mode != "elastic" or not priced or not self._meter_on:
+            return copies
         back = all(
             len(r) == len(s) for r, s in zip(experts.resident, self.start_resident, strict=True)
         )
         if idle or back:  # back: every expert (start-up held them all)
             self.meter.value = 0.0
-            return
+            return copies
         decode_only = bool(scheduled) and all(s.num_new_tokens == 1 for s in scheduled)
-        self.meter.update(experts.counters.buffer_copies - self._copies_before, decode_only)
+        self.meter.update(copies, decode_only)
+        return copies
 
     def limit(
         self, tunables: Tunables, ranking: HotnessRanking, experts: ExpertManager, running: int

@@ -46,6 +46,11 @@ from rimuru.dataplane.engine.setup import (
     num_loading_buffers,
     warm_up_kernels,
 )
+from rimuru.dataplane.engine.step_cost import (
+    StepCostMeter,
+    measure_copy_seconds,
+    measure_read_seconds,
+)
 from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
@@ -118,9 +123,17 @@ class Engine:
         )  # fmt: skip
         # ---- scheduling under the policy in force
         self.copy_control = CopyControl(config.max_num_seqs, mc.top_k)  # the copy budget's
+        expert_bytes = 3 * self.geometry.expert_page_bytes
+        self.step_cost = StepCostMeter(  # the cost rule's prices, measured on this device
+            per_copy=measure_copy_seconds(self.device, expert_bytes),
+            seed_fixed=measure_read_seconds(  # every weight read once
+                self.device,
+                self.plan.non_pool_weight_bytes + mc.num_moe_layers * mc.num_experts * expert_bytes,
+            ),
+        )
         self.boundary = ElasticBoundary(
             self.policy, self.allocator, self.kv, self.experts, self.copy_control,
-            config.max_num_seqs, mc.top_k,
+            self.step_cost, config.max_num_seqs, mc.top_k,
         )  # fmt: skip
         elastic = config.tunables.mode == "elastic"
         self.scheduler = Scheduler(
@@ -309,6 +322,7 @@ class Engine:
         with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
             self.step_id += 1
             step = self.step_id
+            started = time.perf_counter()
             self.copy_control.begin_step(self.experts)
             out = self.scheduler.schedule(step)
             running = len(self.scheduler.running)  # before this step's finished leave
@@ -318,7 +332,7 @@ class Engine:
             if out.scheduled:
                 outputs = self._execute(out.scheduled, step)
             self._mark_complete(step)
-            self._record(out, step, running)
+            self._record(out, step, running, time.perf_counter() - started)
             return outputs
 
     def _mark_complete(self, step: int) -> None:
@@ -379,10 +393,12 @@ class Engine:
             return RequestStatus.FINISHED_LENGTH
         return None
 
-    def _record(self, out, step: int, running: int) -> None:
+    def _record(self, out, step: int, running: int, seconds: float) -> None:
         self.experts.sync_counters()  # after the step's forward finished
         idle = not self.scheduler.running
-        self.copy_control.end_step(self.experts, out.scheduled, idle, self.tunables)
+        copies = self.copy_control.end_step(self.experts, out.scheduled, idle, self.tunables)
+        decode_only = bool(out.scheduled) and all(s.num_new_tokens == 1 for s in out.scheduled)
+        self.step_cost.record(len(out.scheduled), copies, seconds, decode_only)
         self.stats.append(
             StepStats.capture(
                 step,

@@ -19,7 +19,7 @@ from typing import Any
 
 from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES, EngineConfig
 from rimuru.dataplane.memory.units import parse_bytes
-from rimuru.policy import MODES, Tunables
+from rimuru.policy import ELASTIC_RULES, MODES, Tunables
 
 ON, OFF = ("on", "true", "1", "yes"), ("off", "false", "0", "no")
 
@@ -88,6 +88,11 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("copy_budget", "elastic: expert copies per decode step the offloaded experts "
                "may cost (expected from the ranking or measured, the larger); evictions stop "
                "and admission is capped there (0 = no budget)", type=float, tunable=True),
+    EngineFlag("elastic_rule", "elastic: cost evicts only where the KV pages buy more output "
+               "than the copies cost (measured); paper evicts whenever pages run short",
+               choices=ELASTIC_RULES, tunable=True),
+    EngineFlag("tpot_slo_ms", "elastic, cost rule: evictions may not push a decode step's "
+               "estimated time past this many ms (0 = no SLO)", type=float, tunable=True),
     EngineFlag("fixed_expert_share", "fixed policy: the pool's share for experts", type=float),
     EngineFlag("loading_buffer_slots", "experts per loading buffer; caps the live "
                "expert_offload_limit (default: enough for the start-up policy)", type=int),

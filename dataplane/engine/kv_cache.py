@@ -102,6 +102,16 @@ class KVCacheManager:
     def num_free_pages(self) -> int:
         return self.allocator.num_free(PageType.KV)
 
+    def held_in_expert_pages(self) -> float:
+        """The KV and state pages requests hold now, in expert pages (by bytes)."""
+        g = self.allocator.geometry
+        held = sum(
+            self.allocator.num_owned(t) * g.bytes_of(t)
+            for t in (PageType.KV, PageType.SSM, PageType.CONV)
+            if g.has(t)
+        )
+        return held / g.expert_page_bytes
+
     def shortfall_in_expert_pages(self, kv_pages_short: int) -> int:
         per_expert = self.allocator.geometry.kv_pages_per_expert_page
         return math.ceil(kv_pages_short / per_expert)

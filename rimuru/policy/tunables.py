@@ -12,6 +12,10 @@ from dataclasses import asdict, dataclass
 from rimuru.policy.errors import InvalidPolicy
 
 MODES = ("resident", "fixed", "elastic")
+# How elastic decides to evict: "cost" prices each eviction against the copies it adds
+# (dataplane/adjust/payoff.py); "paper" evicts whenever pages run short, as the Rimuru paper
+# does (kept for the ablation).
+ELASTIC_RULES = ("cost", "paper")
 INT32_MAX = 2**31 - 1
 
 
@@ -31,6 +35,17 @@ def _check_int(name: str, value: object, low: int) -> None:
         raise InvalidPolicy(f"tunables.{name}", f"must be in [{low}, {INT32_MAX}]; got {value}")
 
 
+def _check_float(name: str, value: object) -> None:
+    """A finite number >= 0 (ints allowed, bools not)."""
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise InvalidPolicy(f"tunables.{name}", f"must be a finite number >= 0; got {value!r}")
+
+
 @dataclass(frozen=True)
 class Tunables:
     mode: str = "elastic"
@@ -48,6 +63,10 @@ class Tunables:
     # (adjust/adjuster.py, engine/copy_budget.py). Experts offloaded at start-up are
     # outside it. 0 = no budget: offload up to expert_offload_limit whatever it costs.
     copy_budget: float = 0.0
+    elastic_rule: str = "cost"
+    # Elastic: a decode step may take at most this long (ms) by the cost rule's estimate;
+    # evictions that would pass it are refused. 0 = no SLO.
+    tpot_slo_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -61,14 +80,17 @@ class Tunables:
         _check_int("pages_per_expert", self.pages_per_expert, 1)
         if not isinstance(self.online_hotness, bool):
             raise InvalidPolicy("tunables.online_hotness", "must be true or false")
-        if (
-            not isinstance(self.copy_budget, int | float)
-            or isinstance(self.copy_budget, bool)
-            or not math.isfinite(self.copy_budget)
-            or self.copy_budget < 0
-        ):
+        _check_float("copy_budget", self.copy_budget)
+        if self.elastic_rule not in ELASTIC_RULES:
             raise InvalidPolicy(
-                "tunables.copy_budget", f"must be a finite number >= 0; got {self.copy_budget!r}"
+                "tunables.elastic_rule",
+                f"must be one of {', '.join(ELASTIC_RULES)}; got {self.elastic_rule!r}",
+            )
+        _check_float("tpot_slo_ms", self.tpot_slo_ms)
+        if self.tpot_slo_ms and (self.mode != "elastic" or self.elastic_rule != "cost"):
+            raise InvalidPolicy(
+                "tunables.tpot_slo_ms",
+                "applies only to mode elastic with elastic_rule cost; set it to 0 otherwise",
             )
         if self.copy_budget and self.mode != "elastic":
             raise InvalidPolicy(

@@ -73,9 +73,12 @@ async def test_live_tuning_changes_the_adjuster_and_invalid_pushes_are_nacked(
         assert stats.num_expert_evictions == 0
         assert list(stats.num_experts_resident) == [32] * 4
 
-        # v2: a shrink threshold above the free pages -> one eviction per step, down to
-        # expert_offload_limit (4) experts offloaded per layer.
-        assert (await _set(cp, shrink_threshold=100_000, grow_threshold=100_001)).version == 2
+        # v2: the paper's rule with a shrink threshold above the free pages -> one eviction
+        # per step, down to expert_offload_limit (4) experts offloaded per layer. (The cost
+        # rule would evict nothing: no request waits, so pages buy nothing.)
+        paper = cpb.ELASTIC_RULE_PAPER
+        v2 = await _set(cp, shrink_threshold=100_000, grow_threshold=100_001, elastic_rule=paper)
+        assert v2.version == 2
         await _at_version(dp, 2, eventually)
         await _workload(dp)
         stats = await dp.stats()

@@ -13,13 +13,20 @@ class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODE_RESIDENT: _ClassVar[Mode]
     MODE_FIXED: _ClassVar[Mode]
     MODE_ELASTIC: _ClassVar[Mode]
+
+class ElasticRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ELASTIC_RULE_COST: _ClassVar[ElasticRule]
+    ELASTIC_RULE_PAPER: _ClassVar[ElasticRule]
 MODE_UNSPECIFIED: Mode
 MODE_RESIDENT: Mode
 MODE_FIXED: Mode
 MODE_ELASTIC: Mode
+ELASTIC_RULE_COST: ElasticRule
+ELASTIC_RULE_PAPER: ElasticRule
 
 class Tunables(_message.Message):
-    __slots__ = ("mode", "expert_offload_limit", "shrink_threshold", "grow_threshold", "max_grow_per_round", "pages_per_expert", "online_hotness", "copy_budget")
+    __slots__ = ("mode", "expert_offload_limit", "shrink_threshold", "grow_threshold", "max_grow_per_round", "pages_per_expert", "online_hotness", "copy_budget", "elastic_rule", "tpot_slo_ms")
     MODE_FIELD_NUMBER: _ClassVar[int]
     EXPERT_OFFLOAD_LIMIT_FIELD_NUMBER: _ClassVar[int]
     SHRINK_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +35,8 @@ class Tunables(_message.Message):
     PAGES_PER_EXPERT_FIELD_NUMBER: _ClassVar[int]
     ONLINE_HOTNESS_FIELD_NUMBER: _ClassVar[int]
     COPY_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_RULE_FIELD_NUMBER: _ClassVar[int]
+    TPOT_SLO_MS_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     expert_offload_limit: int
     shrink_threshold: int
@@ -36,7 +45,9 @@ class Tunables(_message.Message):
     pages_per_expert: int
     online_hotness: bool
     copy_budget: float
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., expert_offload_limit: _Optional[int] = ..., shrink_threshold: _Optional[int] = ..., grow_threshold: _Optional[int] = ..., max_grow_per_round: _Optional[int] = ..., pages_per_expert: _Optional[int] = ..., online_hotness: _Optional[bool] = ..., copy_budget: _Optional[float] = ...) -> None: ...
+    elastic_rule: ElasticRule
+    tpot_slo_ms: float
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., expert_offload_limit: _Optional[int] = ..., shrink_threshold: _Optional[int] = ..., grow_threshold: _Optional[int] = ..., max_grow_per_round: _Optional[int] = ..., pages_per_expert: _Optional[int] = ..., online_hotness: _Optional[bool] = ..., copy_budget: _Optional[float] = ..., elastic_rule: _Optional[_Union[ElasticRule, str]] = ..., tpot_slo_ms: _Optional[float] = ...) -> None: ...
 
 class RankingRef(_message.Message):
     __slots__ = ("id", "version", "digest")

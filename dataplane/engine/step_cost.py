@@ -1,0 +1,91 @@
+"""The measured StepCost the cost-aware elastic rule prices evictions with (adjust/payoff.py).
+
+    per_copy   one expert's bytes over the host-to-device bandwidth, timed at start-up
+    fixed      a decode step's time that does not grow with the batch
+    per_seq    what each decode sequence adds
+
+fixed and per_seq are fitted to the engine's own decode steps (exponentially weighted least
+squares of T - per_copy * copies on B, so the fit follows the load); mixed steps, whose
+prompt tokens cost more than a decode, are left out. Until enough decode steps were seen,
+fixed is the time to read the resident weights once at the device's measured copy
+bandwidth (a decode step reads at least that) and per_seq is 0.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rimuru.dataplane.adjust.payoff import StepCost
+
+MIN_DECODE_STEPS = 8  # before this many, the seed stands
+
+
+def _timed_copy(dst: torch.Tensor, src: torch.Tensor, repeats: int) -> float:
+    """Seconds per copy of src into dst (the fastest of `repeats`, after one warm copy)."""
+    dst.copy_(src, non_blocking=True)
+    best = float("inf")
+    for _ in range(repeats):
+        if dst.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3)
+        else:
+            began = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - began)
+    return best
+
+
+def measure_copy_seconds(device: torch.device, expert_bytes: int, repeats: int = 5) -> float:
+    """Seconds to copy one expert from (pinned) host memory to `device`."""
+    pin = device.type == "cuda"
+    src = torch.empty(expert_bytes, dtype=torch.uint8, pin_memory=pin)
+    dst = torch.empty(expert_bytes, dtype=torch.uint8, device=device)
+    return _timed_copy(dst, src, repeats)
+
+
+def measure_read_seconds(device: torch.device, nbytes: int, probe_bytes: int = 64 << 20) -> float:
+    """Seconds to read `nbytes` of device memory once, from a timed device-to-device copy
+    (a copy reads and writes each byte: half its time is the read)."""
+    probe = max(1, min(nbytes, probe_bytes))
+    src = torch.empty(probe, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return _timed_copy(dst, src, repeats=3) / 2 * (nbytes / probe)
+
+
+class StepCostMeter:
+    def __init__(self, per_copy: float, seed_fixed: float, decay: float = 0.97):
+        if per_copy < 0 or seed_fixed <= 0 or not 0 < decay < 1:
+            raise ValueError("need per_copy >= 0, seed_fixed > 0 and decay in (0, 1)")
+        self.per_copy, self.seed_fixed, self.decay = per_copy, seed_fixed, decay
+        self.num_steps = 0
+        self._w = self._x = self._y = self._xx = self._xy = 0.0  # weighted sums
+
+    def record(self, batch: int, copies: int, seconds: float, decode_only: bool) -> None:
+        if not decode_only or batch < 1 or seconds <= 0:
+            return
+        y = max(seconds - self.per_copy * copies, 0.0)
+        d = self.decay
+        self._w = d * self._w + 1.0
+        self._x = d * self._x + batch
+        self._y = d * self._y + y
+        self._xx = d * self._xx + batch * batch
+        self._xy = d * self._xy + batch * y
+        self.num_steps += 1
+
+    def cost(self) -> StepCost:
+        if self.num_steps < MIN_DECODE_STEPS:
+            return StepCost(self.seed_fixed, 0.0, self.per_copy)
+        mean_x, mean_y = self._x / self._w, self._y / self._w
+        var = self._xx / self._w - mean_x * mean_x
+        slope = (self._xy / self._w - mean_x * mean_y) / var if var > 1e-9 else 0.0
+        per_seq = max(slope, 0.0)
+        fixed = mean_y - per_seq * mean_x
+        if fixed <= 0:  # the steps grew faster than linearly: all of it per sequence
+            per_seq, fixed = max(mean_y, 1e-9) / max(mean_x, 1.0), 1e-9
+        return StepCost(fixed, per_seq, self.per_copy)

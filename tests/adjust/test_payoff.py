@@ -1,0 +1,108 @@
+"""The cost rule's decisions (payoff.py through adjuster.decide) on constructed cases."""
+
+import pytest
+
+from rimuru.dataplane.adjust.adjuster import StepShape, decide
+from rimuru.dataplane.adjust.payoff import CostView, StepCost, eviction_pays
+from rimuru.policy import HotnessRanking, InvalidPolicy, Tunables
+
+# layer 0: expert 2 hottest ... expert 1 coldest; layer 1: expert 0 hottest ... expert 3 coldest
+# coldest first: L0 e1 (share .05), L1 e3 (.10), L1 e2 (.20)
+RANKING = HotnessRanking.from_counts([[30, 5, 40, 25], [50, 20, 20, 10]])
+ALL = [frozenset(range(4)), frozenset(range(4))]
+COST = Tunables(expert_offload_limit=4)  # elastic_rule "cost" is the default
+PAPER = Tunables(expert_offload_limit=4, elastic_rule="paper")
+STEP = StepShape(tokens=2, top_k=1)  # only top_k is read by the cost rule
+
+
+def view(batch: int, per_copy: float, *, demand=True, slo=None, per_seq=0.0) -> CostView:
+    return CostView(StepCost(0.020, per_seq, per_copy), batch, 0.0, 0.5, demand, slo)
+
+
+def test_offloading_pays_while_the_batch_is_small_against_its_copies():
+    # B = 2: each eviction adds half a request (10 ms of fixed step time per half request)
+    # against at most 2.5 x 1 ms of copies: all three go, as under the paper's rule
+    d = decide(8, 0, RANKING, ALL, COST, STEP, costs=view(2, 0.001))
+    assert d.evict == ((0, 1), (1, 3), (1, 2)) == decide(8, 0, RANKING, ALL, PAPER, STEP).evict
+
+
+def test_offloading_that_cannot_pay_evicts_nothing():
+    # a slow bus (100 ms a copy) at B = 50: half a request never buys a copy in most steps
+    assert decide(8, 0, RANKING, ALL, COST, STEP, costs=view(50, 0.1)).evict == ()
+    # the paper's rule evicts regardless
+    assert decide(8, 0, RANKING, ALL, PAPER, STEP, costs=view(50, 0.1)).evict != ()
+
+
+def test_the_first_eviction_that_does_not_pay_ends_the_round():
+    # B = 10, 2 ms a copy. L0 e1 at B 11: dc = 1 - .95^11 = .4312; .5 x 20 ms = 10 ms >
+    # 10 x 2 ms x .4312 = 8.6 ms: pays. L1 e3: dc = 1 - .9^11 = .6862; .5 x (20 + 2 x .4312)
+    # = 10.4 ms < 10.5 x 2 x .6862 = 14.4 ms: does not, nor any hotter one after it.
+    assert decide(8, 0, RANKING, ALL, COST, STEP, costs=view(10, 0.002)).evict == ((0, 1),)
+
+
+@pytest.mark.parametrize(("slo", "evicted"), [(0.0204, ((0, 1),)), (0.0203, ())])
+def test_an_eviction_may_not_push_the_step_past_the_tpot_slo(slo, evicted):
+    # T(2.5, .1426) = 20 + .25 + .1426 ms = 20.39 ms; the second, at B 3 with .4136 copies,
+    # would take 20.71 ms
+    costs = view(2, 0.001, slo=slo, per_seq=0.0001)
+    assert decide(8, 0, RANKING, ALL, COST, STEP, costs=costs).evict == evicted
+
+
+def test_without_waiting_or_short_requests_pages_buy_nothing():
+    # nothing short, 1 free expert page: the paper's rule evicts one for headroom
+    assert decide(0, 1, RANKING, ALL, PAPER, STEP).evict == ((0, 1),)
+    assert decide(0, 1, RANKING, ALL, COST, STEP, costs=view(2, 0.0, demand=False)).evict == ()
+
+
+def test_an_expert_never_routed_always_pays_where_pages_are_wanted():
+    free = CostView(StepCost(0.02, 0.0, 1.0), 500, 0.0, 0.01, True)
+    assert eviction_pays(free, 0, 0.0, 0.0)
+    assert not eviction_pays(free, 0, 0.0, 1e-3)
+
+
+def test_loads_follow_the_grow_rule_under_either_rule():
+    resident = [frozenset({0, 2, 3}), frozenset({0, 1, 2})]
+    for t in (COST, PAPER):
+        assert decide(0, 20, RANKING, resident, t, STEP, costs=view(2, 0.1)).load == (
+            (1, 3),
+            (0, 1),
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"elastic_rule": "greedy"}, "tunables.elastic_rule"),
+        ({"tpot_slo_ms": -1.0}, "tunables.tpot_slo_ms"),
+        ({"tpot_slo_ms": float("nan")}, "tunables.tpot_slo_ms"),
+        ({"tpot_slo_ms": 50.0, "elastic_rule": "paper"}, "tunables.tpot_slo_ms"),
+        ({"tpot_slo_ms": 50.0, "mode": "resident"}, "tunables.tpot_slo_ms"),
+    ],
+)
+def test_bad_rules_and_slos_are_refused(kwargs, field):
+    with pytest.raises(InvalidPolicy) as raised:
+        Tunables(**kwargs)
+    assert raised.value.field == field
+
+
+def test_a_step_cost_needs_a_positive_fixed_part():
+    with pytest.raises(ValueError, match="fixed > 0"):
+        StepCost(0.0, 0.0, 0.001)
+
+
+def test_the_rule_and_the_slo_travel_on_the_wire_and_an_unknown_rule_is_refused():
+    from rimuru.policy_proto import tunables_from_proto, tunables_to_proto
+
+    t = Tunables(elastic_rule="paper")
+    assert tunables_from_proto(tunables_to_proto(t)) == t
+    t = Tunables(tpot_slo_ms=45.5)
+    assert tunables_from_proto(tunables_to_proto(t)) == t
+    # a client that predates the fields sends neither: the cost rule, no SLO
+    msg = tunables_to_proto(Tunables())
+    msg.ClearField("elastic_rule")
+    msg.ClearField("tpot_slo_ms")
+    assert tunables_from_proto(msg) == Tunables()
+    msg.elastic_rule = 7
+    with pytest.raises(InvalidPolicy) as raised:
+        tunables_from_proto(msg)
+    assert raised.value.field == "tunables.elastic_rule"
