@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 
@@ -25,20 +26,37 @@ def fatal(message: str) -> None:
     os._exit(EXIT_CODE)
 
 
+def first_exited(processes: Sequence[BaseProcess], wait_s: float = 0.0) -> int | None:
+    """The rank of the first follower seen exited within `wait_s`, or None."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for rank, p in enumerate(processes, start=1):
+            if p.exitcode is not None:
+                return rank
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(POLL_S / 4)
+
+
+def stop_for(processes: Sequence[BaseProcess], rank: int) -> None:
+    """Rank 0, once follower `rank` has exited: kill the others, say why, exit 1."""
+    for p in processes:
+        if p.exitcode is None:
+            p.kill()
+    p = processes[rank - 1]
+    fatal(
+        f"tensor-parallel rank {rank} (pid {p.pid}) exited with code {p.exitcode}: stopping every rank"
+    )
+
+
 def watch_followers(processes: Sequence[BaseProcess], stopping: threading.Event) -> None:
     """Rank 0: any follower that exits while `stopping` is unset stops every rank."""
 
     def run() -> None:
         while not stopping.wait(POLL_S):
-            for rank, p in enumerate(processes, start=1):
-                if p.exitcode is not None and not stopping.is_set():
-                    for other in processes:
-                        if other.exitcode is None:
-                            other.kill()
-                    fatal(
-                        f"tensor-parallel rank {rank} (pid {p.pid}) exited with code "
-                        f"{p.exitcode}: stopping every rank"
-                    )
+            rank = first_exited(processes)
+            if rank is not None and not stopping.is_set():
+                stop_for(processes, rank)
 
     threading.Thread(target=run, name="rimuru-tp-watchdog", daemon=True).start()
 

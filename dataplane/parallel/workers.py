@@ -28,11 +28,12 @@ from rimuru.dataplane.parallel.leader import StepLeader
 from rimuru.dataplane.parallel.messages import Shutdown, StartEngine
 from rimuru.dataplane.parallel.rank import rank_config
 from rimuru.dataplane.parallel.shard import check_shardable
-from rimuru.dataplane.parallel.watchdog import watch_followers
+from rimuru.dataplane.parallel.watchdog import first_exited, stop_for, watch_followers
 
 log = logging.getLogger("rimuru.parallel")
 
 JOIN_TIMEOUT_S = 30.0  # a follower told to shut down has left by then, or is killed
+DEATH_NOTICE_S = 1.0  # how long after a failed collective a dead follower shows its exit
 
 
 class TensorParallelWorkers:
@@ -109,5 +110,16 @@ class TensorParallelWorkers:
     def __enter__(self) -> TensorParallelWorkers:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.shutdown()
+            return
+        # Rank 0 failed. A follower that died is the better explanation (gloo reports only
+        # "connection closed"): its exit ends the process here. Else rank 0's own error
+        # propagates; the followers may be inside a collective, so they are killed.
+        self._stopping.set()
+        rank = first_exited(self.processes, wait_s=DEATH_NOTICE_S)
+        if rank is not None:
+            stop_for(self.processes, rank)
+        for p in self.processes:
+            p.kill()

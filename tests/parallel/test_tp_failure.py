@@ -1,0 +1,101 @@
+"""A rank that dies stops the run: exit non-zero with a message within a bounded time,
+never a hang (watchdog.py). Each test runs `rimuru generate -tp 2` as a process and kills
+one of its ranks mid-generation."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+BOUND_S = 10.0  # the watchdogs poll every 0.2 s; the rest is slack for a loaded machine
+
+
+class _Run:
+    """`rimuru generate -tp 2` with a long greedy completion, its output read by threads."""
+
+    def __init__(self) -> None:
+        cmd = [sys.executable, "-m", "rimuru", "generate", "-tp", "2", "--token-ids", "1,2,3",
+               "--max-tokens", "4000", "--ignore-eos"]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+        )
+        self.stderr: list[str] = []
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stdout_bytes = 0
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+
+    def _read_stderr(self) -> None:
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+            self.lines.put(line)
+
+    def _read_stdout(self) -> None:
+        while self.proc.stdout.read(1):
+            self.stdout_bytes += 1
+
+    def follower_pid(self) -> int:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            match = re.search(r"followers' pids (\d+)", line)
+            if match:
+                return int(match.group(1))
+        raise AssertionError("no follower pid in the output:\n" + "".join(self.stderr))
+
+    def wait_for_tokens(self) -> None:
+        deadline = time.monotonic() + 120
+        while self.stdout_bytes < 60:  # a few steps in: the ranks are mid-run
+            assert self.proc.poll() is None, "".join(self.stderr)
+            assert time.monotonic() < deadline, "no tokens came:\n" + "".join(self.stderr)
+            time.sleep(0.05)
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie not yet reaped counts: it runs nothing)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return re.search(r"State:\s+Z", status) is not None
+
+
+@pytest.fixture
+def run():
+    r = _Run()
+    yield r
+    if r.proc.poll() is None:
+        r.proc.kill()
+        r.proc.wait()
+
+
+def test_a_killed_follower_stops_the_run_with_a_message(run):
+    pid = run.follower_pid()
+    run.wait_for_tokens()
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    code = run.proc.wait(timeout=BOUND_S)
+    assert time.monotonic() - killed < BOUND_S
+    assert code == 1
+    time.sleep(0.2)  # the stderr reader drains the last line
+    assert f"tensor-parallel rank 1 (pid {pid}) exited with code -9" in "".join(run.stderr)
+
+
+def test_a_killed_rank_zero_takes_its_follower_down(run):
+    pid = run.follower_pid()
+    run.wait_for_tokens()
+    run.proc.kill()
+    run.proc.wait()
+    deadline = time.monotonic() + BOUND_S
+    while not _gone(pid):
+        assert time.monotonic() < deadline, f"rank 1 (pid {pid}) outlived rank 0"
+        time.sleep(0.1)
