@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from rimuru.dataplane.engine.capacity import plan_capacity
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.policy import Tunables
@@ -46,6 +47,9 @@ def expected(prompts):
 @pytest.mark.parametrize("mode", ["resident", "fixed", "elastic"])
 def test_tp2_tokens_equal_tp1_under_a_tight_pool(workers, prompts, expected, mode):
     two = build(workers, tiny(mode), POOL)
+    # rimuru plan -tp 2 predicts each rank's pool
+    (planned,) = plan_capacity(two.config, (mode,)).policies
+    assert planned.plan.num_huge_pages == two.plan.num_huge_pages
     for name, params in PARAMS.items():
         assert two.generate(prompts, params) == expected[name], name
         two.check_invariants()
