@@ -3,6 +3,7 @@ one device, else as rank 0 of workers started here and stopped when the command 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -22,3 +23,20 @@ def engine_builder(config: EngineConfig, *, threads: int = 1) -> Iterator[Callab
 
     with TensorParallelWorkers(size, config.device, threads=threads) as workers:
         yield workers.engine
+
+
+def start_engine(config: EngineConfig, *, threads: int = 1, **kwargs) -> Engine:
+    """One engine that owns its workers (rimuru serve builds it on its engine thread):
+    `Engine.close()` stops them."""
+    if config.tensor_parallel_size == 1:
+        return Engine(config, **kwargs)
+    from rimuru.dataplane.parallel.workers import TensorParallelWorkers
+
+    workers = TensorParallelWorkers(config.tensor_parallel_size, config.device, threads=threads)
+    try:
+        engine = workers.engine(config, **kwargs)
+    except BaseException:
+        workers.__exit__(*sys.exc_info())
+        raise
+    engine.tp.after_close = workers.shutdown
+    return engine

@@ -9,6 +9,7 @@ reports: same number of forwards, same expert page table at the end.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from rimuru.dataplane.engine.expert_manager import ExpertManager
@@ -26,6 +27,7 @@ class StepLeader(RankLink):
         self.residency_digest = ""
         self.reports: list[RankReport] = []  # the followers', once closed
         self.closed = False
+        self.after_close: Callable[[], None] | None = None  # an engine owning its workers
 
     def send_step(self, step: int, batch: StepBatch, experts: ExpertManager) -> None:
         if self.closed:
@@ -54,3 +56,5 @@ class StepLeader(RankLink):
                     f"forwards and residency {r.residency_digest}, rank 0 {self.num_steps} "
                     f"and {self.residency_digest}"
                 )
+        if self.after_close is not None:
+            self.after_close()

@@ -3,8 +3,10 @@ test module: spawning a rank costs seconds (it imports torch), an engine on it d
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from functools import cache
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +55,15 @@ def build(workers: TensorParallelWorkers | None, config: EngineConfig, pool_byte
     if workers is None:
         return Engine(config, log_plan=False)
     return workers.engine(config, log_plan=False)
+
+
+def gone(pid: int) -> bool:
+    """Exited (a zombie not yet reaped counts: it runs nothing)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return re.search(r"State:\s+Z", status) is not None
 
 
 @pytest.fixture(autouse=True)

@@ -12,9 +12,10 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+
+from .conftest import gone
 
 BOUND_S = 10.0  # the watchdogs poll every 0.2 s; the rest is slack for a loaded machine
 
@@ -60,15 +61,6 @@ class _Run:
             time.sleep(0.05)
 
 
-def _gone(pid: int) -> bool:
-    """Exited (a zombie not yet reaped counts: it runs nothing)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return True
-    return re.search(r"State:\s+Z", status) is not None
-
-
 @pytest.fixture
 def run():
     r = _Run()
@@ -96,6 +88,6 @@ def test_a_killed_rank_zero_takes_its_follower_down(run):
     run.proc.kill()
     run.proc.wait()
     deadline = time.monotonic() + BOUND_S
-    while not _gone(pid):
+    while not gone(pid):
         assert time.monotonic() < deadline, f"rank 1 (pid {pid}) outlived rank 0"
         time.sleep(0.1)
