@@ -43,6 +43,11 @@ def load_model(
     """Open the weights (a preset or a checkpoint), put the non-pool ones on `device` and the
     experts on the host, and choose the compute path that will serve them. With `tp`, this
     rank's slice of them, summed across ranks by its ops (dataplane/parallel/)."""
+    if c.tensor_parallel_size > 1 and tp is None:
+        raise ValueError(
+            f"tensor_parallel_size={c.tensor_parallel_size} needs its ranks: build the engine "
+            f"with rimuru.dataplane.parallel.launch.start_engine (or engine_builder)"
+        )
     skew = c.router_skew if c.model in PRESETS else 0.0
     source = open_weights(c.model, seed=c.seed, router_skew=skew)
     if tp is not None:

@@ -91,3 +91,28 @@ def test_a_killed_rank_zero_takes_its_follower_down(run):
     while not gone(pid):
         assert time.monotonic() < deadline, f"rank 1 (pid {pid}) outlived rank 0"
         time.sleep(0.1)
+
+
+# Rank 0 sends a digest that is not its table's: rank 1's check after applying the step's
+# changes must catch it (the check that keeps every rank's residency rank 0's).
+_WRONG_DIGEST = """
+import rimuru.dataplane.parallel.leader as leader
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.parallel.launch import engine_builder
+
+leader.table_digest = lambda table: "0" * 32
+config = EngineConfig(tensor_parallel_size=2, activation_reserve=0)
+with engine_builder(config) as build:
+    build(config, log_plan=False).generate([[1, 2, 3]], SamplingParams(max_tokens=4))
+"""
+
+
+def test_a_follower_whose_residency_differs_from_rank_zeros_stops_the_run():
+    done = subprocess.run(
+        [sys.executable, "-c", _WRONG_DIGEST], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert "rank 1's expert page table" in done.stderr
+    assert "differs from rank 0's (00000000" in done.stderr
+    assert "tensor-parallel rank 1 (pid" in done.stderr  # rank 0 says who stopped the run
