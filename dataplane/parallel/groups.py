@@ -43,6 +43,8 @@ class RankGroups:
     @classmethod
     def join(cls, rank: int, size: int, device_type: str, store: dist.Store) -> RankGroups:
         backend = "nccl" if device_type == "cuda" else "gloo"
+        if device_type == "cuda":  # NCCL binds a rank's communicator to the current GPU
+            torch.cuda.set_device(rank)
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=size, timeout=COMPUTE_TIMEOUT
         )
