@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"tensor parallel {config.tensor_parallel_size}: every figure is one rank's (one "
             f"GPU's, the budget is per GPU); a rank holds 1/{config.tensor_parallel_size} of "
-            f"each expert and of the attention heads, the embedding and LM head whole"
+            f"each expert and of the attention (and Gated DeltaNet) heads, the embedding and LM "
+            f"head whole"
         )
     print(
         f"{args.model}: {mc.num_moe_layers} MoE layers x {mc.num_experts} experts; routed experts "

@@ -19,6 +19,7 @@ from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.dataplane.engine.loaded_model import load_model
 from rimuru.dataplane.engine.paged_attention import PagedAttention
+from rimuru.dataplane.engine.paged_states import PagedStates
 from rimuru.dataplane.engine.setup import (
     activation_reserve,
     budget_bytes,
@@ -88,7 +89,11 @@ class FollowerRank:
             num_buffers=num_loading_buffers(config),
         )
         attention = PagedAttention(pool, kernels=paths.attention_kernels())
-        self.model = loaded.model.with_backends(attention, self.experts)
+        if mc.is_hybrid:  # this rank's heads' states, in the pages rank 0 gave the request
+            states = PagedStates(pool, mc.linear_attention, paths.use_kernels)
+            self.model = loaded.model.with_backends(attention, self.experts, states)
+        else:
+            self.model = loaded.model.with_backends(attention, self.experts)
         self.num_steps = self.num_evictions = self.num_loads = 0
         self.residency_digest = ""
 

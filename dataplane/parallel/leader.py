@@ -38,7 +38,7 @@ class StepLeader(RankLink):
         changes = self._diff.changes(table)
         self.residency_digest = table_digest(table)
         # the followers run the forward only: no Request objects, no sampling
-        bare = replace(batch, sample_requests=[], state_pages=[])
+        bare = replace(batch, sample_requests=[])
         self.groups.send(StepMessage(step, changes, self.residency_digest, bare))
         self.num_steps += 1
 

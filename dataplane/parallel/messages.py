@@ -10,7 +10,7 @@ pickled over the control group (gloo, on the CPU, whatever the device).
 
 Only changes travel: the residency changes since the last message (evictions, then loads
 with the page ids rank 0's allocator reserved) and the step's flattened batch (token ids,
-positions, block tables). Sampling happens on rank 0 alone; the next step's token ids carry
+positions, block tables, a hybrid's state pages). Sampling happens on rank 0 alone; the next step's token ids carry
 what it sampled.
 """
 

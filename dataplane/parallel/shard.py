@@ -9,6 +9,11 @@
                 sigmoid gate is a scalar per token, so it scales the partial sum alike
     replicated  embedding, LM head, norms, routers (every rank routes every token the
                 same way: its input is the all-reduced residual stream)
+    hybrids     gated attention as attention (its output gate's rows with q's); a Gated
+                DeltaNet layer by key heads, each with its value heads (value head j of key
+                head h sits at h*G + j, so a rank's value heads are contiguous too): the q,
+                k and v rows of qkv_proj and the conv, z/b/a rows, dt_bias and A_log, and
+                out_proj's columns. A rank's recurrent and conv states are its heads' only
 
 A rank's `ModelConfig` is the model with TP-times fewer heads and TP-times narrower
 experts: everything downstream (page geometry, memory plan, KV pages) then sizes itself
@@ -23,6 +28,11 @@ from dataclasses import dataclass
 import torch
 
 from rimuru.dataplane.model.config import ModelConfig
+from rimuru.dataplane.model.hybrid_weights import (
+    GatedAttentionWeights,
+    GatedDeltaNetWeights,
+    HybridLayerWeights,
+)
 from rimuru.dataplane.model.weights import (
     AttentionWeights,
     ExpertWeights,
@@ -54,11 +64,6 @@ def check_shardable(mc: ModelConfig, size: int) -> None:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {size}")
     if size == 1:
         return
-    if mc.is_hybrid:
-        raise ValueError(
-            "tensor parallel does not support hybrid models (Gated DeltaNet layers) yet: "
-            "run this model with --tensor-parallel-size 1"
-        )
     sizes = {
         "num_attention_heads": mc.num_heads,
         "num_key_value_heads": mc.num_kv_heads,
@@ -66,6 +71,8 @@ def check_shardable(mc: ModelConfig, size: int) -> None:
         "shared_expert_intermediate_size": mc.shared_expert_intermediate_size,
         "intermediate_size (dense layers)": mc.dense_intermediate_size,
     }
+    if mc.linear_attention is not None:
+        sizes["linear_num_key_heads"] = mc.linear_attention.num_key_heads
     bad = [f"{name} {value}" for name, value in sizes.items() if value % size]
     if bad:
         raise ValueError(
@@ -77,7 +84,14 @@ def check_shardable(mc: ModelConfig, size: int) -> None:
 def shard_config(mc: ModelConfig, size: int) -> ModelConfig:
     """The model as one of `size` ranks sees it."""
     check_shardable(mc, size)
+    gdn = mc.linear_attention
+    if gdn is not None:  # value heads follow their key heads (G per key head)
+        gdn = dataclasses.replace(
+            gdn, num_key_heads=gdn.num_key_heads // size,
+            num_value_heads=gdn.num_value_heads // size,
+        )  # fmt: skip
     return mc.replace(
+        linear_attention=gdn,
         num_heads=mc.num_heads // size,
         num_kv_heads=mc.num_kv_heads // size,
         moe_intermediate_size=mc.moe_intermediate_size // size,
@@ -108,7 +122,28 @@ class ShardedWeights:
             for name, m in (("shared_expert", w.shared_expert), ("dense_mlp", w.dense_mlp))
             if m is not None
         }
+        if isinstance(w, HybridLayerWeights):
+            return dataclasses.replace(w, mixer=self._mixer(w.mixer), **mlps)
         return dataclasses.replace(w, attention=self._attention(w.attention), **mlps)
+
+    def _mixer(self, m: GatedAttentionWeights | GatedDeltaNetWeights):
+        s = self.shard
+        if isinstance(m, GatedAttentionWeights):
+            return dataclasses.replace(
+                m, q_proj=s.rows(m.q_proj), gate_proj=s.rows(m.gate_proj),
+                k_proj=s.rows(m.k_proj), v_proj=s.rows(m.v_proj), o_proj=s.rows(m.o_proj, 1),
+            )  # fmt: skip
+        gdn = self.source.config.linear_attention
+        segments = [gdn.key_size, gdn.key_size, gdn.value_size]  # q, k, v: the conv's channels
+
+        def channels(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([s.rows(part) for part in t.split(segments)])
+
+        return dataclasses.replace(
+            m, qkv_proj=channels(m.qkv_proj), conv_weight=channels(m.conv_weight),
+            z_proj=s.rows(m.z_proj), b_proj=s.rows(m.b_proj), a_proj=s.rows(m.a_proj),
+            dt_bias=s.rows(m.dt_bias), a_log=s.rows(m.a_log), out_proj=s.rows(m.out_proj, 1),
+        )  # fmt: skip
 
     def _gated_mlp(self, m):
         """A shared expert or dense MLP: gate and up rows, down columns (the shared

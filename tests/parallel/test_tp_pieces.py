@@ -48,13 +48,22 @@ def test_a_rank_config_has_its_share_of_heads_and_expert_width():
     )  # fmt: skip
 
 
-def test_sizes_that_do_not_divide_and_hybrids_are_refused():
+def test_sizes_that_do_not_divide_are_refused():
     with pytest.raises(ValueError, match="must divide the model's num_attention_heads 4"):
         check_shardable(preset_config("tiny"), 3)
     with pytest.raises(ValueError, match="num_key_value_heads 2"):
         check_shardable(preset_config("tiny"), 4)
-    with pytest.raises(ValueError, match="hybrid models"):
-        check_shardable(preset_config("tiny-hybrid"), 2)
+    with pytest.raises(ValueError, match="linear_num_key_heads 2"):
+        check_shardable(preset_config("tiny-hybrid"), 4)
+
+
+def test_a_hybrid_rank_has_its_share_of_gated_deltanet_heads():
+    mc = preset_config("qwen3.5-35b-a3b")
+    gdn, rank = mc.linear_attention, shard_config(mc, 2).linear_attention
+    assert (rank.num_key_heads, rank.num_value_heads) == (
+        gdn.num_key_heads // 2, gdn.num_value_heads // 2,
+    )  # fmt: skip
+    assert rank.key_head_dim == gdn.key_head_dim and rank.value_head_dim == gdn.value_head_dim
 
 
 def test_the_diff_carries_loads_moves_and_evictions_and_the_digest_follows_the_table():

@@ -12,7 +12,7 @@ from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.policy import Tunables
 
-from .conftest import MiB, build
+from .conftest import MiB, build, tight_pool
 
 PARAMS = {
     "greedy": SamplingParams(max_tokens=16, ignore_eos=True),
@@ -104,3 +104,36 @@ def test_tp2_tokens_equal_tp1_on_a_checkpoint(workers, qwen2_checkpoint):
     two.close()
     assert two.experts.counters.evictions > 0
     assert two.tp.reports[0].num_evictions > 0
+
+
+# a pool of every expert plus (KV blocks, requests' states) that runs short
+TIGHT_HYBRID = {"elastic": (6, 1), "resident": (4, 2)}
+
+
+@pytest.mark.parametrize(
+    ("family", "mode"), [("qwen3_next", "elastic"), ("qwen3_5_moe", "resident")]
+)
+def test_tp2_tokens_equal_tp1_on_a_hybrid_checkpoint(workers, hybrid_checkpoints, family, mode):
+    """Gated DeltaNet heads split like attention heads, each rank's states in the pages rank 0
+    gave the request."""
+    _, path = hybrid_checkpoints[family]
+    rng = random.Random(5)
+    prompts = [[rng.randrange(512) for _ in range(rng.randint(12, 30))] for _ in range(4)]
+    config = EngineConfig(
+        model=str(path),
+        dtype="float32",
+        max_num_batched_tokens=32,
+        loading_buffer_slots=8,
+        tunables=Tunables(mode=mode, expert_offload_limit=6),
+    )
+    pool = tight_pool(*TIGHT_HYBRID[mode])
+    one, two = build(None, config, pool), build(workers, config, pool)
+    for name, params in PARAMS.items():
+        assert two.generate(prompts, params) == one.generate(prompts, params), name
+        two.check_invariants()
+        assert two.num_leaked_pages() == 0
+    two.close()
+    if mode == "elastic":
+        assert two.experts.counters.evictions > 0 and two.tp.reports[0].num_evictions > 0
+    else:
+        assert two.scheduler.num_preemptions > 0
