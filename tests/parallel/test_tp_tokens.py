@@ -85,23 +85,30 @@ def qwen2_checkpoint(tmp_path_factory):
     return path
 
 
+def tp2_after_tp1(workers, path, mode: str, prompts, pool, max_num_batched_tokens: int):
+    """An fp32 checkpoint at TP=1 and TP=2 on `pool`: TP=2's tokens must be TP=1's. Returns
+    the closed TP=2 engine (its counters and the follower's report)."""
+    config = EngineConfig(
+        model=str(path),
+        dtype="float32",
+        max_num_batched_tokens=max_num_batched_tokens,
+        loading_buffer_slots=8,
+        tunables=Tunables(mode=mode, expert_offload_limit=6),
+    )
+    one, two = build(None, config, pool), build(workers, config, pool)
+    for name, params in PARAMS.items():
+        assert two.generate(prompts, params) == one.generate(prompts, params), name
+        two.check_invariants()
+        assert two.num_leaked_pages() == 0
+    two.close()
+    return two
+
+
 def test_tp2_tokens_equal_tp1_on_a_checkpoint(workers, qwen2_checkpoint):
     rng = random.Random(3)
     prompts = [[rng.randrange(512) for _ in range(rng.randint(20, 50))] for _ in range(6)]
-    config = EngineConfig(
-        model=str(qwen2_checkpoint),
-        dtype="float32",
-        max_num_batched_tokens=64,
-        loading_buffer_slots=8,
-        tunables=Tunables(mode="elastic", expert_offload_limit=6),
-    )
-    # every expert (2 MoE layers x 8 x 3 pages of 8 KiB) and 10 blocks of KV (16 KiB each)
-    pool = 2 * 8 * 3 * 8 * 2**10 + 10 * 16 * 2**10
-    one = build(None, config, pool)
-    two = build(workers, config, pool)
-    for name, params in PARAMS.items():
-        assert two.generate(prompts, params) == one.generate(prompts, params), name
-    two.close()
+    pool = tight_pool(kv_blocks=10, requests=0)
+    two = tp2_after_tp1(workers, qwen2_checkpoint, "elastic", prompts, pool, 64)
     assert two.experts.counters.evictions > 0
     assert two.tp.reports[0].num_evictions > 0
 
@@ -119,20 +126,7 @@ def test_tp2_tokens_equal_tp1_on_a_hybrid_checkpoint(workers, hybrid_checkpoints
     _, path = hybrid_checkpoints[family]
     rng = random.Random(5)
     prompts = [[rng.randrange(512) for _ in range(rng.randint(12, 30))] for _ in range(4)]
-    config = EngineConfig(
-        model=str(path),
-        dtype="float32",
-        max_num_batched_tokens=32,
-        loading_buffer_slots=8,
-        tunables=Tunables(mode=mode, expert_offload_limit=6),
-    )
-    pool = tight_pool(*TIGHT_HYBRID[mode])
-    one, two = build(None, config, pool), build(workers, config, pool)
-    for name, params in PARAMS.items():
-        assert two.generate(prompts, params) == one.generate(prompts, params), name
-        two.check_invariants()
-        assert two.num_leaked_pages() == 0
-    two.close()
+    two = tp2_after_tp1(workers, path, mode, prompts, tight_pool(*TIGHT_HYBRID[mode]), 32)
     if mode == "elastic":
         assert two.experts.counters.evictions > 0 and two.tp.reports[0].num_evictions > 0
     else:
