@@ -13,6 +13,7 @@ as daemons, so they never outlive rank 0.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
 import threading
@@ -60,6 +61,8 @@ class TensorParallelWorkers:
         ]
         for p in self.processes:
             p.start()
+        # a warning so that it shows where logging is not set up (rimuru generate): the
+        # pids are what someone inspecting or stopping a rank needs
         log.warning(
             "tensor parallel: %d ranks, followers' pids %s",
             size,
@@ -67,6 +70,9 @@ class TensorParallelWorkers:
         )
         self._stopping = threading.Event()
         watch_followers(self.processes, self._stopping)
+        # A program that ends without shutdown(): multiprocessing's exit handler (registered
+        # before this one, so run after it) terminates the followers, which is no failure.
+        atexit.register(self._stopping.set)
         self.groups = RankGroups.join(0, size, device_type, store)
         self._store = store  # the followers' rendezvous: kept for the groups' life
         self._leader: StepLeader | None = None
