@@ -346,7 +346,7 @@ class Engine:
         batch = StepBatch.of(scheduled)
         sample_requests = batch.sample_requests
         if self.tp is not None:  # the other ranks' residency and batch, before the forward
-            self.tp.send_step(step, batch, self.experts)
+            self.tp.send_step(step, scheduled, batch, self.experts)
         self.experts.begin_step()
         graphs = self.cuda_graphs
         hidden = run_forward(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from dataclasses import replace
 
 import torch
 
@@ -31,6 +32,7 @@ from rimuru.dataplane.engine.setup import (
 from rimuru.dataplane.engine.step_forward import run_forward
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.memory.tables import NOT_PRESENT
+from rimuru.dataplane.parallel.block_tables import BlockTableMirror
 from rimuru.dataplane.parallel.groups import RankGroups
 from rimuru.dataplane.parallel.messages import (
     RankReport,
@@ -94,6 +96,7 @@ class FollowerRank:
             self.model = loaded.model.with_backends(attention, self.experts, states)
         else:
             self.model = loaded.model.with_backends(attention, self.experts)
+        self.block_tables = BlockTableMirror()
         self.num_steps = self.num_evictions = self.num_loads = 0
         self.residency_digest = ""
 
@@ -102,8 +105,10 @@ class FollowerRank:
         self.num_evictions += len(message.changes.evict)
         self.num_loads += len(message.changes.load)
         self.check_invariants(message.residency_digest)
+        slices = self.block_tables.slices(message.blocks, message.batch.slices)
         self.experts.begin_step()
-        run_forward(message.batch, self.model, None, None, self.config.block_size)
+        batch = replace(message.batch, slices=slices)
+        run_forward(batch, self.model, None, None, self.config.block_size)
         self.experts.sync_counters()
         if self.device.type == "cuda":  # the forward has read its pages: see _RankZeroReclaims
             torch.cuda.synchronize(self.device)

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.dataplane.engine.step_forward import StepBatch
+from rimuru.dataplane.parallel.block_tables import BlockTableSender
 from rimuru.dataplane.parallel.messages import RankReport, StepMessage, StopEngine
 from rimuru.dataplane.parallel.rank import RankLink
 from rimuru.dataplane.parallel.residency import ResidencyDiff, table_digest
@@ -23,13 +24,15 @@ class StepLeader(RankLink):
     def __init__(self, groups):
         super().__init__(groups)
         self._diff: ResidencyDiff | None = None
+        self._tables = BlockTableSender()
         self.num_steps = 0
         self.residency_digest = ""
         self.reports: list[RankReport] = []  # the followers', once closed
         self.closed = False
         self.after_close: Callable[[], None] | None = None  # an engine owning its workers
 
-    def send_step(self, step: int, batch: StepBatch, experts: ExpertManager) -> None:
+    def send_step(self, step: int, scheduled, batch: StepBatch, experts: ExpertManager) -> None:
+        """scheduled: the scheduler's ScheduledRequests, in `batch`'s slice order."""
         if self.closed:
             raise RuntimeError("this engine was closed: its other ranks are gone")
         table = experts.table.host
@@ -37,9 +40,10 @@ class StepLeader(RankLink):
             self._diff = ResidencyDiff(table)
         changes = self._diff.changes(table)
         self.residency_digest = table_digest(table)
+        blocks = self._tables.delta([s.request for s in scheduled])
         # the followers run the forward only: no Request objects, no sampling
-        bare = replace(batch, sample_requests=[])
-        self.groups.send(StepMessage(step, changes, self.residency_digest, bare))
+        bare = replace(batch, sample_requests=[], slices=BlockTableSender.bare(batch.slices))
+        self.groups.send(StepMessage(step, changes, self.residency_digest, bare, blocks))
         self.num_steps += 1
 
     def close(self) -> None:

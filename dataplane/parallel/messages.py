@@ -10,7 +10,7 @@ pickled over the control group (gloo, on the CPU, whatever the device).
 
 Only changes travel: the residency changes since the last message (evictions, then loads
 with the page ids rank 0's allocator reserved) and the step's flattened batch (token ids,
-positions, block tables, a hybrid's state pages). Sampling happens on rank 0 alone; the next step's token ids carry
+positions, the block-table rows the other ranks lack, a hybrid's state pages). Sampling happens on rank 0 alone; the next step's token ids carry
 what it sampled.
 """
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from rimuru.dataplane.adjust.adjuster import ChangeList
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.step_forward import StepBatch
+from rimuru.dataplane.parallel.block_tables import BlockTableDelta
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,10 @@ class StepMessage:
     step: int
     changes: ChangeList  # since the last message: evictions, then loads into reserved pages
     residency_digest: str  # rank 0's expert page table once they are applied
-    batch: StepBatch  # without its Request objects: a follower only runs the forward
+    # without its Request objects (a follower only runs the forward), and its slices
+    # without their block tables: `blocks` carries the rows a follower lacks
+    batch: StepBatch
+    blocks: BlockTableDelta
 
 
 @dataclass(frozen=True)

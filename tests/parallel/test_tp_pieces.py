@@ -1,16 +1,20 @@
 """The pieces of tensor parallelism that need no second process: slicing, the per-rank
-config, the residency diff, the flags."""
+config, the residency diff, the block tables' rows, the flags."""
 
 import argparse
 
+import numpy as np
 import pytest
 import torch
 
 from rimuru.dataplane.adjust.adjuster import ChangeList, ExpertLoad
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
+from rimuru.dataplane.engine.paged_attention import SequenceSlice
+from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
 from rimuru.dataplane.memory.tables import NOT_PRESENT, ExpertPageTable
 from rimuru.dataplane.model import RandomWeights, preset_config
+from rimuru.dataplane.parallel.block_tables import BlockTableMirror, BlockTableSender
 from rimuru.dataplane.parallel.residency import ResidencyDiff, table_digest
 from rimuru.dataplane.parallel.shard import (
     ShardedWeights,
@@ -97,3 +101,33 @@ def test_config_refuses_a_pinned_gpu_with_several_ranks():
         EngineConfig(device="cuda:1", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
         EngineConfig(tensor_parallel_size=0)
+
+
+def test_block_tables_travel_as_new_rows_and_restart_after_preemption():
+    sender, mirror = BlockTableSender(), BlockTableMirror()
+    a = Request("a", [1, 2, 3], SamplingParams(), num_layers=2)
+    b = Request("b", [4, 5], SamplingParams(), num_layers=2)
+
+    def step(*requests):
+        delta = sender.delta(list(requests))
+        slices = [SequenceSlice(0, 1, 0, r.block_table.array()) for r in requests]
+        got = mirror.slices(delta, BlockTableSender.bare(slices))
+        for r, s in zip(requests, got, strict=True):  # the follower's tables are rank 0's
+            assert np.array_equal(s.blocks, r.block_table.array())
+        return delta
+
+    a.block_table.append_block([0, 1])
+    b.block_table.append_block([2, 3])
+    assert [len(d.rows) for d in step(a, b).rows] == [1, 1]
+    a.block_table.append_block([4, 5])
+    assert [(d.start, len(d.rows)) for d in step(a, b).rows] == [(1, 1), (1, 0)]  # only news
+    a.block_table.pop_blocks()  # preempted: its pages freed, rebuilt from row 0
+    a.num_preemptions += 1
+    a.block_table.append_block([6, 7])
+    b.status = RequestStatus.FINISHED_LENGTH
+    delta = step(a)
+    assert delta.forget == ("b",) and (delta.rows[0].start, delta.rows[0].epoch) == (0, 1)
+    assert len(mirror) == 1
+    again = Request("a", [9], SamplingParams(), num_layers=2)  # an id used again
+    again.block_table.append_block([8, 9])
+    assert step(again).rows[0].start == 0
