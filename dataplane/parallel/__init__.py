@@ -8,6 +8,7 @@ reduce_ops.py   the all-reduces, where partial sums join the residual stream
 groups.py       the compute (NCCL / gloo) and control (gloo) process groups
 messages.py     what rank 0 sends and the followers report
 residency.py    the expert page table's diff and digest
+block_tables.py the KV block-table rows the other ranks lack
 rank.py         what every rank does alike at start-up (RankLink)
 leader.py       rank 0's side, held by the Engine (StepLeader)
 follower.py     ranks 1..N-1: their engine and process main
