@@ -104,7 +104,7 @@ class FollowerRank:
         apply_changes(self.experts, message.changes, message.step)
         self.num_evictions += len(message.changes.evict)
         self.num_loads += len(message.changes.load)
-        self.check_invariants(message.residency_digest)
+        self.check_invariants(message.residency_digest, full=bool(message.changes))
         slices = self.block_tables.slices(message.blocks, message.batch.slices)
         self.experts.begin_step()
         batch = replace(message.batch, slices=slices)
@@ -114,9 +114,9 @@ class FollowerRank:
             torch.cuda.synchronize(self.device)
         self.num_steps += 1
 
-    def check_invariants(self, rank_zero_digest: str) -> None:
-        """Same expert page table as rank 0's; resident exactly where a row has pages; no
-        page held by two experts."""
+    def check_invariants(self, rank_zero_digest: str, *, full: bool = True) -> None:
+        """Same expert page table as rank 0's; and, when `full` (after changes), resident
+        exactly where a row has pages and no page held by two experts."""
         table = self.experts.table.host
         digest = table_digest(table)
         if digest != rank_zero_digest:
@@ -124,6 +124,9 @@ class FollowerRank:
                 f"rank {self.rank}'s expert page table ({digest}) differs from rank 0's "
                 f"({rank_zero_digest})"
             )
+        self.residency_digest = digest
+        if not full:
+            return
         has_pages = table[..., 0] != NOT_PRESENT  # [L, E]
         for layer, resident in enumerate(self.experts.resident):
             rows = set(torch.nonzero(has_pages[layer]).flatten().tolist())
@@ -132,7 +135,6 @@ class FollowerRank:
         pages = table[has_pages].flatten()
         if len(pages) != len(set(pages.tolist())):
             raise AssertionError(f"rank {self.rank}: a pool page is held by two experts")
-        self.residency_digest = digest
 
     def report(self) -> RankReport:
         return RankReport(

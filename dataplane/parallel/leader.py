@@ -15,13 +15,14 @@ from dataclasses import replace
 from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.dataplane.engine.step_forward import StepBatch
 from rimuru.dataplane.parallel.block_tables import BlockTableSender
+from rimuru.dataplane.parallel.groups import RankGroups
 from rimuru.dataplane.parallel.messages import RankReport, StepMessage, StopEngine
 from rimuru.dataplane.parallel.rank import RankLink
 from rimuru.dataplane.parallel.residency import ResidencyDiff, table_digest
 
 
 class StepLeader(RankLink):
-    def __init__(self, groups):
+    def __init__(self, groups: RankGroups):
         super().__init__(groups)
         self._diff: ResidencyDiff | None = None
         self._tables = BlockTableSender()
@@ -53,12 +54,14 @@ class StepLeader(RankLink):
         self.groups.send(StopEngine())
         reports = self.groups.gather(None) or []
         self.reports = [r for r in reports[1:] if r is not None]
-        for r in self.reports:
-            if (r.num_steps, r.residency_digest) != (self.num_steps, self.residency_digest):
-                raise RuntimeError(
-                    f"tensor-parallel rank {r.rank} diverged from rank 0: {r.num_steps} "
-                    f"forwards and residency {r.residency_digest}, rank 0 {self.num_steps} "
-                    f"and {self.residency_digest}"
-                )
-        if self.after_close is not None:
-            self.after_close()
+        try:
+            for r in self.reports:
+                if (r.num_steps, r.residency_digest) != (self.num_steps, self.residency_digest):
+                    raise RuntimeError(
+                        f"tensor-parallel rank {r.rank} diverged from rank 0: {r.num_steps} "
+                        f"forwards and residency {r.residency_digest}, rank 0 "
+                        f"{self.num_steps} and {self.residency_digest}"
+                    )
+        finally:
+            if self.after_close is not None:
+                self.after_close()
