@@ -119,8 +119,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import torch
 
-    from rimuru.dataplane.engine.engine import Engine
-    from rimuru.dataplane.engine.hotness_profile import profile_hotness
+    from rimuru.dataplane.parallel.launch import engine_builder
 
     policies = parse_modes(args.policies)
     slo = parse_slo(args.slo) if args.slo is not None else None
@@ -143,13 +142,21 @@ def run(args: argparse.Namespace) -> int:
     check_trace_fits_model(trace, args.model)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
+    with engine_builder(base, threads=args.threads) as build:
+        return _run_local(args, build, base, trace, rates, slo, policies)
+
+
+def _run_local(args, build, base, trace, rates, slo, policies) -> int:
+    """Each policy's engine here (with -tp, rank 0 of workers that follow it)."""
+    from rimuru.dataplane.engine.hotness_profile import profile_hotness
+
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ranking = None
     results: list[BenchResult] = []
     searches: dict[str, RateSearch] = {}
     for policy in policies:
-        engine = Engine(base.with_mode(policy))
+        engine = build(base.with_mode(policy))
         if ranking is None and args.hotness is None:
             started = time.monotonic()
             sample = [list(r.prompt_token_ids) for r in trace.requests[: args.profile_prompts]]

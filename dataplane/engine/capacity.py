@@ -32,6 +32,7 @@ from rimuru.dataplane.model import PRESETS, model_config
 from rimuru.dataplane.model.config import ModelConfig, parse_dtype
 from rimuru.dataplane.model.hf_layout import build_global_weights, build_layer_weights
 from rimuru.dataplane.model.hybrid_layout import build_hybrid_layer_weights
+from rimuru.dataplane.parallel.shard import shard_config
 from rimuru.policy import HotnessRanking, Tunables
 
 _ROUTER_BIAS_ITEMSIZE = 4  # the presets' skew bias is fp32
@@ -100,6 +101,8 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
         raise ValueError("capacity planning needs a memory budget in bytes (--memory-budget)")
     skew = config.router_skew if config.model in PRESETS else 0.0
     mc = model_config(config.model)  # shapes only: no weights are read
+    if config.tensor_parallel_size > 1:  # rank 0's slice: every figure is per GPU
+        mc = shard_config(mc, config.tensor_parallel_size)
     dtype = parse_dtype(config.dtype) if config.dtype else mc.dtype
     geometry = page_geometry(mc, dtype, config.block_size)
     non_pool = non_pool_weight_bytes(mc, dtype, skew)

@@ -65,13 +65,18 @@ def run(args: argparse.Namespace) -> int:
 def _in_process(args: argparse.Namespace, token_ids: list[int] | None, params) -> int:
     import torch
 
-    from rimuru.dataplane.engine.engine import Engine
-    from rimuru.dataplane.model.tokenizer import load_tokenizer
+    from rimuru.dataplane.parallel.launch import engine_builder
 
     config = engine_config_from_args(args)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    engine = Engine(config, log_plan=False)
+    with engine_builder(config, threads=args.threads) as build:
+        return _generate(build(config, log_plan=False), args, token_ids, params)
+
+
+def _generate(engine, args: argparse.Namespace, token_ids: list[int] | None, params) -> int:
+    from rimuru.dataplane.model.tokenizer import load_tokenizer
+
     mc = engine.model_config
     tokenizer = load_tokenizer(mc.family, mc.vocab_size)
     if token_ids is None:

@@ -31,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
-    from rimuru.dataplane.engine.engine import Engine
     from rimuru.dataplane.engine.hotness_profile import profile_hotness
+    from rimuru.dataplane.parallel.launch import start_engine
 
     try:
         trace = load_trace(args.trace)
@@ -46,9 +46,10 @@ def run(args: argparse.Namespace) -> int:
         )
         trace = replace(trace, requests=cut)
         check_trace_fits_model(trace, args.model)
-        engine = Engine(engine_config_from_args(args))
+        engine = start_engine(engine_config_from_args(args))
         prompts = [list(r.prompt_token_ids) for r in trace.requests]
         ranking = profile_hotness(engine, prompts, source=f"{args.trace}: {len(prompts)} prompts")
+        engine.close()
     except ValueError as exc:
         print(f"rimuru profile-hotness: {exc}", file=sys.stderr)
         return 2

@@ -38,6 +38,13 @@ def run(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     cap = plan_capacity(config, policies)
     mc = cap.model_config
+    if config.tensor_parallel_size > 1:
+        print(
+            f"tensor parallel {config.tensor_parallel_size}: every figure is one rank's (one "
+            f"GPU's, the budget is per GPU); a rank holds 1/{config.tensor_parallel_size} of "
+            f"each expert and of the attention (and Gated DeltaNet) heads, the embedding and LM "
+            f"head whole"
+        )
     print(
         f"{args.model}: {mc.num_moe_layers} MoE layers x {mc.num_experts} experts; routed experts "
         f"{format_bytes(cap.expert_bytes)}, non-pool weights "
@@ -81,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
         for r in rows:
             print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
-    if rows and not mc.is_hybrid:  # no CUDA graphs for hybrid models yet
+    # no CUDA graphs for hybrid models, nor with tensor parallel, yet
+    if rows and not mc.is_hybrid and config.tensor_parallel_size == 1:
         print(_graph_line(mc, args))
     for line in failures:
         print(line, file=sys.stderr)

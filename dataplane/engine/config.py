@@ -63,6 +63,9 @@ class EngineConfig:
     # docs/benchmarks.md at 7a896af). "host": the host reads the routing and copies, prefetching the
     # next layer's predicted experts; a layer with offloaded experts then syncs and runs eagerly.
     expert_copy: str = "device"
+    # Ranks of one host splitting every layer (dataplane/parallel/): the budget flags are
+    # per GPU; device "cuda" puts rank r on cuda:r.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         check_device_name(self.device)
@@ -118,6 +121,13 @@ class EngineConfig:
             )
         if self.router_skew < 0:
             raise ValueError(f"router_skew must be >= 0, got {self.router_skew}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.device not in ("cpu", "cuda"):
+            raise ValueError(
+                f"with tensor_parallel_size > 1 give device cpu or cuda (rank r takes cuda:r), "
+                f"not {self.device!r}; CUDA_VISIBLE_DEVICES chooses the GPUs"
+            )
 
     @property
     def policy(self) -> str:

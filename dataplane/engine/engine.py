@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -58,6 +59,9 @@ from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.memory.reclaim import DeferredReclaim, Pending
 from rimuru.policy import HotnessRanking, Tunables
 
+if TYPE_CHECKING:
+    from rimuru.dataplane.parallel.leader import StepLeader
+
 log = logging.getLogger("rimuru.engine")
 
 
@@ -66,14 +70,19 @@ class Engine:
     what it reads. Start-up: load the model, plan memory (budget -> reserve -> graphs ->
     pool), build the pool and its users, load start-up residency, capture the graphs."""
 
-    def __init__(self, config: EngineConfig, *, log_plan: bool = True):
+    def __init__(
+        self, config: EngineConfig, *, log_plan: bool = True, tp: StepLeader | None = None
+    ):
+        """tp: rank 0's link to the other tensor-parallel ranks (dataplane/parallel/: built
+        by TensorParallelWorkers.engine, not by hand); None on one device."""
         self.config = config
+        self.tp = tp
         check_device_available(config.device)
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and self.device.index is not None:
             # Triton launches on the current device, whatever device its tensors are on
             torch.cuda.set_device(self.device)
-        loaded, self.paths = load_model(config, self.device)
+        loaded, self.paths = load_model(config, self.device, tp)
         mc = self.model_config = loaded.config
         self.dtype, self.geometry = loaded.dtype, loaded.geometry
         self.max_model_len = loaded.max_model_len
@@ -94,6 +103,8 @@ class Engine:
             budget, loaded.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry,
             cuda_graph_bytes=self.graph_plan.bytes,
         )  # fmt: skip
+        if tp is not None:  # every rank's pool has the same pages: page ids are rank 0's
+            self.plan = tp.agree_plan(self.plan)
         # ---- the pool and the parts that own its pages
         self.pool = UnifiedPool(self.geometry, self.plan.num_huge_pages, self.dtype, self.device)
         self.allocator = PageAllocator(self.geometry, self.plan.num_huge_pages)
@@ -348,6 +359,8 @@ class Engine:
     def _execute(self, scheduled, step: int) -> list[RequestOutput]:
         batch = StepBatch.of(scheduled)
         sample_requests = batch.sample_requests
+        if self.tp is not None:  # the other ranks' residency and batch, before the forward
+            self.tp.send_step(step, scheduled, batch, self.experts)
         self.experts.begin_step()
         graphs = self.cuda_graphs
         hidden = run_forward(
@@ -455,6 +468,12 @@ class Engine:
             )
         outputs = self.generate([tokenizer.encode(p) for p in prompts], params)
         return [tokenizer.decode(ids) for ids in outputs]
+
+    def close(self) -> None:
+        """Release the other tensor-parallel ranks (they check their residency against
+        this rank's); nothing to do on one device. Idempotent."""
+        if self.tp is not None:
+            self.tp.close()
 
     def check_invariants(self) -> None:
         """Pool accounting: pages owned exactly by live requests, resident experts, pending."""

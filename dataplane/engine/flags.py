@@ -35,6 +35,7 @@ class EngineFlag:
     bytes: bool = False  # a size such as 28.8GiB, parsed by the builder
     env_aliases: tuple[str, ...] = ()  # the operator's ConfigMap names, read after RIMURU_<FLAG>
     field: str = ""  # the field's name where it is not dest
+    short: str = ""  # another spelling, such as vLLM's -tp
 
     @property
     def field_name(self) -> str:
@@ -111,6 +112,8 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
                "others eager", choices=CUDAGRAPH_MODES),
     EngineFlag("moe_path", "paged: read experts in place; gather: copy them to contiguous "
                "stacks first (ablation; needs --expert-copy host)", choices=("paged", "gather")),
+    EngineFlag("tensor_parallel_size", "ranks splitting every layer, one process per GPU of "
+               "this host (the budget flags are per GPU)", type=int, short="-tp"),
 )  # fmt: skip
 
 ENGINE_DESTS = frozenset(f.dest for f in ENGINE_FLAGS)
@@ -156,7 +159,8 @@ def add_engine_arguments(
         else:
             kwargs["default"] = default
         shown = "" if flag.dest in required else f" (default: {default})"
-        parser.add_argument(flag.flag, dest=flag.dest, help=flag.help + shown + env_note, **kwargs)
+        names = (flag.flag, flag.short) if flag.short else (flag.flag,)
+        parser.add_argument(*names, dest=flag.dest, help=flag.help + shown + env_note, **kwargs)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

@@ -9,6 +9,7 @@ engine then puts the same weights behind the pool's backends (`MoETransformer.wi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from rimuru.dataplane.model import PRESETS, MoETransformer, open_weights
 from rimuru.dataplane.model.config import ModelConfig, parse_dtype
 from rimuru.dataplane.model.hybrid_transformer import HybridTransformer
 from rimuru.dataplane.model.weights import ExpertWeights
+
+if TYPE_CHECKING:
+    from rimuru.dataplane.parallel.rank import RankLink
 
 
 @dataclass(frozen=True)
@@ -33,17 +37,28 @@ class LoadedModel:
     max_model_len: int  # the config's, capped at the model's context
 
 
-def load_model(c: EngineConfig, device: torch.device) -> tuple[LoadedModel, ComputePaths]:
+def load_model(
+    c: EngineConfig, device: torch.device, tp: RankLink | None = None
+) -> tuple[LoadedModel, ComputePaths]:
     """Open the weights (a preset or a checkpoint), put the non-pool ones on `device` and the
-    experts on the host, and choose the compute path that will serve them."""
+    experts on the host, and choose the compute path that will serve them. With `tp`, this
+    rank's slice of them, summed across ranks by its ops (dataplane/parallel/)."""
+    if c.tensor_parallel_size > 1 and tp is None:
+        raise ValueError(
+            f"tensor_parallel_size={c.tensor_parallel_size} needs its ranks: build the engine "
+            f"with rimuru.dataplane.parallel.launch.start_engine (or engine_builder)"
+        )
     skew = c.router_skew if c.model in PRESETS else 0.0
     source = open_weights(c.model, seed=c.seed, router_skew=skew)
+    if tp is not None:
+        source = tp.shard_weights(source)
     mc = source.config
     dtype = parse_dtype(c.dtype) if c.dtype else mc.dtype
     paths = ComputePaths(c, mc, device)
+    ops = paths.layer_ops() if tp is None else tp.reduce_ops(paths.layer_ops())
     unset = _Unset()
     decoder = HybridTransformer if mc.is_hybrid else MoETransformer
-    model = decoder.from_source(source, unset, unset, device, dtype, paths.layer_ops())
+    model = decoder.from_source(source, unset, unset, device, dtype, ops)
     pin = device.type == "cuda"
     host_experts = [
         source.expert_weights(layer, dtype, pin_memory=pin, work_device=device)

@@ -186,7 +186,10 @@ class EngineLoop:
             with self._closing:
                 self._closed = True
             self._drain_calls()
-            self.done.set_result(None)
+            try:
+                engine.close()  # tensor parallel: the other ranks stop with it
+            finally:
+                self.done.set_result(None)
 
     def _serve(self, engine: Engine) -> None:
         while True:

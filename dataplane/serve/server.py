@@ -28,6 +28,7 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.model.tokenizer import Tokenizer, load_tokenizer
+from rimuru.dataplane.parallel.launch import start_engine
 from rimuru.dataplane.serve.control import ControlPlaneLink, PolicyFollower
 from rimuru.dataplane.serve.engine_loop import EngineLoop
 from rimuru.dataplane.serve.events import ModelInfo
@@ -136,7 +137,7 @@ async def create_server(
         metric_readers.append(reader)
     metrics = ServeMetrics(metric_readers)
     engine_loop = EngineLoop(
-        lambda: Engine(engine_config), max_waiting=max_waiting, observer=metrics
+        lambda: start_engine(engine_config), max_waiting=max_waiting, observer=metrics
     )
     plane = DataPlane(engine_loop, load_tokenizer=tokenizer)
     tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("rimuru.serve")

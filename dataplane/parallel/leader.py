@@ -1,0 +1,67 @@
+"""Rank 0's side of tensor parallelism: one scheduler and one adjuster decide, and every
+step that runs a forward first tells the other ranks what changed and what to run.
+
+The engine calls `send_step` once the step's schedule and residency are final (after
+make_room and the adjuster, before the forward); the forward's all-reduces then meet the
+other ranks' in the same step. `close` ends the engine on every rank and checks their
+reports: same number of forwards, same expert page table at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from rimuru.dataplane.engine.expert_manager import ExpertManager
+from rimuru.dataplane.engine.step_forward import StepBatch
+from rimuru.dataplane.parallel.block_tables import BlockTableSender
+from rimuru.dataplane.parallel.groups import RankGroups
+from rimuru.dataplane.parallel.messages import RankReport, StepMessage, StopEngine
+from rimuru.dataplane.parallel.rank import RankLink
+from rimuru.dataplane.parallel.residency import ResidencyDiff, table_digest
+
+
+class StepLeader(RankLink):
+    def __init__(self, groups: RankGroups):
+        super().__init__(groups)
+        self._diff: ResidencyDiff | None = None
+        self._tables = BlockTableSender()
+        self.num_steps = 0
+        self.residency_digest = ""
+        self.reports: list[RankReport] = []  # the followers', once closed
+        self.closed = False
+        self.after_close: Callable[[], None] | None = None  # an engine owning its workers
+
+    def send_step(self, step: int, scheduled, batch: StepBatch, experts: ExpertManager) -> None:
+        """scheduled: the scheduler's ScheduledRequests, in `batch`'s slice order."""
+        if self.closed:
+            raise RuntimeError("this engine was closed: its other ranks are gone")
+        table = experts.table.host
+        if self._diff is None:
+            self._diff = ResidencyDiff(table)
+        changes = self._diff.changes(table)
+        self.residency_digest = table_digest(table)
+        blocks = self._tables.delta([s.request for s in scheduled])
+        # the followers run the forward only: no Request objects, no sampling
+        bare = replace(batch, sample_requests=[], slices=BlockTableSender.bare(batch.slices))
+        self.groups.send(StepMessage(step, changes, self.residency_digest, bare, blocks))
+        self.num_steps += 1
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.groups.send(StopEngine())
+        reports = self.groups.gather(None) or []
+        self.reports = [r for r in reports[1:] if r is not None]
+        try:
+            for r in self.reports:
+                if (r.num_steps, r.residency_digest) != (self.num_steps, self.residency_digest):
+                    raise RuntimeError(
+                        f"tensor-parallel rank {r.rank} diverged from rank 0: {r.num_steps} "
+                        f"forwards and residency {r.residency_digest}, rank 0 "
+                        f"{self.num_steps} and {self.residency_digest}"
+                    )
+        finally:
+            if self.after_close is not None:
+                self.after_close()

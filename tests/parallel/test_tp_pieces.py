@@ -1,0 +1,133 @@
+"""The pieces of tensor parallelism that need no second process: slicing, the per-rank
+config, the residency diff, the block tables' rows, the flags."""
+
+import argparse
+
+import numpy as np
+import pytest
+import torch
+
+from rimuru.dataplane.adjust.adjuster import ChangeList, ExpertLoad
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
+from rimuru.dataplane.engine.paged_attention import SequenceSlice
+from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
+from rimuru.dataplane.memory.tables import NOT_PRESENT, ExpertPageTable
+from rimuru.dataplane.model import RandomWeights, preset_config
+from rimuru.dataplane.parallel.block_tables import BlockTableMirror, BlockTableSender
+from rimuru.dataplane.parallel.residency import ResidencyDiff, table_digest
+from rimuru.dataplane.parallel.shard import (
+    ShardedWeights,
+    TensorShard,
+    check_shardable,
+    shard_config,
+)
+
+
+def test_ranks_slices_put_together_are_the_whole_layer():
+    source = RandomWeights.preset("tiny")
+    ranks = [ShardedWeights(source, TensorShard(r, 2)) for r in range(2)]
+    cpu, f32 = torch.device("cpu"), torch.float32
+    whole, parts = source.layer_weights(1, cpu, f32), [r.layer_weights(1, cpu, f32) for r in ranks]
+    a, pa = whole.attention, [p.attention for p in parts]
+    for name in ("q_proj", "k_proj", "v_proj"):  # column parallel: rows of whole heads
+        assert torch.equal(torch.cat([getattr(p, name) for p in pa]), getattr(a, name))
+    assert torch.equal(torch.cat([p.o_proj for p in pa], dim=1), a.o_proj)  # row parallel
+    assert all(torch.equal(p.router, whole.router) for p in parts)  # replicated
+    experts = source.expert_weights(0, f32)
+    slices = [r.expert_weights(0, f32) for r in ranks]
+    assert torch.equal(torch.cat([s.w1 for s in slices], dim=1), experts.w1)  # along I
+    assert torch.equal(torch.cat([s.w2 for s in slices], dim=2), experts.w2)
+    assert slices[1].w1.is_contiguous()  # a page copy reads it flat
+
+
+def test_a_rank_config_has_its_share_of_heads_and_expert_width():
+    mc = preset_config("qwen1.5-moe-a2.7b")
+    rank = shard_config(mc, 4)
+    assert (rank.num_heads, rank.num_kv_heads) == (mc.num_heads // 4, mc.num_kv_heads // 4)
+    assert rank.moe_intermediate_size == mc.moe_intermediate_size // 4
+    assert rank.shared_expert_intermediate_size == mc.shared_expert_intermediate_size // 4
+    assert (rank.hidden_size, rank.num_experts, rank.vocab_size) == (
+        mc.hidden_size, mc.num_experts, mc.vocab_size,
+    )  # fmt: skip
+
+
+def test_sizes_that_do_not_divide_are_refused():
+    with pytest.raises(ValueError, match="must divide the model's num_attention_heads 4"):
+        check_shardable(preset_config("tiny"), 3)
+    with pytest.raises(ValueError, match="num_key_value_heads 2"):
+        check_shardable(preset_config("tiny"), 4)
+    with pytest.raises(ValueError, match="linear_num_key_heads 2"):
+        check_shardable(preset_config("tiny-hybrid"), 4)
+
+
+def test_a_hybrid_rank_has_its_share_of_gated_deltanet_heads():
+    mc = preset_config("qwen3.5-35b-a3b")
+    gdn, rank = mc.linear_attention, shard_config(mc, 2).linear_attention
+    assert (rank.num_key_heads, rank.num_value_heads) == (
+        gdn.num_key_heads // 2, gdn.num_value_heads // 2,
+    )  # fmt: skip
+    assert rank.key_head_dim == gdn.key_head_dim and rank.value_head_dim == gdn.value_head_dim
+
+
+def test_the_diff_carries_loads_moves_and_evictions_and_the_digest_follows_the_table():
+    table = ExpertPageTable(2, 4)
+    diff = ResidencyDiff(table.host)
+    table.set_pages(0, 1, (3, 4, 5))
+    table.set_pages(1, 2, (6, 7, 8))
+    first = diff.changes(table.host)
+    assert first == ChangeList(load=(ExpertLoad(0, 1, (3, 4, 5)), ExpertLoad(1, 2, (6, 7, 8))))
+    before = table_digest(table.host)
+    table.clear(0, 1)
+    table.set_pages(1, 2, (0, 1, 2))  # moved: a load at its new pages, no eviction
+    assert diff.changes(table.host) == ChangeList(
+        evict=((0, 1),), load=(ExpertLoad(1, 2, (0, 1, 2)),)
+    )
+    assert diff.changes(table.host) == ChangeList()  # nothing since
+    assert table_digest(table.host) != before
+    assert table.host[0, 1, 0] == NOT_PRESENT
+
+
+def test_the_flag_and_its_short_spelling():
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_config_from_args(parser.parse_args(["-tp", "2"])).tensor_parallel_size == 2
+    args = parser.parse_args(["--tensor-parallel-size", "4", "--device", "cuda"])
+    assert engine_config_from_args(args).tensor_parallel_size == 4
+
+
+def test_config_refuses_a_pinned_gpu_with_several_ranks():
+    with pytest.raises(ValueError, match="rank r takes cuda:r"):
+        EngineConfig(device="cuda:1", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+        EngineConfig(tensor_parallel_size=0)
+
+
+def test_block_tables_travel_as_new_rows_and_restart_after_preemption():
+    sender, mirror = BlockTableSender(), BlockTableMirror()
+    a = Request("a", [1, 2, 3], SamplingParams(), num_layers=2)
+    b = Request("b", [4, 5], SamplingParams(), num_layers=2)
+
+    def step(*requests):
+        delta = sender.delta(list(requests))
+        slices = [SequenceSlice(0, 1, 0, r.block_table.array()) for r in requests]
+        got = mirror.slices(delta, BlockTableSender.bare(slices))
+        for r, s in zip(requests, got, strict=True):  # the follower's tables are rank 0's
+            assert np.array_equal(s.blocks, r.block_table.array())
+        return delta
+
+    a.block_table.append_block([0, 1])
+    b.block_table.append_block([2, 3])
+    assert [len(d.rows) for d in step(a, b).rows] == [1, 1]
+    a.block_table.append_block([4, 5])
+    assert [(d.start, len(d.rows)) for d in step(a, b).rows] == [(1, 1), (1, 0)]  # only news
+    a.block_table.pop_blocks()  # preempted: its pages freed, rebuilt from row 0
+    a.num_preemptions += 1
+    a.block_table.append_block([6, 7])
+    b.status = RequestStatus.FINISHED_LENGTH
+    delta = step(a)
+    assert delta.forget == ("b",) and (delta.rows[0].start, delta.rows[0].epoch) == (0, 1)
+    assert len(mirror) == 1
+    again = Request("a", [9], SamplingParams(), num_layers=2)  # an id used again
+    again.block_table.append_block([8, 9])
+    assert step(again).rows[0].start == 0

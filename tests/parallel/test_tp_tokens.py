@@ -1,0 +1,133 @@
+"""TP=2 gives TP=1's tokens, greedy and seeded-sampled, under every memory policy with a
+pool tight enough that preemption, eviction and loading-buffer copies happen; the other
+rank's expert page table equals rank 0's after every step (it checks each StepMessage's
+digest and would exit, stopping the run) and at the end (Engine.close compares reports)."""
+
+import random
+
+import pytest
+
+from rimuru.dataplane.engine.capacity import plan_capacity
+from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.policy import Tunables
+
+from .conftest import MiB, build, tight_pool
+
+PARAMS = {
+    "greedy": SamplingParams(max_tokens=16, ignore_eos=True),
+    "seeded": SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=5, ignore_eos=True),
+}
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = random.Random(7)
+    return [[rng.randrange(151_000) for _ in range(rng.randint(40, 110))] for _ in range(8)]
+
+
+def tiny(mode: str) -> EngineConfig:
+    return EngineConfig(
+        max_num_batched_tokens=128,
+        loading_buffer_slots=32,
+        tunables=Tunables(mode=mode, expert_offload_limit=16),
+    )
+
+
+POOL = 25 * MiB  # every expert of `tiny` is 24 MiB: KV runs short
+
+
+@pytest.fixture(scope="module")
+def expected(prompts):
+    """TP=1's tokens (the same under every policy: tests/engine/test_policy_equivalence.py)."""
+    one = build(None, tiny("resident"), POOL)
+    return {name: one.generate(prompts, params) for name, params in PARAMS.items()}
+
+
+@pytest.mark.parametrize("mode", ["resident", "fixed", "elastic"])
+def test_tp2_tokens_equal_tp1_under_a_tight_pool(workers, prompts, expected, mode):
+    two = build(workers, tiny(mode), POOL)
+    # rimuru plan -tp 2 predicts each rank's pool
+    (planned,) = plan_capacity(two.config, (mode,)).policies
+    assert planned.plan.num_huge_pages == two.plan.num_huge_pages
+    for name, params in PARAMS.items():
+        assert two.generate(prompts, params) == expected[name], name
+        two.check_invariants()
+        assert two.num_leaked_pages() == 0
+    two.close()  # raises unless rank 1 ran every forward and ends with rank 0's residency
+    (report,) = two.tp.reports
+    assert report.num_steps == two.tp.num_steps > 0
+    if mode == "resident":
+        assert two.scheduler.num_preemptions > 0
+    if mode == "fixed":
+        assert two.experts.counters.buffer_copies > 0
+    if mode == "elastic":
+        assert two.experts.counters.evictions > 0
+        assert report.num_evictions > 0 and report.num_loads > 0
+
+
+@pytest.fixture(scope="module")
+def qwen2_checkpoint(tmp_path_factory):
+    """A transformers-built Qwen2-MoE: q/k/v biases, a shared expert, a dense layer (0)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(1234)
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.15,
+        intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=96,
+        num_experts=8, num_experts_per_tok=4, norm_topk_prob=False, eos_token_id=None,
+        decoder_sparse_step=2, mlp_only_layers=[0],
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("qwen2_moe")
+    transformers.Qwen2MoeForCausalLM(config).eval().save_pretrained(path)
+    return path
+
+
+def tp2_after_tp1(workers, path, mode: str, prompts, pool, max_num_batched_tokens: int):
+    """An fp32 checkpoint at TP=1 and TP=2 on `pool`: TP=2's tokens must be TP=1's. Returns
+    the closed TP=2 engine (its counters and the follower's report)."""
+    config = EngineConfig(
+        model=str(path),
+        dtype="float32",
+        max_num_batched_tokens=max_num_batched_tokens,
+        loading_buffer_slots=8,
+        tunables=Tunables(mode=mode, expert_offload_limit=6),
+    )
+    one, two = build(None, config, pool), build(workers, config, pool)
+    for name, params in PARAMS.items():
+        assert two.generate(prompts, params) == one.generate(prompts, params), name
+        two.check_invariants()
+        assert two.num_leaked_pages() == 0
+    two.close()
+    return two
+
+
+def test_tp2_tokens_equal_tp1_on_a_checkpoint(workers, qwen2_checkpoint):
+    rng = random.Random(3)
+    prompts = [[rng.randrange(512) for _ in range(rng.randint(20, 50))] for _ in range(6)]
+    pool = tight_pool(kv_blocks=10, requests=0)
+    two = tp2_after_tp1(workers, qwen2_checkpoint, "elastic", prompts, pool, 64)
+    assert two.experts.counters.evictions > 0
+    assert two.tp.reports[0].num_evictions > 0
+
+
+# a pool of every expert plus (KV blocks, requests' states) that runs short
+TIGHT_HYBRID = {"elastic": (6, 1), "resident": (4, 2)}
+
+
+@pytest.mark.parametrize(
+    ("family", "mode"), [("qwen3_next", "elastic"), ("qwen3_5_moe", "resident")]
+)
+def test_tp2_tokens_equal_tp1_on_a_hybrid_checkpoint(workers, hybrid_checkpoints, family, mode):
+    """Gated DeltaNet heads split like attention heads, each rank's states in the pages rank 0
+    gave the request."""
+    _, path = hybrid_checkpoints[family]
+    rng = random.Random(5)
+    prompts = [[rng.randrange(512) for _ in range(rng.randint(12, 30))] for _ in range(4)]
+    two = tp2_after_tp1(workers, path, mode, prompts, tight_pool(*TIGHT_HYBRID[mode]), 32)
+    if mode == "elastic":
+        assert two.experts.counters.evictions > 0 and two.tp.reports[0].num_evictions > 0
+    else:
+        assert two.scheduler.num_preemptions > 0
