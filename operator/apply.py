@@ -27,6 +27,7 @@ from rimuru.operator.spec import quantity_value
 # (a generated token must never be rotated by a re-apply; a PVC's spec is immutable).
 OWNED_PATHS: dict[str, tuple[str, ...] | None] = {
     "Deployment": ("/spec",),
+    "PodDisruptionBudget": ("/spec",),
     "Service": ("/spec/type", "/spec/selector", "/spec/ports"),
     "ConfigMap": ("/data",),
     "Secret": None,

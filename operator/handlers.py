@@ -91,6 +91,7 @@ async def _pass(
     *,
     apply_children: bool,
     overwrite_policy: bool,
+    prune_children: bool = False,
 ) -> tuple[Observation, Problem | None]:
     kube, config = memo.kube, memo.config
     problem, policy = None, None
@@ -100,6 +101,8 @@ async def _pass(
         await reconcile.ensure_dataplane_token(kube, spec)
         if apply_children:
             await reconcile.apply_children(kube, spec, config)
+        if prune_children:
+            await reconcile.prune_children(kube, spec, config)
         ranking = await reconcile.read_ranking(kube, spec)
         await reconcile.require_controlplane_ready(kube, spec)
         policy = await reconcile.sync_policy(
@@ -129,7 +132,9 @@ async def reconcile_handler(
     except SpecError as exc:
         patch.status.update(invalid_spec_status(meta.get("generation", 1), str(exc), now=_now()))
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
-    obs, problem = await _pass(memo, parsed, status, apply_children=True, overwrite_policy=True)
+    obs, problem = await _pass(
+        memo, parsed, status, apply_children=True, overwrite_policy=True, prune_children=True
+    )
     patch.status.update(_status(status, parsed, obs))
     if problem is not None:
         if problem.blocker.permanent:

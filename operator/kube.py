@@ -23,6 +23,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Service": ("/api/v1", "services"),
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "RimuruDeployment": ("/apis/rimuru.dev/v1alpha1", "rimurudeployments"),
 }
 

@@ -119,6 +119,7 @@ def child_refs(owner: Owner) -> list[tuple[str, str]]:
     return [
         ("Deployment", child_name(owner, DATAPLANE)),
         ("Service", child_name(owner, DATAPLANE)),
+        *optional_child_refs(owner),
         ("Deployment", child_name(owner, CONTROLPLANE)),
         ("Service", child_name(owner, CONTROLPLANE)),
         ("ConfigMap", config_map_name(owner)),
@@ -126,6 +127,11 @@ def child_refs(owner: Owner) -> list[tuple[str, str]]:
         ("Secret", generated_secret_name(owner)),
         ("Secret", dataplane_secret_name(owner)),
     ]
+
+
+def optional_child_refs(owner: Owner) -> list[tuple[str, str]]:
+    """(kind, name) of the children only some specs want (build_children decides)."""
+    return [("PodDisruptionBudget", child_name(owner, DATAPLANE))]
 
 
 def is_owned_by(obj: dict[str, Any], owner: Owner) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rimuru.operator.availability import topology_spread
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.engine_config import engine_config, engine_config_hash
 from rimuru.operator.naming import (
@@ -32,6 +33,7 @@ from rimuru.operator.naming import (
     labels,
     prometheus_annotations,
     pvc_name,
+    selector_labels,
 )
 from rimuru.operator.spec import DeploymentSpec
 
@@ -218,6 +220,9 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
         pod_spec["nodeSelector"] = dict(dp.node_selector)
     if dp.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in dp.tolerations]
+    spread = topology_spread(dp.availability, selector_labels(owner, DATAPLANE))
+    if spread:
+        pod_spec["topologySpreadConstraints"] = spread
     annotations = {
         **prometheus_annotations(),
         CONFIG_HASH_ANNOTATION: engine_config_hash(engine_config(spec)),

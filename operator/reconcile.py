@@ -32,6 +32,7 @@ from rimuru.operator.naming import (
     child_refs,
     dataplane_secret_name,
     is_owned_by,
+    optional_child_refs,
 )
 from rimuru.operator.policy_sync import PolicyState, RankingUpload
 from rimuru.operator.spec import DeploymentSpec, Owner
@@ -122,6 +123,18 @@ async def apply_children(kube: KubeClient, spec: DeploymentSpec, config: Operato
                     Blocker.CHILD_REJECTED, f"the API server rejected {ref}: {exc.message}"
                 ) from exc
             raise Blocked(Blocker.API_ERROR, f"applying {ref}: {exc}") from exc
+
+
+async def prune_children(kube: KubeClient, spec: DeploymentSpec, config: OperatorConfig) -> None:
+    """Delete the optional children the spec no longer wants (a disruption budget once
+    down to one replica). Run on spec changes only: nothing else can change the set."""
+    wanted = {(c["kind"], c["metadata"]["name"]) for c in build_children(spec, config)}
+    for kind, name in optional_child_refs(spec.owner):
+        if (kind, name) in wanted:
+            continue
+        obj = await kube.get(kind, spec.owner.namespace, name)
+        if obj is not None and is_owned_by(obj, spec.owner):
+            await kube.delete(kind, spec.owner.namespace, name)
 
 
 async def require_controlplane_ready(kube: KubeClient, spec: DeploymentSpec) -> None:

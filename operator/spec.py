@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from rimuru.operator.availability import Availability, parse_availability
+from rimuru.operator.spec_error import SpecError
 from rimuru.policy import InvalidPolicy, Tunables, check_pushable
 
 GROUP = "rimuru.dev"
@@ -36,14 +38,6 @@ DATAPLANE_METRICS_PORT = 9464  # the OpenTelemetry Prometheus exporter's usual p
 # Pods run as a non-root user with every capability dropped: a port below 1024 would need
 # NET_BIND_SERVICE.
 MIN_HTTP_PORT = 1024
-
-
-class SpecError(ValueError):
-    """The spec can never work as written; `field` is its dotted path."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -96,6 +90,7 @@ class DataPlaneSpec:
     termination_grace_period_seconds: int
     http_port: int | None = None  # the OpenAI-compatible HTTP API; None = off
     num_gpus: int = 0  # GPUs (or MIG slices) in resources.limits; 0 = the engine runs on CPU
+    availability: Availability = field(default_factory=Availability)  # rollout, budget, spread
 
 
 @dataclass(frozen=True)
@@ -330,6 +325,7 @@ def _parse_data_plane(dp: Mapping[str, Any]) -> DataPlaneSpec:
         termination_grace_period_seconds=_require(dp, "terminationGracePeriodSeconds", path),
         http_port=_parse_http_port(dp, path),
         num_gpus=count_gpus(resources.get("limits") or {}, f"{path}.resources.limits"),
+        availability=parse_availability(dp, path),
     )
 
 

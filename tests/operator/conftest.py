@@ -132,6 +132,7 @@ OPERATOR_RBAC: dict[tuple[str, str], frozenset[str]] = {
     ("apps", "deployments"): _CHILD,
     ("", "services"): _CHILD,
     ("", "configmaps"): _CHILD,
+    ("policy", "poddisruptionbudgets"): _CHILD,
     ("", "persistentvolumeclaims"): frozenset({"get", "create", "delete"}),
     ("", "secrets"): frozenset({"get", "create", "delete"}),
     ("", "events"): frozenset({"create"}),

@@ -351,7 +351,7 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
                 return spec if spec["template"] != template["template"] else None
 
             rolled_spec = await eventually(new_template, what="pod template roll")
-            assert rolled_spec["strategy"]["rollingUpdate"]["maxSurge"] == 0
+            assert rolled_spec["strategy"]["rollingUpdate"]["maxSurge"] == 1  # one replica
             engine_config = obj(kmock, "v1/configmaps", "tiny-engine")["data"]
             assert engine_config["RIMURU_MAX_NUM_SEQS"] == "8"
             assert (await get_policy(control_plane, "tiny")).version == 2
