@@ -100,6 +100,7 @@ async def _pass(
         token = await reconcile.ensure_token(kube, spec)
         await reconcile.ensure_dataplane_token(kube, spec)
         if apply_children:
+            await reconcile.require_cluster_support(kube, spec)
             await reconcile.apply_children(kube, spec, config)
         if prune_children:
             await reconcile.prune_children(kube, spec, config)

@@ -77,6 +77,7 @@ class KubeClient:
             timeout=aiohttp.ClientTimeout(total=timeout_s),
             trust_env=info.trust_env,
         )
+        self._server_version: dict[str, Any] | None = None
 
     async def close(self) -> None:
         await self._session.close()
@@ -106,6 +107,13 @@ class KubeClient:
             if response.status == 409:
                 raise Conflict(409, message)
             raise KubeError(response.status, message or response.reason or "")
+
+    async def server_version(self) -> dict[str, Any]:
+        """The API server's /version (readable by every authenticated client), asked
+        once: an upgraded cluster restarts its pods, this one included."""
+        if self._server_version is None:
+            self._server_version = await self._request("GET", "/version")
+        return self._server_version
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:

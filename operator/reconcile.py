@@ -22,6 +22,11 @@ from rimuru.operator.builders import (
     build_dataplane_token_secret,
     build_token_secret,
 )
+from rimuru.operator.cluster import (
+    depends_on_version,
+    parse_server_version,
+    unsupported_feature,
+)
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.kube import KubeClient, KubeError
 from rimuru.operator.naming import (
@@ -110,6 +115,16 @@ async def read_ranking(kube: KubeClient, spec: DeploymentSpec) -> RankingUpload 
         return policy_sync.parse_ranking(source.config_map_name, source.key, text)
     except ValueError as exc:
         raise Blocked(Blocker.RANKING_INVALID, str(exc)) from exc
+
+
+async def require_cluster_support(kube: KubeClient, spec: DeploymentSpec) -> None:
+    """Refuse a spec the cluster's Kubernetes version cannot run, before any child is
+    written. The version is asked only for a spec that depends on it."""
+    if not depends_on_version(spec):
+        return
+    message = unsupported_feature(spec, parse_server_version(await kube.server_version()))
+    if message is not None:
+        raise Blocked(Blocker.UNSUPPORTED_BY_CLUSTER, message)
 
 
 async def apply_children(kube: KubeClient, spec: DeploymentSpec, config: OperatorConfig) -> None:

@@ -31,6 +31,8 @@ class Blocker(enum.Enum):
     # The API server refused a child as invalid (HTTP 422): the same manifest is refused
     # again, so nothing is retried until the spec changes.
     CHILD_REJECTED = ("ChildRejected", True)
+    # The spec uses what this cluster's Kubernetes version lacks (cluster.py).
+    UNSUPPORTED_BY_CLUSTER = ("UnsupportedByCluster", True)
     API_ERROR = ("KubernetesAPIError", False)
 
     def __init__(self, reason: str, permanent: bool) -> None:
@@ -177,6 +179,7 @@ def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
         Blocker.RANKING_INVALID,
         Blocker.POLICY_REJECTED,
         Blocker.CHILD_REJECTED,
+        Blocker.UNSUPPORTED_BY_CLUSTER,
     ):
         return _condition("Degraded", True, obs.problem.blocker.reason, obs.problem.message)
     if synced["reason"] == "Rejected":

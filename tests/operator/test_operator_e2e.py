@@ -233,6 +233,16 @@ async def recovered_then_deleted(kmock, http) -> None:
     await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
 
 
+async def failed_with(kmock, name: str, reason: str) -> dict:
+    """Wait for phase Failed; returns the Degraded condition, checked True for `reason`."""
+    await eventually(
+        lambda: obj(kmock, RD, name)["status"]["phase"] == "Failed", what=f"{name} Failed"
+    )
+    degraded = condition(obj(kmock, RD, name), "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", reason)
+    return degraded
+
+
 async def create_token_secret(http) -> dict:
     """The user's token Secret (authSecretRef); the control plane was started with it."""
     secret = {
@@ -499,12 +509,7 @@ async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
         assert "other-token" in progressing["message"]
         assert obj(kmock, RD, "other")["status"]["phase"] in ("Pending", "Progressing")
 
-        failed = await eventually(
-            lambda: obj(kmock, RD, "broken")["status"]["phase"] == "Failed", what="Failed"
-        )
-        assert failed
-        degraded = condition(obj(kmock, RD, "broken"), "Degraded")
-        assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+        degraded = await failed_with(kmock, "broken", "InvalidSpec")
         assert "spec.engine.gpuMemoryUtilization" in degraded["message"]
         assert obj(kmock, DEPLOYMENTS, "broken-dataplane") is None  # nothing was created
 
@@ -569,12 +574,8 @@ async def test_a_child_the_api_server_rejects_fails_until_the_spec_changes(kmock
     kmock.invalid["tiny-dataplane"] = message
     async with operator_running() as runner:
         await _call(http, "POST", RD_PATH, rd)
-        await eventually(
-            lambda: obj(kmock, RD, "tiny")["status"]["phase"] == "Failed", what="Failed"
-        )
+        degraded = await failed_with(kmock, "tiny", "ChildRejected")
         status = obj(kmock, RD, "tiny")["status"]
-        degraded = condition(obj(kmock, RD, "tiny"), "Degraded")
-        assert (degraded["status"], degraded["reason"]) == ("True", "ChildRejected")
         assert message in degraded["message"] and "Deployment tiny-dataplane" in degraded["message"]
         progressing = condition(obj(kmock, RD, "tiny"), "Progressing")
         assert (progressing["status"], progressing["reason"]) == ("False", "ChildRejected")
