@@ -120,6 +120,7 @@ async def _pass(
 @kopf.on.create(*RESOURCE)
 @kopf.on.update(*RESOURCE)
 async def reconcile_handler(
+    body: kopf.Body,
     meta: kopf.Meta,
     spec: kopf.Spec,
     status: kopf.Status,
@@ -137,6 +138,8 @@ async def reconcile_handler(
         memo, parsed, status, apply_children=True, overwrite_policy=True, prune_children=True
     )
     patch.status.update(_status(status, parsed, obs))
+    for finding in obs.pod_security:  # on each spec change, beside the condition
+        kopf.warn(body, reason=finding.reason, message=finding.message)
     if problem is not None:
         if problem.blocker.permanent:
             raise kopf.PermanentError(problem.message)

@@ -39,6 +39,7 @@ from rimuru.operator.naming import (
     is_owned_by,
     optional_child_refs,
 )
+from rimuru.operator.pod_security import restricted_profile_findings
 from rimuru.operator.policy_sync import PolicyState, RankingUpload
 from rimuru.operator.spec import DeploymentSpec, Owner
 from rimuru.operator.status import Blocker, ChildSpec, Observation, Problem
@@ -228,6 +229,7 @@ async def observe(
         controlplane_spec=_child_spec(controlplane),
         policy=policy,
         problem=problem,
+        pod_security=restricted_profile_findings(spec),
     )
 
 

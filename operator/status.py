@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rimuru.operator.pod_security import Finding
 from rimuru.operator.policy_sync import PolicyState
 
 
@@ -69,6 +70,8 @@ class Observation:
     controlplane_spec: ChildSpec
     policy: PolicyState | None  # None = control plane not asked / unreachable
     problem: Problem | None = None
+    # where the data-plane pods break the restricted Pod Security profile (pod_security.py)
+    pod_security: tuple[Finding, ...] = ()
 
 
 def _condition(type_: str, status: bool | None, reason: str, message: str) -> dict[str, Any]:
@@ -187,6 +190,20 @@ def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
     return _condition("Degraded", False, "AsExpected", "")
 
 
+def _restricted_pod_security(obs: Observation) -> dict[str, Any]:
+    # A warning, not Degraded: where the profile is not enforced the pods run as asked.
+    if obs.pod_security:
+        reasons = ",".join(f.reason for f in obs.pod_security)
+        message = "; ".join(f.message for f in obs.pod_security)
+        return _condition("RestrictedPodSecurity", False, reasons, message)
+    return _condition(
+        "RestrictedPodSecurity",
+        True,
+        "MeetsRestricted",
+        "the data-plane and control-plane pods meet the restricted Pod Security profile",
+    )
+
+
 def _phase(conditions: Mapping[str, Mapping[str, Any]], obs: Observation) -> str:
     if obs.problem is not None and obs.problem.blocker.permanent:
         return "Failed"
@@ -229,7 +246,14 @@ def compute_status(
     `endpoints` are the data plane's ({"grpc": host:port, "http": base URL})."""
     synced = _policy_synced(obs)
     by_type = {
-        c["type"]: c for c in (_available(obs), _progressing(obs), synced, _degraded(obs, synced))
+        c["type"]: c
+        for c in (
+            _available(obs),
+            _progressing(obs),
+            synced,
+            _degraded(obs, synced),
+            _restricted_pod_security(obs),
+        )
     }
     conditions = [
         _keep_transition_times(c, previous_conditions, obs.generation, now)

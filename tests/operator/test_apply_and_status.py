@@ -114,6 +114,7 @@ def test_all_good_is_available_and_synced():
         "Progressing": ("False", "RolloutComplete"),
         "PolicySynced": ("True", "Applied"),
         "Degraded": ("False", "AsExpected"),
+        "RestrictedPodSecurity": ("True", "MeetsRestricted"),
     }
     assert status["policy"] == {
         "desiredVersion": 7,
@@ -235,6 +236,7 @@ def test_scaled_to_zero_settles():
         "Progressing": ("False", "RolloutComplete"),
         "PolicySynced": ("False", "NoSubscribers"),
         "Degraded": ("False", "AsExpected"),
+        "RestrictedPodSecurity": ("True", "MeetsRestricted"),
     }
 
 
