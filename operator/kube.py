@@ -121,6 +121,11 @@ class KubeClient:
         except NotFound:
             return None
 
+    async def get_from_server(self, kind: str, namespace: str, name: str) -> dict | None:
+        """The same as get(); callers that read through a cache (live.LiveKube) use it
+        where only the server's answer will do."""
+        return await self.get(kind, namespace, name)
+
     async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         return await self._request(

@@ -223,14 +223,27 @@ def operator_calls(kmock) -> dict[tuple[str, str], set[str]]:
     return calls
 
 
+async def deleted(kmock, http, name: str = "tiny") -> None:
+    """kubectl delete rd NAME, and wait until the finalizer has let it go."""
+    await _call(http, "DELETE", f"{RD_PATH}/{name}")
+    await eventually(lambda: obj(kmock, RD, name) is None, what=f"{name} deleted")
+
+
 async def recovered_then_deleted(kmock, http) -> None:
     """Wait until "tiny" is no longer Degraded, then delete it and wait until it is gone."""
     await eventually(
         lambda: condition(obj(kmock, RD, "tiny"), "Degraded")["status"] == "False",
         what="no longer Degraded",
     )
-    await _call(http, "DELETE", f"{RD_PATH}/tiny")
-    await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+    await deleted(kmock, http)
+
+
+async def create_tiny(http, tiny_rd: dict) -> dict:
+    """kubectl apply of the tiny example with the user's token Secret (authSecretRef)."""
+    rd = copy.deepcopy(tiny_rd)
+    rd["spec"]["authSecretRef"] = await create_token_secret(http)
+    await _call(http, "POST", RD_PATH, rd)
+    return rd
 
 
 async def failed_with(kmock, name: str, reason: str) -> dict:
@@ -559,7 +572,7 @@ async def test_a_deleted_or_hand_edited_child_is_restored(kmock, env, tiny_rd, o
         await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
     assert runner.exception is None
     calls = operator_calls(kmock)
-    assert {"get", "create", "patch", "delete"} <= calls[("apps", "deployments")]
+    assert {"list", "watch", "create", "patch", "delete"} <= calls[("apps", "deployments")]
     for resource, verbs in calls.items():
         assert verbs <= operator_rbac.get(resource, set()), resource
 
