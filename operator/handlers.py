@@ -226,6 +226,8 @@ async def _refresh_once(
         parsed = parse_spec(meta, spec)
     except SpecError:
         return  # the change handler reported it; nothing runs until the spec changes
+    if status.get("observedGeneration") != parsed.owner.generation:
+        return  # the change handler has not finished this generation (a child's event woke us)
     if _failed_at(status, parsed.owner.generation):
         return  # a permanent problem (a rejected child, ...): same, until the spec changes
     try:
