@@ -190,6 +190,18 @@ def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
     return _condition("Degraded", False, "AsExpected", "")
 
 
+def _ready(conditions: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The one condition to wait on (kubectl wait --for=condition=Ready): serving the
+    current spec, rolled out, nothing wrong. False names the first condition in the way."""
+    for type_, wanted in (("Degraded", "False"), ("Available", "True"), ("Progressing", "False")):
+        c = conditions[type_]
+        if c["status"] != wanted:
+            return _condition(
+                "Ready", False, c["reason"], c["message"] or f"{type_} is {c['status']}"
+            )
+    return _condition("Ready", True, "Ready", conditions["Available"]["message"])
+
+
 def _restricted_pod_security(obs: Observation) -> dict[str, Any]:
     # A warning, not Degraded: where the profile is not enforced the pods run as asked.
     if obs.pod_security:
@@ -255,6 +267,7 @@ def compute_status(
             _restricted_pod_security(obs),
         )
     }
+    by_type = {"Ready": _ready(by_type), **by_type}  # listed first: the one to wait on
     conditions = [
         _keep_transition_times(c, previous_conditions, obs.generation, now)
         for c in by_type.values()
