@@ -35,6 +35,7 @@ from rimuru.operator.naming import (
     pvc_name,
     selector_labels,
 )
+from rimuru.operator.placement import place, pull_secret_refs
 from rimuru.operator.spec import DeploymentSpec
 
 # Readiness flips quickly (drain, overload); liveness only after sustained failure.
@@ -223,12 +224,16 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
     spread = topology_spread(dp.availability, selector_labels(owner, DATAPLANE))
     if spread:
         pod_spec["topologySpreadConstraints"] = spread
+    place(pod_spec, dp.placement)
+    # The spec's labels and annotations first: the operator's own win.
     annotations = {
+        **dp.placement.pod_annotations,
         **prometheus_annotations(),
         CONFIG_HASH_ANNOTATION: engine_config_hash(engine_config(spec)),
     }
+    pod_labels = {**dp.placement.pod_labels, **labels(owner, DATAPLANE)}
     return {
-        "metadata": {"labels": labels(owner, DATAPLANE), "annotations": annotations},
+        "metadata": {"labels": pod_labels, "annotations": annotations},
         "spec": pod_spec,
     }
 
@@ -264,13 +269,13 @@ def controlplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> d
         ],
         "securityContext": _container_security(),
     }
-    return {
-        "metadata": {"labels": labels(owner, CONTROLPLANE)},
-        "spec": {
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "securityContext": _pod_security(),
-            "containers": [container],
-            "volumes": [policy_volume, _controlplane_token_volume(spec)],
-        },
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [policy_volume, _controlplane_token_volume(spec)],
     }
+    if cp.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = pull_secret_refs(cp.image_pull_secrets)
+    return {"metadata": {"labels": labels(owner, CONTROLPLANE)}, "spec": pod_spec}

@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from rimuru.operator.availability import Availability, parse_availability
+from rimuru.operator.placement import Placement, parse_placement, parse_pull_secrets
 from rimuru.operator.spec_error import SpecError
 from rimuru.policy import InvalidPolicy, Tunables, check_pushable
 
@@ -91,6 +92,7 @@ class DataPlaneSpec:
     http_port: int | None = None  # the OpenAI-compatible HTTP API; None = off
     num_gpus: int = 0  # GPUs (or MIG slices) in resources.limits; 0 = the engine runs on CPU
     availability: Availability = field(default_factory=Availability)  # rollout, budget, spread
+    placement: Placement = field(default_factory=Placement)  # affinity, priority, ...
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class ControlPlaneSpec:
     storage_enabled: bool
     storage_size: str
     storage_class_name: str | None
+    image_pull_secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -326,6 +329,7 @@ def _parse_data_plane(dp: Mapping[str, Any]) -> DataPlaneSpec:
         http_port=_parse_http_port(dp, path),
         num_gpus=count_gpus(resources.get("limits") or {}, f"{path}.resources.limits"),
         availability=parse_availability(dp, path),
+        placement=parse_placement(dp, path),
     )
 
 
@@ -356,6 +360,7 @@ def _parse_control_plane(cp: Mapping[str, Any]) -> ControlPlaneSpec:
         storage_enabled=_require(storage, "enabled", "spec.controlPlane.storage"),
         storage_size=str(_require(storage, "size", "spec.controlPlane.storage")),
         storage_class_name=storage.get("storageClassName"),
+        image_pull_secrets=parse_pull_secrets(cp),
     )
 
 
