@@ -28,6 +28,7 @@ from rimuru.operator.spec import quantity_value
 OWNED_PATHS: dict[str, tuple[str, ...] | None] = {
     "Deployment": ("/spec",),
     "PodDisruptionBudget": ("/spec",),
+    "HorizontalPodAutoscaler": ("/spec",),
     "Service": ("/spec/type", "/spec/selector", "/spec/ports"),
     "ConfigMap": ("/data",),
     "Secret": None,

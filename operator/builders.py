@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from rimuru.operator.autoscaling import Autoscaling
 from rimuru.operator.availability import rolling_update, wants_disruption_budget
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.engine_config import engine_config
@@ -33,7 +34,7 @@ from rimuru.operator.naming import (
     selector_labels,
 )
 from rimuru.operator.pods import controlplane_pod_template, dataplane_pod_template
-from rimuru.operator.spec import DeploymentSpec, Owner
+from rimuru.operator.spec import API_VERSION, KIND, DeploymentSpec, Owner
 
 
 def build_engine_config_map(spec: DeploymentSpec) -> dict[str, Any]:
@@ -168,6 +169,34 @@ def build_dataplane_disruption_budget(spec: DeploymentSpec) -> dict[str, Any]:
     }
 
 
+def build_dataplane_autoscaler(spec: DeploymentSpec, scaling: Autoscaling) -> dict[str, Any]:
+    """An HPA on the RimuruDeployment's scale subresource (not the data-plane Deployment,
+    whose replicas the operator sets), driven by the pods' waiting requests."""
+    owner = spec.owner
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": child_metadata(owner, child_name(owner, DATAPLANE), DATAPLANE),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name},
+            "minReplicas": scaling.min_replicas,
+            "maxReplicas": scaling.max_replicas,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": scaling.metric_name},
+                        "target": {
+                            "type": "AverageValue",
+                            "averageValue": str(scaling.target_waiting_requests),
+                        },
+                    },
+                }
+            ],
+        },
+    }
+
+
 def build_children(spec: DeploymentSpec, config: OperatorConfig) -> list[dict[str, Any]]:
     """Every child except the token Secrets, in the order they should be applied."""
     children = [build_engine_config_map(spec)]
@@ -181,4 +210,6 @@ def build_children(spec: DeploymentSpec, config: OperatorConfig) -> list[dict[st
     ]
     if wants_disruption_budget(spec.data_plane.replicas, spec.data_plane.availability):
         children.append(build_dataplane_disruption_budget(spec))
+    if spec.autoscaling is not None:
+        children.append(build_dataplane_autoscaler(spec, spec.autoscaling))
     return children

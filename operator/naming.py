@@ -136,7 +136,10 @@ def child_refs(owner: Owner) -> list[tuple[str, str]]:
 
 def optional_child_refs(owner: Owner) -> list[tuple[str, str]]:
     """(kind, name) of the children only some specs want (build_children decides)."""
-    return [("PodDisruptionBudget", child_name(owner, DATAPLANE))]
+    return [
+        ("PodDisruptionBudget", child_name(owner, DATAPLANE)),
+        ("HorizontalPodAutoscaler", child_name(owner, DATAPLANE)),
+    ]
 
 
 def is_owned_by(obj: dict[str, Any], owner: Owner) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from rimuru.operator.autoscaling import Autoscaling, parse_autoscaling
 from rimuru.operator.availability import Availability, parse_availability
 from rimuru.operator.placement import Placement, parse_placement, parse_pull_secrets
 from rimuru.operator.spec_error import SpecError
@@ -134,6 +135,7 @@ class DeploymentSpec:
     control_plane: ControlPlaneSpec
     policy: PolicySpec
     auth: AuthSpec
+    autoscaling: Autoscaling | None = None  # None = replicas as spec.dataPlane.replicas says
 
 
 def _require(obj: Mapping[str, Any], key: str, path: str) -> Any:
@@ -396,4 +398,5 @@ def parse_spec(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> DeploymentSp
         control_plane=_parse_control_plane(_require(spec, "controlPlane", "spec")),
         policy=parse_policy(_require(spec, "policy", "spec")),
         auth=auth,
+        autoscaling=parse_autoscaling(spec.get("autoscaling")),
     )

@@ -135,6 +135,7 @@ OPERATOR_RBAC: dict[tuple[str, str], frozenset[str]] = {
     ("apps", "deployments"): _WATCHED_CHILD,
     ("", "services"): _WATCHED_CHILD,
     ("", "configmaps"): _CHILD,
+    ("autoscaling", "horizontalpodautoscalers"): _CHILD,
     ("policy", "poddisruptionbudgets"): _WATCHED_CHILD,
     ("", "persistentvolumeclaims"): frozenset({"get", "create", "delete"}),
     ("", "secrets"): frozenset({"get", "create", "delete"}),
