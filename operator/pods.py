@@ -188,7 +188,7 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
         "name": "dataplane",
         "image": dp.image or config.dataplane_image,
         "imagePullPolicy": dp.image_pull_policy,
-        "args": args,
+        "args": [*args, *dp.extra_args],  # the spec's last: a flag given twice is the spec's
         "envFrom": [{"configMapRef": {"name": config_map_name(owner)}}],
         "env": [
             # The node id the control plane lists this replica under (ListSubscribers).
@@ -196,6 +196,7 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
             # Writable caches on a read-only root filesystem (Triton kernels, torch).
             {"name": "HOME", "value": "/tmp"},
             {"name": "TRITON_CACHE_DIR", "value": "/tmp/triton"},
+            *(dict(var) for var in dp.extra_env),  # extras.OPERATOR_ENV names excluded
         ],
         "ports": ports,
         # Loading a large checkpoint takes minutes: the startup probe holds liveness and

@@ -16,6 +16,7 @@ from typing import Any
 
 from rimuru.operator.autoscaling import Autoscaling, parse_autoscaling
 from rimuru.operator.availability import Availability, parse_availability
+from rimuru.operator.extras import parse_extra_args, parse_extra_env
 from rimuru.operator.placement import Placement, parse_placement, parse_pull_secrets
 from rimuru.operator.spec_error import SpecError
 from rimuru.policy import InvalidPolicy, Tunables, check_pushable
@@ -94,6 +95,8 @@ class DataPlaneSpec:
     num_gpus: int = 0  # GPUs (or MIG slices) in resources.limits; 0 = the engine runs on CPU
     availability: Availability = field(default_factory=Availability)  # rollout, budget, spread
     placement: Placement = field(default_factory=Placement)  # affinity, priority, ...
+    extra_args: tuple[str, ...] = ()  # after the operator's `rimuru serve` flags (extras.py)
+    extra_env: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -332,6 +335,8 @@ def _parse_data_plane(dp: Mapping[str, Any]) -> DataPlaneSpec:
         num_gpus=count_gpus(resources.get("limits") or {}, f"{path}.resources.limits"),
         availability=parse_availability(dp, path),
         placement=parse_placement(dp, path),
+        extra_args=parse_extra_args(dp),
+        extra_env=parse_extra_env(dp, path),
     )
 
 
