@@ -159,6 +159,11 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
     if model_volume is not None:
         volumes.append(model_volume)
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    if dp.num_gpus > 1:
+        # Tensor parallel: NCCL and torch's workers share memory through /dev/shm, which a
+        # container gets only 64 MiB of. Memory-backed, so it counts against the memory limit.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     args = [
         "serve",
         "--port",
