@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import kopf
@@ -23,6 +24,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Service": ("/api/v1", "services"),
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "Pod": ("/api/v1", "pods"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     "RimuruDeployment": ("/apis/rimuru.dev/v1alpha1", "rimurudeployments"),
@@ -121,6 +123,14 @@ class KubeClient:
             return await self._request("GET", object_path(kind, namespace, name))
         except NotFound:
             return None
+
+    async def list(
+        self, kind: str, namespace: str, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """The objects of `kind` in `namespace` that carry all of `labels`."""
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        path = f"{object_path(kind, namespace)}?labelSelector={quote(selector)}"
+        return list((await self._request("GET", path)).get("items") or [])
 
     async def get_from_server(self, kind: str, namespace: str, name: str) -> dict | None:
         """The same as get(); callers that read through a cache (live.LiveKube) use it

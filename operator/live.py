@@ -1,6 +1,6 @@
 """The children's live state, read without asking the API server where possible.
 
-    Deployment, Service, PodDisruptionBudget -> kopf's watch-fed indices (handlers.py)
+    Deployment, Service, PodDisruptionBudget, Pod -> kopf's watch-fed indices (handlers.py)
     Secret (the token)                        -> kept from the last read, per process
     anything else (ConfigMap, PVC)            -> a GET
 
@@ -24,6 +24,9 @@ WATCHED: dict[str, tuple[str, str, str]] = {
     "Deployment": ("apps", "v1", "deployments"),
     "Service": ("", "v1", "services"),
     "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+    # not the operator's children but the data-plane Deployments' (their template carries
+    # the same labels): their status says why a model does not load
+    "Pod": ("", "v1", "pods"),
 }
 
 
@@ -72,6 +75,19 @@ class LiveKube:
             else:
                 self._secrets[namespace, name] = obj
         return obj
+
+    async def list(
+        self, kind: str, namespace: str, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        if kind not in self._indices:
+            return await self._kube.list(kind, namespace, labels)
+        return [
+            copy.deepcopy(obj)
+            for (obj_namespace, _), store in self._indices[kind].items()
+            if obj_namespace == namespace
+            for obj in store
+            if labels.items() <= (obj.get("metadata", {}).get("labels") or {}).items()
+        ]
 
     async def get_from_server(self, kind: str, namespace: str, name: str) -> dict | None:
         return await self._kube.get(kind, namespace, name)

@@ -214,6 +214,9 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
         "resources": dict(dp.resources),
         "volumeMounts": mounts,
         "securityContext": _container_security(),
+        # A failed model load's last log lines become the termination message, which the
+        # operator reports in status (pod_failures.py).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,

@@ -38,7 +38,9 @@ from rimuru.operator.naming import (
     dataplane_secret_name,
     is_owned_by,
     optional_child_refs,
+    selector_labels,
 )
+from rimuru.operator.pod_failures import dataplane_failure
 from rimuru.operator.pod_security import restricted_profile_findings
 from rimuru.operator.policy_sync import PolicyState, RankingUpload
 from rimuru.operator.spec import DeploymentSpec, Owner
@@ -230,6 +232,9 @@ async def observe(
         policy=policy,
         problem=problem,
         pod_security=restricted_profile_findings(spec),
+        dataplane_failure=dataplane_failure(
+            await kube.list("Pod", ns, selector_labels(spec.owner, DATAPLANE))
+        ),
     )
 
 

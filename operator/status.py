@@ -72,6 +72,8 @@ class Observation:
     problem: Problem | None = None
     # where the data-plane pods break the restricted Pod Security profile (pod_security.py)
     pod_security: tuple[Finding, ...] = ()
+    # why a data-plane pod cannot serve (pod_failures.py); None = none is failing
+    dataplane_failure: str | None = None
 
 
 def _condition(type_: str, status: bool | None, reason: str, message: str) -> dict[str, Any]:
@@ -187,6 +189,8 @@ def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
         return _condition("Degraded", True, obs.problem.blocker.reason, obs.problem.message)
     if synced["reason"] == "Rejected":
         return _condition("Degraded", True, "PolicyRejected", synced["message"])
+    if obs.dataplane_failure is not None:
+        return _condition("Degraded", True, "DataPlaneFailing", obs.dataplane_failure)
     return _condition("Degraded", False, "AsExpected", "")
 
 

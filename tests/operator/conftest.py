@@ -140,6 +140,8 @@ OPERATOR_RBAC: dict[tuple[str, str], frozenset[str]] = {
     ("", "persistentvolumeclaims"): frozenset({"get", "create", "delete"}),
     ("", "secrets"): frozenset({"get", "create", "delete"}),
     ("", "events"): frozenset({"create"}),
+    # the data-plane pods' status: why a model does not load (operator/pod_failures.py)
+    ("", "pods"): frozenset({"list", "watch"}),
 }
 
 
@@ -195,6 +197,7 @@ def kube_api(kmock, tmp_path, monkeypatch):
         ("apps/v1/deployments", "Deployment"),
         ("v1/services", "Service"),
         ("policy/v1/poddisruptionbudgets", "PodDisruptionBudget"),
+        ("v1/pods", "Pod"),
     ):
         kmock.resources[resource] = kmock.ResourceInfo(
             kind=kind, namespaced=True, verbs={"get", "list", "watch", "create", "patch", "delete"}
