@@ -64,6 +64,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.persistence.finalizer = f"{GROUP}/cleanup"
     # The watched resource is fixed: no need to list CRDs or namespaces (nor RBAC for it).
     settings.scanning.disabled = True
+    # The watches of the children bring only the operator's own objects: filtered by the
+    # API server, not after every pod and Deployment of the cluster has been sent.
+    managed = ",".join(f"{key}={value}" for key, value in MANAGED.items())
+    for group_version_plural in WATCHED.values():
+        settings.watching.label_selectors[group_version_plural] = managed
     if "config" not in memo:  # `rimuru operator` passes it; other launchers use the env
         memo.config = OperatorConfig.from_env(os.environ)
     memo.kube = KubeClient(connection_info(settings))

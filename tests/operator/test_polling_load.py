@@ -1,8 +1,9 @@
 """What one settled RimuruDeployment costs the API server: every request the operator
 makes in a window after its status has settled, counted against the emulated API server
 (the issue's measurement, at its 0.3 s status interval). The operator reads its
-Deployments, Services and disruption budgets from watches, keeps the token it read, and
-writes status only when it changes."""
+Deployments, Services and disruption budgets (and the data-plane pods) from watches that
+the API server filters to its own objects, keeps the token it read, and writes status only
+when it changes."""
 
 from __future__ import annotations
 
@@ -58,6 +59,20 @@ async def test_a_settled_deployment_costs_no_reads_of_watched_children(
     assert runner.exception is None
     # (after the runner: it holds sys.stdout while it runs)
     print(f"operator requests in {WINDOW_S:.0f} s at a 0.3 s interval:", dict(counts))
+    # The children's lists and watches are filtered by the API server, not the operator.
+    watched = {"deployments", "services", "poddisruptionbudgets", "pods"}
+    selectors = {
+        (request.resource.plural, request.params.get("labelSelector"))
+        for request in kmock
+        if request.resource is not None
+        and request.resource.plural in watched
+        and request.action is not None
+        and request.action.value in ("LIST", "WATCH")
+        and "Authorization" in request.headers
+    }
+    assert selectors == {
+        (plural, "app.kubernetes.io/managed-by=rimuru-operator") for plural in watched
+    }
     assert counts["FETCH", "deployments"] == 0
     assert counts["FETCH", "services"] == 0
     assert counts["FETCH", "secrets"] == 0
