@@ -256,12 +256,13 @@ def _watch_children(kind: str) -> None:
     group, version, plural = WATCHED[kind]
     selector = {"group": group, "version": version, "plural": plural, "labels": MANAGED}
 
+    # Both async: kopf runs sync handlers in threads, and asyncio.Event is not thread-safe.
     @kopf.index(id=index_name(kind), **selector)
-    def index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+    async def index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
         return {(namespace, name): dict(body)}
 
     @kopf.on.event(id=f"wake_on_{plural}", **selector)
-    def wake(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    async def wake(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
         event = memo.wakeups.get((namespace, labels.get(INSTANCE_LABEL)))
         if event is not None:
             event.set()
