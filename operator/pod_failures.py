@@ -1,7 +1,8 @@
 """Why a data-plane pod cannot serve, from what the kubelet reports in its status: the
 reason a model failed to load (the engine's last log lines, which the container's
 FallbackToLogsOnError termination message carries), an image that cannot be pulled, a
-container that cannot be created. Pure: pods in, one message out.
+container that cannot be created; and why one waits, unscheduled (most often: no free
+GPU for a surge pod). Pure: pods in, one message out.
 """
 
 from __future__ import annotations
@@ -49,4 +50,19 @@ def dataplane_failure(pods: Iterable[Mapping[str, Any]]) -> str | None:
         failure = _failure(pod)
         if failure is not None:
             return failure
+    return None
+
+
+def dataplane_unschedulable(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """The scheduler's word on the first pod it cannot place (by name), or None."""
+    for pod in sorted(pods, key=lambda p: p.get("metadata", {}).get("name", "")):
+        for condition in (pod.get("status") or {}).get("conditions") or ():
+            if (
+                condition.get("type") == "PodScheduled"
+                and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"
+            ):
+                name = pod.get("metadata", {}).get("name", "?")
+                message = condition.get("message", "")[-MAX_MESSAGE_CHARS:]
+                return f"pod {name} unschedulable: {message}"
     return None

@@ -40,7 +40,7 @@ from rimuru.operator.naming import (
     optional_child_refs,
     selector_labels,
 )
-from rimuru.operator.pod_failures import dataplane_failure
+from rimuru.operator.pod_failures import dataplane_failure, dataplane_unschedulable
 from rimuru.operator.pod_security import restricted_profile_findings
 from rimuru.operator.policy_sync import PolicyState, RankingUpload
 from rimuru.operator.spec import DeploymentSpec, Owner
@@ -220,6 +220,7 @@ async def observe(
     ns = spec.owner.namespace
     dataplane = await kube.get("Deployment", ns, child_name(spec.owner, DATAPLANE))
     controlplane = await kube.get("Deployment", ns, child_name(spec.owner, CONTROLPLANE))
+    pods = await kube.list("Pod", ns, selector_labels(spec.owner, DATAPLANE))
     return Observation(
         generation=spec.owner.generation,
         desired_replicas=spec.data_plane.replicas,
@@ -232,9 +233,8 @@ async def observe(
         policy=policy,
         problem=problem,
         pod_security=restricted_profile_findings(spec),
-        dataplane_failure=dataplane_failure(
-            await kube.list("Pod", ns, selector_labels(spec.owner, DATAPLANE))
-        ),
+        dataplane_failure=dataplane_failure(pods),
+        dataplane_unschedulable=dataplane_unschedulable(pods),
     )
 
 

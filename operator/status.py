@@ -74,6 +74,8 @@ class Observation:
     pod_security: tuple[Finding, ...] = ()
     # why a data-plane pod cannot serve (pod_failures.py); None = none is failing
     dataplane_failure: str | None = None
+    # why a data-plane pod waits unscheduled, e.g. no free GPU (pod_failures.py)
+    dataplane_unschedulable: str | None = None
 
 
 def _condition(type_: str, status: bool | None, reason: str, message: str) -> dict[str, Any]:
@@ -169,12 +171,11 @@ def _progressing(obs: Observation) -> dict[str, Any]:
     rolled = obs.current_replicas <= obs.updated_replicas >= obs.desired_replicas
     if rolled and obs.ready_replicas >= obs.desired_replicas and obs.controlplane_ready:
         return _condition("Progressing", False, "RolloutComplete", "all children are up to date")
-    return _condition(
-        "Progressing",
-        True,
-        "RollingOut",
-        f"{obs.updated_replicas} updated, {obs.ready_replicas} ready of {obs.desired_replicas}",
-    )
+    counts = f"{obs.updated_replicas} updated, {obs.ready_replicas} ready of {obs.desired_replicas}"
+    if obs.dataplane_unschedulable is not None:
+        # A surge pod without a free GPU waits here for good: say so, not only the counts.
+        counts += f"; {obs.dataplane_unschedulable}"
+    return _condition("Progressing", True, "RollingOut", counts)
 
 
 def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
