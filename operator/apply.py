@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from rimuru.operator.kube import KubeClient
+from rimuru.operator.kube import Conflict, KubeClient
 from rimuru.operator.naming import APPLIED_HASH_ANNOTATION
 from rimuru.operator.spec import quantity_value
 
@@ -27,6 +27,8 @@ from rimuru.operator.spec import quantity_value
 # (a generated token must never be rotated by a re-apply; a PVC's spec is immutable).
 OWNED_PATHS: dict[str, tuple[str, ...] | None] = {
     "Deployment": ("/spec",),
+    "PodDisruptionBudget": ("/spec",),
+    "HorizontalPodAutoscaler": ("/spec",),
     "Service": ("/spec/type", "/spec/selector", "/spec/ports"),
     "ConfigMap": ("/data",),
     "Secret": None,
@@ -139,8 +141,15 @@ async def apply(client: KubeClient, manifest: Mapping[str, Any]) -> Applied:
     meta = desired["metadata"]
     current = await client.get(kind, meta["namespace"], meta["name"])
     if current is None:
-        await client.create(desired)
-        return Applied.CREATED
+        try:
+            await client.create(desired)
+            return Applied.CREATED
+        except Conflict:
+            # It exists though the read said not: the watch it came from is behind, or the
+            # child lost the label the watch selects on. Ask the server and compare.
+            current = await client.get_from_server(kind, meta["namespace"], meta["name"])
+            if current is None:
+                return Applied.UNCHANGED  # deleted meanwhile: the next pass creates it
     if OWNED_PATHS[kind] is None or not drifted(current, desired):
         return Applied.UNCHANGED
     await client.json_patch(

@@ -14,6 +14,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from rimuru.operator.autoscaling import Autoscaling
+from rimuru.operator.availability import rolling_update, wants_disruption_budget
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.engine_config import engine_config
 from rimuru.operator.naming import (
@@ -32,7 +34,7 @@ from rimuru.operator.naming import (
     selector_labels,
 )
 from rimuru.operator.pods import controlplane_pod_template, dataplane_pod_template
-from rimuru.operator.spec import DeploymentSpec, Owner
+from rimuru.operator.spec import API_VERSION, KIND, DeploymentSpec, Owner
 
 
 def build_engine_config_map(spec: DeploymentSpec) -> dict[str, Any]:
@@ -145,11 +147,54 @@ def build_controlplane_deployment(spec: DeploymentSpec, config: OperatorConfig) 
 
 
 def build_dataplane_deployment(spec: DeploymentSpec, config: OperatorConfig) -> dict:
-    # GPUs are scarce: never start a surge pod that would wait for a free GPU; replace
-    # one pod at a time instead.
-    strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    dp = spec.data_plane
+    strategy = rolling_update(dp.replicas, dp.availability)
     template = dataplane_pod_template(spec, config)
-    return _deployment(spec.owner, DATAPLANE, spec.data_plane.replicas, strategy, template)
+    return _deployment(spec.owner, DATAPLANE, dp.replicas, strategy, template)
+
+
+def build_dataplane_disruption_budget(spec: DeploymentSpec) -> dict[str, Any]:
+    """Node drains and other voluntary evictions take data planes down one (or the
+    spec's maxUnavailable) at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": child_metadata(spec.owner, child_name(spec.owner, DATAPLANE), DATAPLANE),
+        "spec": {
+            "maxUnavailable": spec.data_plane.availability.disruption_max_unavailable,
+            "selector": {"matchLabels": selector_labels(spec.owner, DATAPLANE)},
+            # A pod that is not ready serves nothing: evicting it costs nothing.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def build_dataplane_autoscaler(spec: DeploymentSpec, scaling: Autoscaling) -> dict[str, Any]:
+    """An HPA on the RimuruDeployment's scale subresource (not the data-plane Deployment,
+    whose replicas the operator sets), driven by the pods' waiting requests."""
+    owner = spec.owner
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": child_metadata(owner, child_name(owner, DATAPLANE), DATAPLANE),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name},
+            "minReplicas": scaling.min_replicas,
+            "maxReplicas": scaling.max_replicas,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": scaling.metric_name},
+                        "target": {
+                            "type": "AverageValue",
+                            "averageValue": str(scaling.target_waiting_requests),
+                        },
+                    },
+                }
+            ],
+        },
+    }
 
 
 def build_children(spec: DeploymentSpec, config: OperatorConfig) -> list[dict[str, Any]]:
@@ -163,4 +208,8 @@ def build_children(spec: DeploymentSpec, config: OperatorConfig) -> list[dict[st
         build_dataplane_deployment(spec, config),
         build_dataplane_service(spec),
     ]
+    if wants_disruption_budget(spec.data_plane.replicas, spec.data_plane.availability):
+        children.append(build_dataplane_disruption_budget(spec))
+    if spec.autoscaling is not None:
+        children.append(build_dataplane_autoscaler(spec, spec.autoscaling))
     return children

@@ -24,8 +24,11 @@ class OperatorConfig:
     # {port} are filled in. In-cluster the Service DNS name; out of cluster (development,
     # tests) e.g. "127.0.0.1:50052".
     controlplane_target: str = "{name}-controlplane.{namespace}.svc:{port}"
-    # How often status is refreshed and the policy re-checked against the control plane.
-    status_interval_seconds: float = 10.0
+    # How often status is refreshed, drift undone and the policy re-checked against the
+    # control plane. A change to a watched child (Deployment, Service, budget) triggers a
+    # refresh at once, so the period bounds only what is not watched: the control plane's
+    # policy and the engine ConfigMap.
+    status_interval_seconds: float = 30.0
     # Delay before retrying when a child or the control plane is not ready yet.
     retry_delay_seconds: float = 10.0
     # Deadline of one gRPC call to a control plane.

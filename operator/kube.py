@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import kopf
@@ -23,6 +24,9 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Service": ("/api/v1", "services"),
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "Pod": ("/api/v1", "pods"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     "RimuruDeployment": ("/apis/rimuru.dev/v1alpha1", "rimurudeployments"),
 }
 
@@ -76,6 +80,7 @@ class KubeClient:
             timeout=aiohttp.ClientTimeout(total=timeout_s),
             trust_env=info.trust_env,
         )
+        self._server_version: dict[str, Any] | None = None
 
     async def close(self) -> None:
         await self._session.close()
@@ -106,11 +111,31 @@ class KubeClient:
                 raise Conflict(409, message)
             raise KubeError(response.status, message or response.reason or "")
 
+    async def server_version(self) -> dict[str, Any]:
+        """The API server's /version (readable by every authenticated client), asked
+        once: an upgraded cluster restarts its pods, this one included."""
+        if self._server_version is None:
+            self._server_version = await self._request("GET", "/version")
+        return self._server_version
+
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return await self._request("GET", object_path(kind, namespace, name))
         except NotFound:
             return None
+
+    async def list(
+        self, kind: str, namespace: str, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """The objects of `kind` in `namespace` that carry all of `labels`."""
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        path = f"{object_path(kind, namespace)}?labelSelector={quote(selector)}"
+        return list((await self._request("GET", path)).get("items") or [])
+
+    async def get_from_server(self, kind: str, namespace: str, name: str) -> dict | None:
+        """The same as get(); callers that read through a cache (live.LiveKube) use it
+        where only the server's answer will do."""
+        return await self.get(kind, namespace, name)
 
     async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]

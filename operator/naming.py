@@ -47,9 +47,14 @@ def pvc_name(owner: Owner) -> str:
     return f"{owner.name}-policy"
 
 
+INSTANCE_LABEL = "app.kubernetes.io/instance"  # the owning RimuruDeployment's name
+# Every child carries it: the operator's watches of its children select on it.
+MANAGED = {"app.kubernetes.io/managed-by": "rimuru-operator"}
+
+
 def selector_labels(owner: Owner, component: str) -> dict[str, str]:
     # Deployment selectors are immutable: keep them to these two labels forever.
-    return {"app.kubernetes.io/instance": owner.name, "app.kubernetes.io/component": component}
+    return {INSTANCE_LABEL: owner.name, "app.kubernetes.io/component": component}
 
 
 def labels(owner: Owner, component: str) -> dict[str, str]:
@@ -57,7 +62,7 @@ def labels(owner: Owner, component: str) -> dict[str, str]:
         "app.kubernetes.io/name": "rimuru",
         **selector_labels(owner, component),
         "app.kubernetes.io/part-of": "rimuru",
-        "app.kubernetes.io/managed-by": "rimuru-operator",
+        **MANAGED,
     }
 
 
@@ -119,12 +124,21 @@ def child_refs(owner: Owner) -> list[tuple[str, str]]:
     return [
         ("Deployment", child_name(owner, DATAPLANE)),
         ("Service", child_name(owner, DATAPLANE)),
+        *optional_child_refs(owner),
         ("Deployment", child_name(owner, CONTROLPLANE)),
         ("Service", child_name(owner, CONTROLPLANE)),
         ("ConfigMap", config_map_name(owner)),
         ("PersistentVolumeClaim", pvc_name(owner)),
         ("Secret", generated_secret_name(owner)),
         ("Secret", dataplane_secret_name(owner)),
+    ]
+
+
+def optional_child_refs(owner: Owner) -> list[tuple[str, str]]:
+    """(kind, name) of the children only some specs want (build_children decides)."""
+    return [
+        ("PodDisruptionBudget", child_name(owner, DATAPLANE)),
+        ("HorizontalPodAutoscaler", child_name(owner, DATAPLANE)),
     ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rimuru.operator.availability import topology_spread
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.engine_config import engine_config, engine_config_hash
 from rimuru.operator.naming import (
@@ -32,7 +33,9 @@ from rimuru.operator.naming import (
     labels,
     prometheus_annotations,
     pvc_name,
+    selector_labels,
 )
+from rimuru.operator.placement import place, pull_secret_refs
 from rimuru.operator.spec import DeploymentSpec
 
 # Readiness flips quickly (drain, overload); liveness only after sustained failure.
@@ -156,6 +159,11 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
     if model_volume is not None:
         volumes.append(model_volume)
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    if dp.num_gpus > 1:
+        # Tensor parallel: NCCL and torch's workers share memory through /dev/shm, which a
+        # container gets only 64 MiB of. Memory-backed, so it counts against the memory limit.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     args = [
         "serve",
         "--port",
@@ -185,7 +193,7 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
         "name": "dataplane",
         "image": dp.image or config.dataplane_image,
         "imagePullPolicy": dp.image_pull_policy,
-        "args": args,
+        "args": [*args, *dp.extra_args],  # the spec's last: a flag given twice is the spec's
         "envFrom": [{"configMapRef": {"name": config_map_name(owner)}}],
         "env": [
             # The node id the control plane lists this replica under (ListSubscribers).
@@ -193,6 +201,7 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
             # Writable caches on a read-only root filesystem (Triton kernels, torch).
             {"name": "HOME", "value": "/tmp"},
             {"name": "TRITON_CACHE_DIR", "value": "/tmp/triton"},
+            *(dict(var) for var in dp.extra_env),  # extras.OPERATOR_ENV names excluded
         ],
         "ports": ports,
         # Loading a large checkpoint takes minutes: the startup probe holds liveness and
@@ -205,6 +214,9 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
         "resources": dict(dp.resources),
         "volumeMounts": mounts,
         "securityContext": _container_security(),
+        # A failed model load's last log lines become the termination message, which the
+        # operator reports in status (pod_failures.py).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -218,12 +230,19 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
         pod_spec["nodeSelector"] = dict(dp.node_selector)
     if dp.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in dp.tolerations]
+    spread = topology_spread(dp.availability, selector_labels(owner, DATAPLANE))
+    if spread:
+        pod_spec["topologySpreadConstraints"] = spread
+    place(pod_spec, dp.placement)
+    # The spec's labels and annotations first: the operator's own win.
     annotations = {
+        **dp.placement.pod_annotations,
         **prometheus_annotations(),
         CONFIG_HASH_ANNOTATION: engine_config_hash(engine_config(spec)),
     }
+    pod_labels = {**dp.placement.pod_labels, **labels(owner, DATAPLANE)}
     return {
-        "metadata": {"labels": labels(owner, DATAPLANE), "annotations": annotations},
+        "metadata": {"labels": pod_labels, "annotations": annotations},
         "spec": pod_spec,
     }
 
@@ -259,13 +278,13 @@ def controlplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> d
         ],
         "securityContext": _container_security(),
     }
-    return {
-        "metadata": {"labels": labels(owner, CONTROLPLANE)},
-        "spec": {
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "securityContext": _pod_security(),
-            "containers": [container],
-            "volumes": [policy_volume, _controlplane_token_volume(spec)],
-        },
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [policy_volume, _controlplane_token_volume(spec)],
     }
+    if cp.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = pull_secret_refs(cp.image_pull_secrets)
+    return {"metadata": {"labels": labels(owner, CONTROLPLANE)}, "spec": pod_spec}

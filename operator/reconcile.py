@@ -22,6 +22,11 @@ from rimuru.operator.builders import (
     build_dataplane_token_secret,
     build_token_secret,
 )
+from rimuru.operator.cluster import (
+    depends_on_version,
+    parse_server_version,
+    unsupported_feature,
+)
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.kube import KubeClient, KubeError
 from rimuru.operator.naming import (
@@ -32,7 +37,11 @@ from rimuru.operator.naming import (
     child_refs,
     dataplane_secret_name,
     is_owned_by,
+    optional_child_refs,
+    selector_labels,
 )
+from rimuru.operator.pod_failures import dataplane_failure, dataplane_unschedulable
+from rimuru.operator.pod_security import restricted_profile_findings
 from rimuru.operator.policy_sync import PolicyState, RankingUpload
 from rimuru.operator.spec import DeploymentSpec, Owner
 from rimuru.operator.status import Blocker, ChildSpec, Observation, Problem
@@ -111,6 +120,16 @@ async def read_ranking(kube: KubeClient, spec: DeploymentSpec) -> RankingUpload 
         raise Blocked(Blocker.RANKING_INVALID, str(exc)) from exc
 
 
+async def require_cluster_support(kube: KubeClient, spec: DeploymentSpec) -> None:
+    """Refuse a spec the cluster's Kubernetes version cannot run, before any child is
+    written. The version is asked only for a spec that depends on it."""
+    if not depends_on_version(spec):
+        return
+    message = unsupported_feature(spec, parse_server_version(await kube.server_version()))
+    if message is not None:
+        raise Blocked(Blocker.UNSUPPORTED_BY_CLUSTER, message)
+
+
 async def apply_children(kube: KubeClient, spec: DeploymentSpec, config: OperatorConfig) -> None:
     for child in build_children(spec, config):
         ref = f"{child['kind']} {child['metadata']['name']}"
@@ -122,6 +141,18 @@ async def apply_children(kube: KubeClient, spec: DeploymentSpec, config: Operato
                     Blocker.CHILD_REJECTED, f"the API server rejected {ref}: {exc.message}"
                 ) from exc
             raise Blocked(Blocker.API_ERROR, f"applying {ref}: {exc}") from exc
+
+
+async def prune_children(kube: KubeClient, spec: DeploymentSpec, config: OperatorConfig) -> None:
+    """Delete the optional children the spec no longer wants (a disruption budget once
+    down to one replica). Run on spec changes only: nothing else can change the set."""
+    wanted = {(c["kind"], c["metadata"]["name"]) for c in build_children(spec, config)}
+    for kind, name in optional_child_refs(spec.owner):
+        if (kind, name) in wanted:
+            continue
+        obj = await kube.get(kind, spec.owner.namespace, name)
+        if obj is not None and is_owned_by(obj, spec.owner):
+            await kube.delete(kind, spec.owner.namespace, name)
 
 
 async def require_controlplane_ready(kube: KubeClient, spec: DeploymentSpec) -> None:
@@ -189,6 +220,7 @@ async def observe(
     ns = spec.owner.namespace
     dataplane = await kube.get("Deployment", ns, child_name(spec.owner, DATAPLANE))
     controlplane = await kube.get("Deployment", ns, child_name(spec.owner, CONTROLPLANE))
+    pods = await kube.list("Pod", ns, selector_labels(spec.owner, DATAPLANE))
     return Observation(
         generation=spec.owner.generation,
         desired_replicas=spec.data_plane.replicas,
@@ -200,6 +232,9 @@ async def observe(
         controlplane_spec=_child_spec(controlplane),
         policy=policy,
         problem=problem,
+        pod_security=restricted_profile_findings(spec),
+        dataplane_failure=dataplane_failure(pods),
+        dataplane_unschedulable=dataplane_unschedulable(pods),
     )
 
 

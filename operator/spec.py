@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from rimuru.operator.autoscaling import Autoscaling, parse_autoscaling
+from rimuru.operator.availability import Availability, parse_availability
+from rimuru.operator.extras import parse_extra_args, parse_extra_env
+from rimuru.operator.placement import Placement, parse_placement, parse_pull_secrets
+from rimuru.operator.spec_error import SpecError
 from rimuru.policy import InvalidPolicy, Tunables, check_pushable
 
 GROUP = "rimuru.dev"
@@ -36,14 +41,6 @@ DATAPLANE_METRICS_PORT = 9464  # the OpenTelemetry Prometheus exporter's usual p
 # Pods run as a non-root user with every capability dropped: a port below 1024 would need
 # NET_BIND_SERVICE.
 MIN_HTTP_PORT = 1024
-
-
-class SpecError(ValueError):
-    """The spec can never work as written; `field` is its dotted path."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -96,6 +93,10 @@ class DataPlaneSpec:
     termination_grace_period_seconds: int
     http_port: int | None = None  # the OpenAI-compatible HTTP API; None = off
     num_gpus: int = 0  # GPUs (or MIG slices) in resources.limits; 0 = the engine runs on CPU
+    availability: Availability = field(default_factory=Availability)  # rollout, budget, spread
+    placement: Placement = field(default_factory=Placement)  # affinity, priority, ...
+    extra_args: tuple[str, ...] = ()  # after the operator's `rimuru serve` flags (extras.py)
+    extra_env: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class ControlPlaneSpec:
     storage_enabled: bool
     storage_size: str
     storage_class_name: str | None
+    image_pull_secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ class DeploymentSpec:
     control_plane: ControlPlaneSpec
     policy: PolicySpec
     auth: AuthSpec
+    autoscaling: Autoscaling | None = None  # None = replicas as spec.dataPlane.replicas says
 
 
 def _require(obj: Mapping[str, Any], key: str, path: str) -> Any:
@@ -330,6 +333,10 @@ def _parse_data_plane(dp: Mapping[str, Any]) -> DataPlaneSpec:
         termination_grace_period_seconds=_require(dp, "terminationGracePeriodSeconds", path),
         http_port=_parse_http_port(dp, path),
         num_gpus=count_gpus(resources.get("limits") or {}, f"{path}.resources.limits"),
+        availability=parse_availability(dp, path),
+        placement=parse_placement(dp, path),
+        extra_args=parse_extra_args(dp),
+        extra_env=parse_extra_env(dp, path),
     )
 
 
@@ -360,6 +367,7 @@ def _parse_control_plane(cp: Mapping[str, Any]) -> ControlPlaneSpec:
         storage_enabled=_require(storage, "enabled", "spec.controlPlane.storage"),
         storage_size=str(_require(storage, "size", "spec.controlPlane.storage")),
         storage_class_name=storage.get("storageClassName"),
+        image_pull_secrets=parse_pull_secrets(cp),
     )
 
 
@@ -395,4 +403,5 @@ def parse_spec(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> DeploymentSp
         control_plane=_parse_control_plane(_require(spec, "controlPlane", "spec")),
         policy=parse_policy(_require(spec, "policy", "spec")),
         auth=auth,
+        autoscaling=parse_autoscaling(spec.get("autoscaling")),
     )

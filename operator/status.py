@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rimuru.operator.pod_security import Finding
 from rimuru.operator.policy_sync import PolicyState
 
 
@@ -31,6 +32,8 @@ class Blocker(enum.Enum):
     # The API server refused a child as invalid (HTTP 422): the same manifest is refused
     # again, so nothing is retried until the spec changes.
     CHILD_REJECTED = ("ChildRejected", True)
+    # The spec uses what this cluster's Kubernetes version lacks (cluster.py).
+    UNSUPPORTED_BY_CLUSTER = ("UnsupportedByCluster", True)
     API_ERROR = ("KubernetesAPIError", False)
 
     def __init__(self, reason: str, permanent: bool) -> None:
@@ -67,6 +70,12 @@ class Observation:
     controlplane_spec: ChildSpec
     policy: PolicyState | None  # None = control plane not asked / unreachable
     problem: Problem | None = None
+    # where the data-plane pods break the restricted Pod Security profile (pod_security.py)
+    pod_security: tuple[Finding, ...] = ()
+    # why a data-plane pod cannot serve (pod_failures.py); None = none is failing
+    dataplane_failure: str | None = None
+    # why a data-plane pod waits unscheduled, e.g. no free GPU (pod_failures.py)
+    dataplane_unschedulable: str | None = None
 
 
 def _condition(type_: str, status: bool | None, reason: str, message: str) -> dict[str, Any]:
@@ -162,12 +171,11 @@ def _progressing(obs: Observation) -> dict[str, Any]:
     rolled = obs.current_replicas <= obs.updated_replicas >= obs.desired_replicas
     if rolled and obs.ready_replicas >= obs.desired_replicas and obs.controlplane_ready:
         return _condition("Progressing", False, "RolloutComplete", "all children are up to date")
-    return _condition(
-        "Progressing",
-        True,
-        "RollingOut",
-        f"{obs.updated_replicas} updated, {obs.ready_replicas} ready of {obs.desired_replicas}",
-    )
+    counts = f"{obs.updated_replicas} updated, {obs.ready_replicas} ready of {obs.desired_replicas}"
+    if obs.dataplane_unschedulable is not None:
+        # A surge pod without a free GPU waits here for good: say so, not only the counts.
+        counts += f"; {obs.dataplane_unschedulable}"
+    return _condition("Progressing", True, "RollingOut", counts)
 
 
 def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
@@ -177,11 +185,40 @@ def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
         Blocker.RANKING_INVALID,
         Blocker.POLICY_REJECTED,
         Blocker.CHILD_REJECTED,
+        Blocker.UNSUPPORTED_BY_CLUSTER,
     ):
         return _condition("Degraded", True, obs.problem.blocker.reason, obs.problem.message)
     if synced["reason"] == "Rejected":
         return _condition("Degraded", True, "PolicyRejected", synced["message"])
+    if obs.dataplane_failure is not None:
+        return _condition("Degraded", True, "DataPlaneFailing", obs.dataplane_failure)
     return _condition("Degraded", False, "AsExpected", "")
+
+
+def _ready(conditions: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The one condition to wait on (kubectl wait --for=condition=Ready): serving the
+    current spec, rolled out, nothing wrong. False names the first condition in the way."""
+    for type_, wanted in (("Degraded", "False"), ("Available", "True"), ("Progressing", "False")):
+        c = conditions[type_]
+        if c["status"] != wanted:
+            return _condition(
+                "Ready", False, c["reason"], c["message"] or f"{type_} is {c['status']}"
+            )
+    return _condition("Ready", True, "Ready", conditions["Available"]["message"])
+
+
+def _restricted_pod_security(obs: Observation) -> dict[str, Any]:
+    # A warning, not Degraded: where the profile is not enforced the pods run as asked.
+    if obs.pod_security:
+        reasons = ",".join(f.reason for f in obs.pod_security)
+        message = "; ".join(f.message for f in obs.pod_security)
+        return _condition("RestrictedPodSecurity", False, reasons, message)
+    return _condition(
+        "RestrictedPodSecurity",
+        True,
+        "MeetsRestricted",
+        "the data-plane and control-plane pods meet the restricted Pod Security profile",
+    )
 
 
 def _phase(conditions: Mapping[str, Mapping[str, Any]], obs: Observation) -> str:
@@ -226,8 +263,16 @@ def compute_status(
     `endpoints` are the data plane's ({"grpc": host:port, "http": base URL})."""
     synced = _policy_synced(obs)
     by_type = {
-        c["type"]: c for c in (_available(obs), _progressing(obs), synced, _degraded(obs, synced))
+        c["type"]: c
+        for c in (
+            _available(obs),
+            _progressing(obs),
+            synced,
+            _degraded(obs, synced),
+            _restricted_pod_security(obs),
+        )
     }
+    by_type = {"Ready": _ready(by_type), **by_type}  # listed first: the one to wait on
     conditions = [
         _keep_transition_times(c, previous_conditions, obs.generation, now)
         for c in by_type.values()

@@ -120,21 +120,28 @@ class Admission:
 
 # (API group, resource) -> the RBAC verbs the operator uses: kopf (watch the
 # RimuruDeployments, patch their finalizer and progress annotations, post events) and
-# operator/kube.py, whose children are read by name (never listed) and whose Secrets and
-# PVCs are created once, never patched. The chart's ClusterRole grants exactly this
+# operator/kube.py, whose children are watched (Deployments, Services, budgets) or read
+# by name, and whose Secrets and PVCs are created once, never patched. The chart's ClusterRole grants exactly this
 # (test_helm_chart) and the operator, run end to end, calls nothing else (test_operator_e2e).
 _CHILD = frozenset({"get", "create", "patch", "delete"})
+# children whose live state comes from a watch (operator/live.py), read by name only when
+# a create finds one the watch does not show (it lost the label the watch selects on)
+_WATCHED_CHILD = _CHILD | {"list", "watch"}
 OPERATOR_RBAC: dict[tuple[str, str], frozenset[str]] = {
     ("rimuru.dev", "rimurudeployments"): frozenset({"list", "watch", "patch"}),
     ("rimuru.dev", "rimurudeployments/status"): frozenset({"patch"}),
     # children carry ownerReferences with blockOwnerDeletion, which needs this
     ("rimuru.dev", "rimurudeployments/finalizers"): frozenset({"update"}),
-    ("apps", "deployments"): _CHILD,
-    ("", "services"): _CHILD,
+    ("apps", "deployments"): _WATCHED_CHILD,
+    ("", "services"): _WATCHED_CHILD,
     ("", "configmaps"): _CHILD,
+    ("autoscaling", "horizontalpodautoscalers"): _CHILD,
+    ("policy", "poddisruptionbudgets"): _WATCHED_CHILD,
     ("", "persistentvolumeclaims"): frozenset({"get", "create", "delete"}),
     ("", "secrets"): frozenset({"get", "create", "delete"}),
     ("", "events"): frozenset({"create"}),
+    # the data-plane pods' status: why a model does not load (operator/pod_failures.py)
+    ("", "pods"): frozenset({"list", "watch"}),
 }
 
 
@@ -185,6 +192,16 @@ def kube_api(kmock, tmp_path, monkeypatch):
     kmock.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
         kind="CustomResourceDefinition", namespaced=False
     )
+    # The children the operator watches (operator/live.py).
+    for resource, kind in (
+        ("apps/v1/deployments", "Deployment"),
+        ("v1/services", "Service"),
+        ("policy/v1/poddisruptionbudgets", "PodDisruptionBudget"),
+        ("v1/pods", "Pod"),
+    ):
+        kmock.resources[resource] = kmock.ResourceInfo(
+            kind=kind, namespaced=True, verbs={"get", "list", "watch", "create", "patch", "delete"}
+        )
     kubeconfig = {
         "apiVersion": "v1",
         "kind": "Config",

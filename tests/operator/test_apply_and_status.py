@@ -110,10 +110,12 @@ def test_all_good_is_available_and_synced():
     status = _status(_obs())
     assert status["phase"] == "Available"
     assert _conditions(status) == {
+        "Ready": ("True", "Ready"),
         "Available": ("True", "ReplicasReady"),
         "Progressing": ("False", "RolloutComplete"),
         "PolicySynced": ("True", "Applied"),
         "Degraded": ("False", "AsExpected"),
+        "RestrictedPodSecurity": ("True", "MeetsRestricted"),
     }
     assert status["policy"] == {
         "desiredVersion": 7,
@@ -231,10 +233,12 @@ def test_scaled_to_zero_settles():
     status = _status(_scaled_to_zero())
     assert status["phase"] == "ScaledToZero"
     assert _conditions(status) == {
+        "Ready": ("False", "ScaledToZero"),
         "Available": ("False", "ScaledToZero"),
         "Progressing": ("False", "RolloutComplete"),
         "PolicySynced": ("False", "NoSubscribers"),
         "Degraded": ("False", "AsExpected"),
+        "RestrictedPodSecurity": ("True", "MeetsRestricted"),
     }
 
 

@@ -84,9 +84,9 @@ def test_dataplane_deployment_fields(tiny_rd):
     deployment = build_dataplane_deployment(_parse(tiny_rd), CONFIG)
     spec = deployment["spec"]
     assert spec["replicas"] == 1
-    assert spec["strategy"] == {
+    assert spec["strategy"] == {  # one replica: surge, so it keeps serving
         "type": "RollingUpdate",
-        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
     }
     selector = {"app.kubernetes.io/instance": "tiny", "app.kubernetes.io/component": "dataplane"}
     assert spec["selector"] == {"matchLabels": selector}

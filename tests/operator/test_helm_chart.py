@@ -90,7 +90,7 @@ def test_operator_accepts_the_chart_args():
     assert parsed.liveness_port == 8080
     assert parsed.dataplane_image == "ghcr.io/rimuru-dev/rimuru-dataplane:0.1.0"
     assert parsed.controlplane_image == "ghcr.io/rimuru-dev/rimuru-controlplane:0.1.0"
-    assert (parsed.status_interval, parsed.retry_delay, parsed.verbose) == (10.0, 10.0, True)
+    assert (parsed.status_interval, parsed.retry_delay, parsed.verbose) == (30.0, 10.0, True)
 
 
 def test_watched_namespaces_get_role_bindings_only():

@@ -20,6 +20,7 @@ CONFIG = OperatorConfig(dataplane_image="reg/dp:test", controlplane_image="reg/c
 
 @pytest.fixture
 async def kube(kmock):
+    kmock.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", namespaced=True)
     client = KubeClient(kopf.ConnectionInfo(server=str(kmock.url).rstrip("/")))
     yield client
     await client.close()

@@ -223,14 +223,37 @@ def operator_calls(kmock) -> dict[tuple[str, str], set[str]]:
     return calls
 
 
+async def deleted(kmock, http, name: str = "tiny") -> None:
+    """kubectl delete rd NAME, and wait until the finalizer has let it go."""
+    await _call(http, "DELETE", f"{RD_PATH}/{name}")
+    await eventually(lambda: obj(kmock, RD, name) is None, what=f"{name} deleted")
+
+
 async def recovered_then_deleted(kmock, http) -> None:
     """Wait until "tiny" is no longer Degraded, then delete it and wait until it is gone."""
     await eventually(
         lambda: condition(obj(kmock, RD, "tiny"), "Degraded")["status"] == "False",
         what="no longer Degraded",
     )
-    await _call(http, "DELETE", f"{RD_PATH}/tiny")
-    await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
+    await deleted(kmock, http)
+
+
+async def create_tiny(http, tiny_rd: dict) -> dict:
+    """kubectl apply of the tiny example with the user's token Secret (authSecretRef)."""
+    rd = copy.deepcopy(tiny_rd)
+    rd["spec"]["authSecretRef"] = await create_token_secret(http)
+    await _call(http, "POST", RD_PATH, rd)
+    return rd
+
+
+async def failed_with(kmock, name: str, reason: str) -> dict:
+    """Wait for phase Failed; returns the Degraded condition, checked True for `reason`."""
+    await eventually(
+        lambda: obj(kmock, RD, name)["status"]["phase"] == "Failed", what=f"{name} Failed"
+    )
+    degraded = condition(obj(kmock, RD, name), "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", reason)
+    return degraded
 
 
 async def create_token_secret(http) -> dict:
@@ -351,7 +374,7 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
                 return spec if spec["template"] != template["template"] else None
 
             rolled_spec = await eventually(new_template, what="pod template roll")
-            assert rolled_spec["strategy"]["rollingUpdate"]["maxSurge"] == 0
+            assert rolled_spec["strategy"]["rollingUpdate"]["maxSurge"] == 1  # one replica
             engine_config = obj(kmock, "v1/configmaps", "tiny-engine")["data"]
             assert engine_config["RIMURU_MAX_NUM_SEQS"] == "8"
             assert (await get_policy(control_plane, "tiny")).version == 2
@@ -499,12 +522,7 @@ async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
         assert "other-token" in progressing["message"]
         assert obj(kmock, RD, "other")["status"]["phase"] in ("Pending", "Progressing")
 
-        failed = await eventually(
-            lambda: obj(kmock, RD, "broken")["status"]["phase"] == "Failed", what="Failed"
-        )
-        assert failed
-        degraded = condition(obj(kmock, RD, "broken"), "Degraded")
-        assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+        degraded = await failed_with(kmock, "broken", "InvalidSpec")
         assert "spec.engine.gpuMemoryUtilization" in degraded["message"]
         assert obj(kmock, DEPLOYMENTS, "broken-dataplane") is None  # nothing was created
 
@@ -554,7 +572,7 @@ async def test_a_deleted_or_hand_edited_child_is_restored(kmock, env, tiny_rd, o
         await eventually(lambda: obj(kmock, RD, "tiny") is None, what="RD deleted")
     assert runner.exception is None
     calls = operator_calls(kmock)
-    assert {"get", "create", "patch", "delete"} <= calls[("apps", "deployments")]
+    assert {"list", "watch", "create", "patch", "delete"} <= calls[("apps", "deployments")]
     for resource, verbs in calls.items():
         assert verbs <= operator_rbac.get(resource, set()), resource
 
@@ -569,12 +587,8 @@ async def test_a_child_the_api_server_rejects_fails_until_the_spec_changes(kmock
     kmock.invalid["tiny-dataplane"] = message
     async with operator_running() as runner:
         await _call(http, "POST", RD_PATH, rd)
-        await eventually(
-            lambda: obj(kmock, RD, "tiny")["status"]["phase"] == "Failed", what="Failed"
-        )
+        degraded = await failed_with(kmock, "tiny", "ChildRejected")
         status = obj(kmock, RD, "tiny")["status"]
-        degraded = condition(obj(kmock, RD, "tiny"), "Degraded")
-        assert (degraded["status"], degraded["reason"]) == ("True", "ChildRejected")
         assert message in degraded["message"] and "Deployment tiny-dataplane" in degraded["message"]
         progressing = condition(obj(kmock, RD, "tiny"), "Progressing")
         assert (progressing["status"], progressing["reason"]) == ("False", "ChildRejected")

@@ -1,0 +1,65 @@
+"""The data planes' PodDisruptionBudget follows the replica count against the emulated
+API server: created on scaling to two, restored after a deletion, deleted (ours only)
+on scaling back to one."""
+
+from __future__ import annotations
+
+import copy
+
+import kopf
+import pytest
+
+from rimuru.operator import reconcile
+from rimuru.operator.config import OperatorConfig
+from rimuru.operator.kube import KubeClient
+from rimuru.operator.spec import parse_spec
+
+CONFIG = OperatorConfig(dataplane_image="reg/dp:test", controlplane_image="reg/cp:test")
+
+
+@pytest.fixture
+async def kube(kmock):
+    kmock.resources["policy/v1/poddisruptionbudgets"] = kmock.ResourceInfo(
+        kind="PodDisruptionBudget", namespaced=True
+    )
+    client = KubeClient(kopf.ConnectionInfo(server=str(kmock.url).rstrip("/")))
+    yield client
+    await client.close()
+
+
+def _scaled(rd, replicas):
+    rd = copy.deepcopy(rd)
+    rd["spec"]["dataPlane"]["replicas"] = replicas
+    return parse_spec(rd["metadata"], rd["spec"])
+
+
+async def test_budget_follows_the_replica_count(kube, tiny_rd):
+    async def budget():
+        return await kube.get("PodDisruptionBudget", "default", "tiny-dataplane")
+
+    one = _scaled(tiny_rd, 1)
+    await reconcile.apply_children(kube, one, CONFIG)
+    await reconcile.prune_children(kube, one, CONFIG)
+    assert await budget() is None
+
+    two = _scaled(tiny_rd, 2)
+    await reconcile.apply_children(kube, two, CONFIG)
+    assert (await budget())["spec"]["maxUnavailable"] == 1
+    await kube.delete("PodDisruptionBudget", "default", "tiny-dataplane")
+    await reconcile.apply_children(kube, two, CONFIG)  # the periodic pass restores it
+    assert await budget() is not None
+
+    await reconcile.apply_children(kube, one, CONFIG)
+    await reconcile.prune_children(kube, one, CONFIG)
+    assert await budget() is None
+
+    # Someone else's budget of the same name is not the operator's to delete.
+    theirs = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "tiny-dataplane", "namespace": "default"},
+        "spec": {"maxUnavailable": 0},
+    }
+    await kube.create(theirs)
+    await reconcile.prune_children(kube, one, CONFIG)
+    assert await budget() is not None

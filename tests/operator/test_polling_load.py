@@ -1,0 +1,81 @@
+"""What one settled RimuruDeployment costs the API server: every request the operator
+makes in a window after its status has settled, counted against the emulated API server
+(the issue's measurement, at its 0.3 s status interval). The operator reads its
+Deployments, Services and disruption budgets (and the data-plane pods) from watches that
+the API server filters to its own objects, keeps the token it read, and writes status only
+when it changes."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+from tests.operator import test_operator_e2e as e2e
+from tests.operator.test_operator_e2e import control_plane, env  # noqa: F401 (fixtures)
+
+WINDOW_S = 10.0
+
+
+def operator_requests(kmock, since: int = 0) -> collections.Counter:
+    """(method, resource) of the operator's requests from the `since`th on (the test's
+    own carry no token)."""
+    counts: collections.Counter = collections.Counter()
+    for request in list(kmock)[since:]:
+        if request.resource is None or "Authorization" not in request.headers:
+            continue
+        resource = request.resource.plural or "discovery"
+        if request.subresource:
+            resource += f"/{request.subresource}"
+        action = request.action.value if request.action is not None else request.method.value
+        counts[action, resource] += 1
+    return counts
+
+
+async def test_a_settled_deployment_costs_no_reads_of_watched_children(
+    kmock,
+    env,  # noqa: F811
+    tiny_rd,
+    monkeypatch,
+):
+    monkeypatch.setenv("RIMURU_OPERATOR_STATUS_INTERVAL_SECONDS", "0.3")
+    http = env
+    async with e2e.operator_running() as runner:
+        await e2e.create_tiny(http, tiny_rd)
+        for name in ("tiny-controlplane", "tiny-dataplane"):
+            await e2e.eventually(lambda n=name: e2e.obj(kmock, e2e.DEPLOYMENTS, n), what=name)
+            await e2e.emulate_rollout(http, name, 1)
+        await e2e.eventually(
+            lambda: (
+                e2e.condition(e2e.obj(kmock, e2e.RD, "tiny"), "Progressing")["reason"]
+                == "RolloutComplete"
+            ),
+            what="settled",
+        )
+        await asyncio.sleep(1.0)  # the last status write of the rollout lands
+        since = len(list(kmock))
+        await asyncio.sleep(WINDOW_S)
+        counts = operator_requests(kmock, since)
+        await e2e.deleted(kmock, http)
+    assert runner.exception is None
+    # (after the runner: it holds sys.stdout while it runs)
+    print(f"operator requests in {WINDOW_S:.0f} s at a 0.3 s interval:", dict(counts))
+    # The children's lists and watches are filtered by the API server, not the operator.
+    watched = {"deployments", "services", "poddisruptionbudgets", "pods"}
+    selectors = {
+        (request.resource.plural, request.params.get("labelSelector"))
+        for request in kmock
+        if request.resource is not None
+        and request.resource.plural in watched
+        and request.action is not None
+        and request.action.value in ("LIST", "WATCH")
+        and "Authorization" in request.headers
+    }
+    assert selectors == {
+        (plural, "app.kubernetes.io/managed-by=rimuru-operator") for plural in watched
+    }
+    assert counts["FETCH", "deployments"] == 0
+    assert counts["FETCH", "services"] == 0
+    assert counts["FETCH", "secrets"] == 0
+    assert counts["UPDATE", "rimurudeployments/status"] == 0  # nothing changed
+    # the engine ConfigMap is still read each interval (ConfigMaps are not watched)
+    assert counts["FETCH", "configmaps"] <= WINDOW_S / 0.3 + 1
