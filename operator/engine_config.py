@@ -68,6 +68,8 @@ def _live_policy(tunables: Tunables) -> dict[str, str]:
         "RIMURU_GROW_THRESHOLD": str(tunables.grow_threshold),
         "RIMURU_MAX_GROW_PER_ROUND": str(tunables.max_grow_per_round),
         "RIMURU_COPY_BUDGET": repr(float(tunables.copy_budget)),
+        "RIMURU_ELASTIC_RULE": tunables.elastic_rule,
+        "RIMURU_TPOT_SLO_MS": repr(float(tunables.tpot_slo_ms)),
     }
 
 

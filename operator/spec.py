@@ -167,6 +167,8 @@ def parse_policy(policy: Mapping[str, Any]) -> PolicySpec:
                 online_hotness=_require(policy, "onlineHotness", path),
                 # optional: newer than the other tunables (a CRD without it means none)
                 copy_budget=policy.get("copyBudget", 0.0),
+                elastic_rule=policy.get("elasticRule", "cost"),
+                tpot_slo_ms=policy.get("tpotSloMs", 0.0),
             )
         )
     except InvalidPolicy as exc:

@@ -217,6 +217,8 @@ def test_engine_config_map(gpu_rd, tiny_rd):
         "RIMURU_GROW_THRESHOLD": "9",
         "RIMURU_MAX_GROW_PER_ROUND": "5",
         "RIMURU_COPY_BUDGET": "0.0",
+        "RIMURU_ELASTIC_RULE": "cost",
+        "RIMURU_TPOT_SLO_MS": "0.0",
     }
     assert build_engine_config_map(_parse(tiny_rd))["data"] == {
         "RIMURU_DTYPE": "float32",
@@ -234,6 +236,8 @@ def test_engine_config_map(gpu_rd, tiny_rd):
         "RIMURU_GROW_THRESHOLD": "9",
         "RIMURU_MAX_GROW_PER_ROUND": "5",
         "RIMURU_COPY_BUDGET": "0.0",
+        "RIMURU_ELASTIC_RULE": "cost",
+        "RIMURU_TPOT_SLO_MS": "0.0",
     }
 
 
@@ -361,6 +365,8 @@ def _changed(rd, path, value):
         ("policy.growThreshold", 12),
         ("policy.onlineHotness", False),
         ("policy.copyBudget", 1.5),
+        ("policy.elasticRule", "paper"),
+        ("policy.tpotSloMs", 80.0),
         ("policy.ranking", {"configMapName": "other", "key": "r.json"}),
     ],
 )
@@ -387,12 +393,14 @@ def test_a_new_pod_starts_with_the_specs_live_policy(tiny_rd, monkeypatch):
     """rimuru serve's defaults (limit 8) would size loading buffers the spec does not have:
     with loadingBufferSlots 4 and expertOffloadLimit 2 the pods crashlooped (11-30)."""
     rd = _changed(_changed(tiny_rd, "engine.loadingBufferSlots", 4), "policy.copyBudget", 1.5)
+    rd = _changed(rd, "policy.tpotSloMs", 80.0)
     for key, value in build_engine_config_map(_parse(rd))["data"].items():
         monkeypatch.setenv(key, value)
     from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
 
     tunables = serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).tunables
     assert (tunables.expert_offload_limit, tunables.copy_budget) == (2, 1.5)
+    assert (tunables.elastic_rule, tunables.tpot_slo_ms) == ("cost", 80.0)
 
 
 @pytest.mark.parametrize(
@@ -452,6 +460,8 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
         ("engine.expertCopy", "gpu", "spec.engine.expertCopy"),
         ("engine.cudagraphMode", "piecewise", "spec.engine.cudagraphMode"),
         ("policy.copyBudget", -1, "spec.policy.copyBudget"),
+        ("policy.elasticRule", "greedy", "spec.policy.elasticRule"),
+        ("policy.tpotSloMs", -5, "spec.policy.tpotSloMs"),
         ("engine.maxModelLen", 0, "spec.engine.maxModelLen"),
         ("engine.maxWaiting", -1, "spec.engine.maxWaiting"),
         ("engine.fixedExpertShare", 1.5, "spec.engine.fixedExpertShare"),

@@ -96,6 +96,8 @@ def test_defaults_fill_an_almost_empty_spec(api):
         "pagesPerExpert": 3,
         "onlineHotness": False,
         "copyBudget": 0,
+        "elasticRule": "cost",
+        "tpotSloMs": 0,
     }
     assert spec["dataPlane"]["replicas"] == 1
     assert spec["dataPlane"]["httpPort"] == 8000  # the OpenAI-compatible API is on
@@ -188,6 +190,11 @@ INVALID = {
         _with("policy", {"mode": "fixed", "copyBudget": 2.0}),
         "spec.policy.copyBudget applies only to mode elastic",
     ),
+    "tpot SLO with the paper's rule": (
+        _with("policy", {"elasticRule": "paper", "tpotSloMs": 50.0}),
+        "spec.policy.tpotSloMs applies only to mode elastic with elasticRule cost",
+    ),
+    "unknown elastic rule": (_with("policy", {"elasticRule": "greedy"}), "'greedy' is not one of"),
     "negative offload limit": (
         _with("policy", {"expertOffloadLimit": -1}),
         "-1 is less than the minimum of 0",
