@@ -53,6 +53,8 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
         config["RIMURU_MAX_WAITING"] = str(engine.max_waiting)
     if engine.fixed_expert_share is not None:
         config["RIMURU_FIXED_EXPERT_SHARE"] = repr(engine.fixed_expert_share)
+    if engine.tensor_parallel_size > 1:
+        config["RIMURU_TENSOR_PARALLEL_SIZE"] = str(engine.tensor_parallel_size)
     tunables = spec.policy.tunables
     config["RIMURU_POLICY_MODE"] = tunables.mode
     config["RIMURU_PAGES_PER_EXPERT"] = str(tunables.pages_per_expert)

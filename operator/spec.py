@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -78,6 +78,7 @@ class EngineSpec:
     max_model_len: int | None = None  # None = the model's context length
     max_waiting: int | None = None  # 0 = unbounded; None = the server's default (1024)
     fixed_expert_share: float | None = None  # `fixed` policy; None = the engine's (0.5)
+    tensor_parallel_size: int = 1  # ranks, one per GPU of the pod
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,7 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
         max_model_len=_optional_number(engine, "maxModelLen", int, 1, None, path),
         max_waiting=_optional_number(engine, "maxWaiting", int, 0, None, path),
         fixed_expert_share=_optional_number(engine, "fixedExpertShare", float, 0.0, 1.0, path),
+        tensor_parallel_size=_optional_number(engine, "tensorParallelSize", int, 1, 8, path) or 1,
     )
 
 
@@ -320,6 +322,26 @@ def count_gpus(limits: Mapping[str, Any], path: str) -> int:
     return total
 
 
+def _with_rank_gpus(data_plane: DataPlaneSpec, tensor_parallel_size: int) -> DataPlaneSpec:
+    """spec.engine.tensorParallelSize asks for one GPU per rank: set as the pod's GPU limit
+    when resources name none, else they must agree (a pod with more GPUs than ranks would
+    leave some idle; with fewer, ranks would share one)."""
+    if tensor_parallel_size == 1:
+        return data_plane
+    if data_plane.num_gpus == 0:
+        resources = dict(data_plane.resources)
+        limits = {**(resources.get("limits") or {}), GPU_RESOURCES[0]: tensor_parallel_size}
+        return replace(data_plane, resources={**resources, "limits": limits},
+                       num_gpus=tensor_parallel_size)  # fmt: skip
+    if data_plane.num_gpus != tensor_parallel_size:
+        raise SpecError(
+            "spec.engine.tensorParallelSize",
+            f"needs one GPU per rank ({tensor_parallel_size}); spec.dataPlane.resources.limits "
+            f"ask for {data_plane.num_gpus}: make them agree, or leave the GPU limit out",
+        )
+    return data_plane
+
+
 def _parse_data_plane(dp: Mapping[str, Any]) -> DataPlaneSpec:
     path = "spec.dataPlane"
     resources = dict(dp.get("resources") or {})
@@ -389,7 +411,11 @@ def parse_owner(meta: Mapping[str, Any]) -> Owner:
 def parse_spec(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> DeploymentSpec:
     """Read a RimuruDeployment; raises SpecError for a spec that can never work."""
     owner = parse_owner(meta)
-    data_plane = _parse_data_plane(_require(spec, "dataPlane", "spec"))
+    engine = _require(spec, "engine", "spec")
+    data_plane = _with_rank_gpus(
+        _parse_data_plane(_require(spec, "dataPlane", "spec")),
+        _optional_number(engine, "tensorParallelSize", int, 1, 8, "spec.engine") or 1,
+    )
     ref = spec.get("authSecretRef")
     if ref is None:
         auth = AuthSpec(secret_name=generated_secret_name(owner), key="token", generated=True)
@@ -400,7 +426,7 @@ def parse_spec(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> DeploymentSp
     return DeploymentSpec(
         owner=owner,
         model=_parse_model(_require(spec, "model", "spec")),
-        engine=_parse_engine(_require(spec, "engine", "spec"), data_plane),
+        engine=_parse_engine(engine, data_plane),
         data_plane=data_plane,
         control_plane=_parse_control_plane(_require(spec, "controlPlane", "spec")),
         policy=parse_policy(_require(spec, "policy", "spec")),

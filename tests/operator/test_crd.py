@@ -195,6 +195,7 @@ INVALID = {
         "spec.policy.tpotSloMs applies only to mode elastic with elasticRule cost",
     ),
     "unknown elastic rule": (_with("policy", {"elasticRule": "greedy"}), "'greedy' is not one of"),
+    "nine ranks": (_with("engine.tensorParallelSize", 9), "9 is greater than the maximum of 8"),
     "negative offload limit": (
         _with("policy", {"expertOffloadLimit": -1}),
         "-1 is less than the minimum of 0",
