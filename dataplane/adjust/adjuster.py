@@ -238,6 +238,8 @@ def _paying(view: CostView, top_k: int) -> Check:
 
     def check(key: ExpertKey, share: float) -> bool:
         nonlocal done, added
+        if view.prices is not None:
+            share = view.prices.share(*key)
         batch_after = view.batch + (done + 1) * view.batch_per_eviction
         dc = route_probability(share, StepShape(math.ceil(batch_after), top_k))
         if not eviction_pays(view, done, added, dc):

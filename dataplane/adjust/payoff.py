@@ -21,7 +21,9 @@ expert's routing share). Only where requests wait, or a running one would be pre
     (B + dB) / T(B + dB, c + dc) > B / T(B, c)
     <=>  dB * (fixed + per_copy * c) > B * per_copy * dc            (per_seq cancels)
 
-and, with a TPOT SLO, T(B + dB, c + dc) stays within it. Evictions are priced coldest first,
+and, with a TPOT SLO, T(B + dB, c + dc) stays within it and the decode steps measured
+lately do too (past it, nothing more is evicted and the engine admits no one more while
+experts are offloaded, so pages return to them). Evictions are priced coldest first,
 each on the batch and copies the ones before it left, so the first that does not pay stops
 the round: the ones after it are hotter. Worked example (qwen3-30b-a3b's shapes): an expert
 copy of 9.4 MB at ~50 GB/s is per_copy ~0.19 ms against a ~25 ms step; a request of ~500
@@ -35,6 +37,8 @@ Pure: no torch, no clock. The engine measures the StepCost (engine/step_cost.py)
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from rimuru.policy import HotnessRanking
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,15 @@ class CostView:
     batch_per_eviction: float  # dB: pages_per_expert / what a running request holds
     demand: bool  # requests wait or a running one lacks pages: more pages buy batch
     tpot_slo_s: float | None = None  # a decode step may take at most this long
+    # Routing shares to price copies by (recent routing, engine/live_routing.py); None: the
+    # ranking's that orders the evictions.
+    prices: HotnessRanking | None = None
+    recent_step_s: float = 0.0  # decode steps' measured time lately (0: none seen)
+
+    @property
+    def over_slo(self) -> bool:
+        """Decode steps already take longer than the TPOT SLO."""
+        return self.tpot_slo_s is not None and self.recent_step_s > self.tpot_slo_s
 
     def __post_init__(self) -> None:
         if self.batch < 0 or self.copies < 0 or self.batch_per_eviction < 0:
@@ -72,7 +85,7 @@ class CostView:
 def eviction_pays(view: CostView, done: int, extra_copies: float, dc: float) -> bool:
     """Whether one more eviction, costing `dc` copies per step, pays after `done` earlier
     ones this round added `extra_copies` copies (module docstring)."""
-    if not view.demand:
+    if not view.demand or view.over_slo:
         return False
     cost, db = view.cost, view.batch_per_eviction
     b = view.batch + done * db

@@ -24,6 +24,7 @@ from rimuru.dataplane.adjust.payoff import CostView, eviction_pays
 from rimuru.dataplane.engine.copy_budget import CopyControl
 from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
+from rimuru.dataplane.engine.live_routing import LiveRouting
 from rimuru.dataplane.engine.policy_state import PolicyState
 from rimuru.dataplane.engine.scheduler import RoundState
 from rimuru.dataplane.engine.step_cost import StepCostMeter
@@ -82,6 +83,7 @@ class ElasticBoundary:
     ):
         self.policy = policy
         self.step_cost = step_cost
+        self.live = LiveRouting()  # recent routing, the cost rule's prices
         self.allocator = allocator
         self.kv = kv
         self.experts = experts
@@ -109,7 +111,7 @@ class ElasticBoundary:
         if apply_copy_budget and round.num_running:
             step = StepShape(batch, self.top_k)
             demand = evict_only or kv_pages_short > 0 or round.num_waiting > 0
-            costs = self.costs(batch, round.num_running, demand)
+            costs = self.costs(batch, round.num_running, demand, round.step)
         return move_boundary(
             kv_pages_short, self.allocator, self.kv, self.experts, self.policy.ranking,
             self.policy.tunables, round.step - 1, evict_only=evict_only, step=step,
@@ -117,19 +119,19 @@ class ElasticBoundary:
             costs=costs,
         )  # fmt: skip
 
-    def costs(self, batch: int, num_running: int, demand: bool) -> CostView | None:
+    def costs(self, batch: int, num_running: int, demand: bool, step: int) -> CostView | None:
         """What the cost rule prices an eviction with now (None under the paper rule):
-        the measured step cost, the copies per step (expected from the ranking over every
-        offloaded expert, or measured, the larger) and the batch one eviction's pages buy
-        (pages_per_expert over what a running request holds)."""
+        the measured step cost, the copies per step (expected from recent routing, else the
+        ranking, over every offloaded expert, or measured, the larger) and the batch one
+        eviction's pages buy (pages_per_expert over what a running request holds)."""
         t = self.policy.tunables
         if t.mode != "elastic" or t.elastic_rule != "cost":
             return None
+        prices = self.live.ranking(self.experts, step)
         shape = StepShape(max(batch, 1), self.top_k)
         resident = self.experts.resident_sets()
-        copies = max(
-            expected_copies(self.policy.ranking, resident, shape), self.copy_control.measured
-        )
+        expected = expected_copies(prices or self.policy.ranking, resident, shape)
+        copies = max(expected, self.copy_control.measured)
         per_request = self.kv.held_in_expert_pages() / num_running if num_running else 0.0
         return CostView(
             cost=self.step_cost.cost(),
@@ -138,6 +140,8 @@ class ElasticBoundary:
             batch_per_eviction=t.pages_per_expert / max(per_request, 1.0),
             demand=demand,
             tpot_slo_s=t.tpot_slo_ms / 1e3 if t.tpot_slo_ms else None,
+            prices=prices,
+            recent_step_s=self.step_cost.recent_step_s,
         )
 
     def admit_limit(self, round: RoundState) -> int:
@@ -149,15 +153,17 @@ class ElasticBoundary:
         limit = self.copy_control.limit(
             self.policy.tunables, self.policy.ranking, self.experts, round.num_running
         )
-        if round.num_running and not self._hottest_offloaded_pays(round.num_running + 1):
+        if round.num_running and not self._hottest_offloaded_pays(
+            round.num_running + 1, round.step
+        ):
             return min(limit, round.num_running)
         return limit
 
-    def _hottest_offloaded_pays(self, batch: int) -> bool:
-        view = self.costs(batch, batch - 1, demand=True)
+    def _hottest_offloaded_pays(self, batch: int, step: int) -> bool:
+        view = self.costs(batch, batch - 1, demand=True, step=step)
         if view is None:
             return True
-        ranking = self.policy.ranking
+        ranking = view.prices or self.policy.ranking
         shares = [
             ranking.share(layer, e)
             for layer, here in enumerate(self.experts.resident_sets())
@@ -166,6 +172,7 @@ class ElasticBoundary:
         ]
         if not shares:
             return True
+        # (past the TPOT SLO nothing pays: with experts offloaded, pages go back to them)
         dc = route_probability(max(shares), StepShape(batch, self.top_k))
         return eviction_pays(view, 0, 0.0, dc)
 

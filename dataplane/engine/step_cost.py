@@ -64,11 +64,16 @@ class StepCostMeter:
             raise ValueError("need per_copy >= 0, seed_fixed > 0 and decay in (0, 1)")
         self.per_copy, self.seed_fixed, self.decay = per_copy, seed_fixed, decay
         self.num_steps = 0
+        self.recent_step_s = 0.0  # decode steps' time, a moving average over ~10 steps
         self._w = self._x = self._y = self._xx = self._xy = 0.0  # weighted sums
 
     def record(self, batch: int, copies: int, seconds: float, decode_only: bool) -> None:
         if not decode_only or batch < 1 or seconds <= 0:
             return
+        first = self.num_steps == 0
+        self.recent_step_s = (
+            seconds if first else self.recent_step_s + 0.1 * (seconds - self.recent_step_s)
+        )
         y = max(seconds - self.per_copy * copies, 0.0)
         d = self.decay
         self._w = d * self._w + 1.0

@@ -106,3 +106,20 @@ def test_the_rule_and_the_slo_travel_on_the_wire_and_an_unknown_rule_is_refused(
     with pytest.raises(InvalidPolicy) as raised:
         tunables_from_proto(msg)
     assert raised.value.field == "tunables.elastic_rule"
+
+
+def test_recent_routing_prices_an_expert_the_ranking_calls_cold():
+    # B = 10, 2 ms a copy: by the ranking L0 e1 (share .05) pays (test above); if recent
+    # routing gives it half of layer 0's pairs, its copy is in nearly every step: it does not
+    live = HotnessRanking.from_counts([[20, 50, 20, 10], [50, 20, 20, 10]], "live")
+    priced = CostView(StepCost(0.020, 0.0, 0.002), 10, 0.0, 0.5, True, prices=live)
+    assert decide(8, 0, RANKING, ALL, COST, STEP, costs=priced).evict == ()
+
+
+def test_past_the_slo_by_measurement_nothing_more_is_evicted():
+    # the model says the first eviction stays within 20.4 ms, but steps already take 25 ms
+    costs = CostView(StepCost(0.020, 0.0001, 0.001), 2, 0.0, 0.5, True, 0.0204, None, 0.025)
+    assert costs.over_slo
+    assert decide(8, 0, RANKING, ALL, COST, STEP, costs=costs).evict == ()
+    within = CostView(StepCost(0.020, 0.0001, 0.001), 2, 0.0, 0.5, True, 0.0204, None, 0.019)
+    assert decide(8, 0, RANKING, ALL, COST, STEP, costs=within).evict == ((0, 1),)

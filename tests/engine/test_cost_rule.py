@@ -66,3 +66,25 @@ def test_the_engine_measures_its_copy_and_read_costs_at_start(make_engine):
     engine = make_engine("elastic")
     cost = engine.step_cost.cost()
     assert cost.per_copy > 0 and cost.fixed > 0
+
+
+def test_past_the_tpot_slo_elastic_admits_no_one_more_while_experts_are_offloaded(make_engine):
+    """The SLO by measurement: once decode steps run past it, the batch stops growing, so
+    pages that finishing requests free bring experts back instead."""
+    from rimuru.dataplane.engine.scheduler import RoundState
+
+    engine = make_engine("elastic", tunables=Tunables(expert_offload_limit=16, tpot_slo_ms=1e6))
+    engine.step_cost.per_copy = 0.0
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    for i, prompt in enumerate(burst()):
+        engine.add_request(prompt, params, f"r{i}")
+    while engine.experts.counters.evictions == 0:
+        engine.step()
+    running = len(engine.scheduler.running)
+    round_now = RoundState(engine.step_id + 1, running, len(engine.scheduler.waiting))
+    assert engine.boundary.admit_limit(round_now) == engine.config.max_num_seqs
+    engine.step_cost.recent_step_s = 2e3  # steps of 2,000 s: past the 1,000 s SLO
+    assert engine.boundary.admit_limit(round_now) == running
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.check_invariants()

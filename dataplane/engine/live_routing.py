@@ -1,0 +1,53 @@
+"""Routing as the engine sees it now: the cost rule's prices (adjust/payoff.py) use it.
+
+The hotness ranking orders evictions (it is the policy's, replaced only by a push); but the
+copies an offloaded expert costs depend on how often it is routed now, which a ranking
+profiled on a few prompts, or on yesterday's traffic, can misjudge. So the cost rule prices
+each expert by its share of recent routing: the expert manager's routing counts, read every
+`refresh_steps` steps (one small device read), decayed so that the window follows the load.
+Until every MoE layer has routed `min_tokens` pairs in the window, the ranking's shares
+stand (the offline ranking seeds the estimate).
+"""
+
+from __future__ import annotations
+
+from rimuru.dataplane.engine.expert_manager import ExpertManager
+from rimuru.policy import HotnessRanking
+
+
+class LiveRouting:
+    def __init__(self, refresh_steps: int = 32, decay: float = 0.5, min_tokens: int = 256):
+        if refresh_steps < 1 or not 0 <= decay < 1 or min_tokens < 1:
+            raise ValueError("need refresh_steps >= 1, decay in [0, 1) and min_tokens >= 1")
+        self.refresh_steps, self.decay, self.min_tokens = refresh_steps, decay, min_tokens
+        self._last: list[list[int]] | None = None  # cumulative counts at the last read
+        self.window: list[list[float]] | None = None  # [L][E] decayed routed pairs
+        self.ranking_now: HotnessRanking | None = None  # from the window; None while thin
+        self._next_read = 0
+
+    def ranking(self, experts: ExpertManager, step: int) -> HotnessRanking | None:
+        """Shares of recent routing as a ranking, or None while the window is too thin."""
+        if step >= self._next_read:
+            self._next_read = step + self.refresh_steps
+            self.observe(experts.routing_counts.tolist())
+        return self.ranking_now
+
+    def observe(self, counts: list[list[int]]) -> None:
+        """Fold in cumulative counts [L][E]; counts below the last read mean they were reset
+        (a hotness profile, a graph capture): then all of them are new."""
+        last = self._last
+        pairs = [] if last is None else list(zip(counts, last, strict=True))
+        reset = last is None or any(
+            c < p for row, prev in pairs for c, p in zip(row, prev, strict=True)
+        )
+        delta = counts if reset else [
+            [c - p for c, p in zip(row, prev, strict=True)] for row, prev in pairs
+        ]  # fmt: skip
+        window = self.window or [[0.0] * len(row) for row in counts]
+        self.window = [
+            [self.decay * w + d for w, d in zip(wrow, drow, strict=True)]
+            for wrow, drow in zip(window, delta, strict=True)
+        ]
+        self._last = [list(row) for row in counts]
+        thin = min(sum(row) for row in self.window) < self.min_tokens
+        self.ranking_now = None if thin else HotnessRanking.from_counts(self.window, "live")

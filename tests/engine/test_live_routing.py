@@ -1,0 +1,42 @@
+"""Recent routing for the cost rule's prices (engine/live_routing.py): a decayed window of
+the expert manager's cumulative counts, read every few steps."""
+
+import pytest
+
+from rimuru.dataplane.engine.live_routing import LiveRouting
+
+
+def test_the_window_decays_old_routing_and_adds_the_new():
+    live = LiveRouting(decay=0.5, min_tokens=10)
+    live.observe([[5, 5], [1, 1]])
+    assert live.ranking_now is None  # layer 1 routed 2 pairs: too thin to price by
+    live.observe([[10, 5], [20, 1]])
+    assert live.window == [[7.5, 2.5], [19.5, 0.5]]
+    assert live.ranking_now.share(0, 0) == pytest.approx(0.75)
+    assert live.ranking_now.share(1, 1) == pytest.approx(0.5 / 20)
+
+
+def test_counts_that_went_down_were_reset_and_count_whole():
+    live = LiveRouting(decay=0.5, min_tokens=1)
+    live.observe([[10, 10]])
+    live.observe([[3, 1]])  # a hotness profile reset them in between
+    assert live.window == [[8.0, 6.0]]
+
+
+def test_the_engine_reads_routing_every_refresh_steps(make_engine):
+    engine = make_engine("elastic")
+    engine.generate([[11, 12, 13] * 30], None)
+    live = LiveRouting(refresh_steps=4, min_tokens=1)
+    assert live.ranking(engine.experts, step=0) is not None  # read at once
+    counts = engine.experts.routing_counts.tolist()
+    assert live.window == [[float(c) for c in row] for row in counts]
+    engine.generate([[7, 8, 9] * 30], None)
+    live.ranking(engine.experts, step=3)  # not yet due: the window stands
+    assert live.window == [[float(c) for c in row] for row in counts]
+    live.ranking(engine.experts, step=4)
+    assert live.window != [[float(c) for c in row] for row in counts]
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="refresh_steps >= 1"):
+        LiveRouting(refresh_steps=0)
