@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -117,6 +118,7 @@ async def _pass(
     status: kopf.Status,
     *,
     on_change: bool,
+    current: Callable[[], bool] = lambda: True,
 ) -> tuple[Observation, Problem | None]:
     """One reconcile pass. On a spec change (`on_change`) the policy is pushed even over
     one set by hand, children the spec no longer wants are deleted and the token Secret is
@@ -127,7 +129,8 @@ async def _pass(
         token = await reconcile.ensure_token(kube, spec)
         await reconcile.ensure_dataplane_token(kube, spec)
         await reconcile.require_cluster_support(kube, spec)
-        await reconcile.apply_children(kube, spec, config)
+        if not await reconcile.apply_children(kube, spec, config, current):
+            return await reconcile.observe(kube, spec, None, None), None
         if on_change:
             await reconcile.prune_children(kube, spec, config)
         ranking = await reconcile.read_ranking(kube, spec)
@@ -240,9 +243,14 @@ async def _refresh_once(
         # one comes back, a hand edit of what the operator owns is undone (apply.py); the
         # live state comes from the watches, so an unchanged child costs no request.
         kube = _live(memo, indices, on_change=False)
-        obs, _ = await _pass(kube, memo.config, parsed, status, on_change=False)
+
+        def current() -> bool:  # `meta` is live: kopf updates it as events arrive
+            return meta.get("generation") == parsed.owner.generation
+
+        obs, _ = await _pass(kube, memo.config, parsed, status, on_change=False, current=current)
         new = _status(status, parsed, obs)
-        if _changed(status, new):  # the watch keeps `status` current: no write if equal
+        # the watch keeps `status` current: no write if equal, nor for a replaced spec
+        if current() and _changed(status, new):
             await kube.patch_status(KIND, parsed.owner.namespace, parsed.owner.name, new)
     except (KubeError, aiohttp.ClientError, OSError, RuntimeError) as exc:
         if stopped or memo.kube.closed:

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import binascii
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from rimuru.controlplane.client import ControlPlaneClient
@@ -130,8 +131,19 @@ async def require_cluster_support(kube: KubeClient, spec: DeploymentSpec) -> Non
         raise Blocked(Blocker.UNSUPPORTED_BY_CLUSTER, message)
 
 
-async def apply_children(kube: KubeClient, spec: DeploymentSpec, config: OperatorConfig) -> None:
+async def apply_children(
+    kube: KubeClient,
+    spec: DeploymentSpec,
+    config: OperatorConfig,
+    current: Callable[[], bool] = lambda: True,
+) -> bool:
+    """Apply every child of `spec`; False if `current` said the spec was replaced before
+    one of the writes (the rest are left to the pass of the new spec: a periodic pass that
+    wrote the old spec's children after the change handler wrote the new ones would roll
+    the pods back, then forward again)."""
     for child in build_children(spec, config):
+        if not current():
+            return False
         ref = f"{child['kind']} {child['metadata']['name']}"
         try:
             await apply(kube, child)
@@ -141,6 +153,7 @@ async def apply_children(kube: KubeClient, spec: DeploymentSpec, config: Operato
                     Blocker.CHILD_REJECTED, f"the API server rejected {ref}: {exc.message}"
                 ) from exc
             raise Blocked(Blocker.API_ERROR, f"applying {ref}: {exc}") from exc
+    return True
 
 
 async def prune_children(kube: KubeClient, spec: DeploymentSpec, config: OperatorConfig) -> None:

@@ -206,7 +206,9 @@ def _parse_model(model: Mapping[str, Any]) -> ModelSpec:
     return ModelSpec(preset, path, volume, _require(model, "dtype", "spec.model"))
 
 
-def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> EngineSpec:
+def _parse_engine(
+    engine: Mapping[str, Any], data_plane: DataPlaneSpec, tensor_parallel_size: int
+) -> EngineSpec:
     budget, utilization = engine.get("memoryBudget"), engine.get("gpuMemoryUtilization")
     if (budget is None) == (utilization is None):
         raise SpecError("spec.engine", "set exactly one of memoryBudget or gpuMemoryUtilization")
@@ -235,7 +237,7 @@ def _parse_engine(engine: Mapping[str, Any], data_plane: DataPlaneSpec) -> Engin
         max_model_len=_optional_number(engine, "maxModelLen", int, 1, None, path),
         max_waiting=_optional_number(engine, "maxWaiting", int, 0, None, path),
         fixed_expert_share=_optional_number(engine, "fixedExpertShare", float, 0.0, 1.0, path),
-        tensor_parallel_size=_optional_number(engine, "tensorParallelSize", int, 1, 8, path) or 1,
+        tensor_parallel_size=tensor_parallel_size,
     )
 
 
@@ -412,10 +414,8 @@ def parse_spec(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> DeploymentSp
     """Read a RimuruDeployment; raises SpecError for a spec that can never work."""
     owner = parse_owner(meta)
     engine = _require(spec, "engine", "spec")
-    data_plane = _with_rank_gpus(
-        _parse_data_plane(_require(spec, "dataPlane", "spec")),
-        _optional_number(engine, "tensorParallelSize", int, 1, 8, "spec.engine") or 1,
-    )
+    ranks = _optional_number(engine, "tensorParallelSize", int, 1, 8, "spec.engine") or 1
+    data_plane = _with_rank_gpus(_parse_data_plane(_require(spec, "dataPlane", "spec")), ranks)
     ref = spec.get("authSecretRef")
     if ref is None:
         auth = AuthSpec(secret_name=generated_secret_name(owner), key="token", generated=True)
@@ -426,7 +426,7 @@ def parse_spec(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> DeploymentSp
     return DeploymentSpec(
         owner=owner,
         model=_parse_model(_require(spec, "model", "spec")),
-        engine=_parse_engine(engine, data_plane),
+        engine=_parse_engine(engine, data_plane, ranks),
         data_plane=data_plane,
         control_plane=_parse_control_plane(_require(spec, "controlPlane", "spec")),
         policy=parse_policy(_require(spec, "policy", "spec")),

@@ -47,11 +47,7 @@ from rimuru.dataplane.engine.setup import (
     num_loading_buffers,
     warm_up_kernels,
 )
-from rimuru.dataplane.engine.step_cost import (
-    StepCostMeter,
-    measure_copy_seconds,
-    measure_read_seconds,
-)
+from rimuru.dataplane.engine.step_cost import StepCostMeter
 from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
@@ -134,14 +130,11 @@ class Engine:
         )  # fmt: skip
         # ---- scheduling under the policy in force
         self.copy_control = CopyControl(config.max_num_seqs, mc.top_k)  # the copy budget's
-        expert_bytes = 3 * self.geometry.expert_page_bytes
-        self.step_cost = StepCostMeter(  # the cost rule's prices, measured on this device
-            per_copy=measure_copy_seconds(self.device, expert_bytes),
-            seed_fixed=measure_read_seconds(  # every weight read once
-                self.device,
-                self.plan.non_pool_weight_bytes + mc.num_moe_layers * mc.num_experts * expert_bytes,
-            ),
-        )
+        self.step_cost = StepCostMeter.measured(  # the cost rule's prices, on this device
+            self.device, 3 * self.geometry.expert_page_bytes,
+            all_weight_bytes=self.plan.non_pool_weight_bytes
+            + mc.num_moe_layers * mc.num_experts * 3 * self.geometry.expert_page_bytes,
+        )  # fmt: skip
         self.boundary = ElasticBoundary(
             self.policy, self.allocator, self.kv, self.experts, self.copy_control,
             self.step_cost, config.max_num_seqs, mc.top_k,
@@ -366,6 +359,8 @@ class Engine:
         hidden = run_forward(
             batch, self.model, graphs.decode, graphs.piecewise, self.config.block_size
         )
+        if self.tp is not None:
+            self.tp.forward_done()
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         if not sample_requests:

@@ -67,6 +67,16 @@ class StepCostMeter:
         self.recent_step_s = 0.0  # decode steps' time, a moving average over ~10 steps
         self._w = self._x = self._y = self._xx = self._xy = 0.0  # weighted sums
 
+    @classmethod
+    def measured(
+        cls, device: torch.device, expert_bytes: int, *, all_weight_bytes: int
+    ) -> StepCostMeter:
+        """Priced on `device`: one expert's copy timed, the seed one read of every weight."""
+        return cls(
+            per_copy=measure_copy_seconds(device, expert_bytes),
+            seed_fixed=measure_read_seconds(device, all_weight_bytes),
+        )
+
     def record(self, batch: int, copies: int, seconds: float, decode_only: bool) -> None:
         if not decode_only or batch < 1 or seconds <= 0:
             return

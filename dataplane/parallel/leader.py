@@ -31,6 +31,10 @@ class StepLeader(RankLink):
         self.reports: list[RankReport] = []  # the followers', once closed
         self.closed = False
         self.after_close: Callable[[], None] | None = None  # an engine owning its workers
+        # Kills the other ranks (their workers set it): for a close while they may be
+        # inside a forward's collective, which rank 0 will never join now.
+        self.abandon: Callable[[], None] | None = None
+        self.in_forward = False  # a step was sent and rank 0's forward has not finished
 
     def send_step(self, step: int, scheduled, batch: StepBatch, experts: ExpertManager) -> None:
         """scheduled: the scheduler's ScheduledRequests, in `batch`'s slice order."""
@@ -46,15 +50,28 @@ class StepLeader(RankLink):
         bare = replace(batch, sample_requests=[], slices=BlockTableSender.bare(batch.slices))
         self.groups.send(StepMessage(step, changes, self.residency_digest, bare, blocks))
         self.num_steps += 1
+        self.in_forward = True
+
+    def forward_done(self) -> None:
+        self.in_forward = False
 
     def close(self) -> None:
+        """Stop the engine on every rank and check their reports. After rank 0 failed inside
+        a forward the other ranks wait in its collectives: they are killed instead (a stop
+        message would wait for them until the collective timed out, minutes later)."""
         if self.closed:
             return
         self.closed = True
-        self.groups.send(StopEngine())
-        reports = self.groups.gather(None) or []
-        self.reports = [r for r in reports[1:] if r is not None]
+        if self.in_forward:
+            if self.abandon is not None:
+                self.abandon()
+            raise RuntimeError(
+                "rank 0 failed inside a tensor-parallel forward: the other ranks were stopped"
+            )
         try:
+            self.groups.send(StopEngine())
+            reports = self.groups.gather(None) or []
+            self.reports = [r for r in reports[1:] if r is not None]
             for r in self.reports:
                 if (r.num_steps, r.residency_digest) != (self.num_steps, self.residency_digest):
                     raise RuntimeError(

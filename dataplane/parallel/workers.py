@@ -16,7 +16,9 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing
+import sys
 import threading
+import traceback
 
 import torch
 
@@ -93,6 +95,7 @@ class TensorParallelWorkers:
         self.close_engine()
         self.groups.send(StartEngine(config))
         self._leader = StepLeader(self.groups)
+        self._leader.abandon = self.abandon
         return Engine(rank_config(config, 0), tp=self._leader, **kwargs)
 
     def close_engine(self) -> None:
@@ -113,6 +116,14 @@ class TensorParallelWorkers:
                 p.kill()
         self.groups.leave()
 
+    def abandon(self) -> None:
+        """Kill every follower now (they may be inside a collective rank 0 left)."""
+        self._stopping.set()  # their exits are expected: no failure report
+        for p in self.processes:
+            p.kill()
+        for p in self.processes:
+            p.join(JOIN_TIMEOUT_S)
+
     def __enter__(self) -> TensorParallelWorkers:
         return self
 
@@ -126,6 +137,8 @@ class TensorParallelWorkers:
         self._stopping.set()
         rank = first_exited(self.processes, wait_s=DEATH_NOTICE_S)
         if rank is not None:
+            # rank 0's own error first: both may have failed the same check (stop_for exits)
+            traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
             stop_for(self.processes, rank)
         for p in self.processes:
             p.kill()

@@ -164,12 +164,18 @@ class EngineLoop:
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
+        engine = None
         try:
             engine = self._build_engine()
             info = warm_up(engine)
             self._publish(engine)
         except BaseException as exc:
             log.exception("the engine failed to start")
+            if engine is not None:  # tensor parallel: its other ranks must not outlive it
+                try:
+                    engine.close()
+                except Exception:
+                    log.exception("closing the engine that failed to start")
             with self._closing:
                 self._closed = True
             self._drain_calls()

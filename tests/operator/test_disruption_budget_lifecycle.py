@@ -63,3 +63,24 @@ async def test_budget_follows_the_replica_count(kube, tiny_rd):
     await kube.create(theirs)
     await reconcile.prune_children(kube, one, CONFIG)
     assert await budget() is not None
+
+
+async def test_a_pass_for_a_replaced_spec_stops_before_its_next_write(kube, tiny_rd):
+    """The periodic pass checks before each child that its spec is still the current one:
+    written after the change handler's, the old spec's children would roll the pods back."""
+    spec = _scaled(tiny_rd, 2)
+    calls = 0
+
+    def current() -> bool:  # the spec changes while the first child is being written
+        nonlocal calls
+        calls += 1
+        return calls == 1
+
+    assert not await reconcile.apply_children(kube, spec, CONFIG, current)
+    first, *rest = reconcile.build_children(spec, CONFIG)
+    assert await kube.get(first["kind"], "default", first["metadata"]["name"]) is not None
+    for child in rest:
+        assert await kube.get(child["kind"], "default", child["metadata"]["name"]) is None
+    assert await reconcile.apply_children(kube, spec, CONFIG)  # current: all of them
+    for child in rest:
+        assert await kube.get(child["kind"], "default", child["metadata"]["name"]) is not None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 
 from tests.operator import test_operator_e2e as e2e
 from tests.operator.test_operator_e2e import control_plane, env  # noqa: F401 (fixtures)
@@ -31,6 +32,20 @@ def operator_requests(kmock, since: int = 0) -> collections.Counter:
     return counts
 
 
+async def _status_writes_stop(kmock, quiet_s: float = 2.0, limit_s: float = 60.0) -> None:
+    """Until no status write came for `quiet_s` (a fixed sleep flakes on a loaded machine)."""
+    started = last_change = time.monotonic()
+    seen = -1
+    while time.monotonic() - started < limit_s:
+        writes = operator_requests(kmock, 0)["UPDATE", "rimurudeployments/status"]
+        if writes != seen:
+            seen, last_change = writes, time.monotonic()
+        elif time.monotonic() - last_change >= quiet_s:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"status writes never stopped in {limit_s:.0f} s")
+
+
 async def test_a_settled_deployment_costs_no_reads_of_watched_children(
     kmock,
     env,  # noqa: F811
@@ -51,7 +66,7 @@ async def test_a_settled_deployment_costs_no_reads_of_watched_children(
             ),
             what="settled",
         )
-        await asyncio.sleep(1.0)  # the last status write of the rollout lands
+        await _status_writes_stop(kmock)  # the last status write of the rollout lands
         since = len(list(kmock))
         await asyncio.sleep(WINDOW_S)
         counts = operator_requests(kmock, since)

@@ -116,3 +116,25 @@ def test_a_follower_whose_residency_differs_from_rank_zeros_stops_the_run():
     assert "rank 1's expert page table" in done.stderr
     assert "differs from rank 0's (00000000" in done.stderr
     assert "tensor-parallel rank 1 (pid" in done.stderr  # rank 0 says who stopped the run
+
+
+def test_rank_0_failing_inside_a_forward_stops_the_other_ranks_at_once():
+    """The other ranks wait in the forward's collectives for rank 0, which failed after
+    sending the step: closing the engine kills them, it does not wait for the collective's
+    timeout (minutes)."""
+    from rimuru.dataplane.engine.config import EngineConfig
+    from rimuru.dataplane.engine.request import SamplingParams
+    from rimuru.dataplane.engine.step_forward import StepBatch
+    from rimuru.dataplane.parallel.workers import TensorParallelWorkers
+
+    with TensorParallelWorkers(2, "cpu") as workers:
+        engine = workers.engine(EngineConfig(tensor_parallel_size=2, memory_budget=2**30))
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True), "r")
+        out = engine.scheduler.schedule(1)
+        # the step goes out, then rank 0 "fails" before its own forward
+        engine.tp.send_step(1, out.scheduled, StepBatch.of(out.scheduled), engine.experts)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="failed inside a tensor-parallel forward"):
+            engine.close()
+        assert time.monotonic() - started < BOUND_S
+        assert all(p.exitcode is not None for p in workers.processes)
