@@ -75,7 +75,13 @@ class TensorParallelWorkers:
         # A program that ends without shutdown(): multiprocessing's exit handler (registered
         # before this one, so run after it) terminates the followers, which is no failure.
         atexit.register(self._stopping.set)
-        self.groups = RankGroups.join(0, size, device_type, store)
+        try:
+            self.groups = RankGroups.join(0, size, device_type, store)
+        except BaseException:  # no groups: the followers go, and their exits are no failure
+            self._stopping.set()
+            for p in self.processes:
+                p.kill()
+            raise
         self._store = store  # the followers' rendezvous: kept for the groups' life
         self._leader: StepLeader | None = None
 
@@ -123,6 +129,7 @@ class TensorParallelWorkers:
             p.kill()
         for p in self.processes:
             p.join(JOIN_TIMEOUT_S)
+        self.groups.leave()  # a later set of workers in this process starts its own groups
 
     def __enter__(self) -> TensorParallelWorkers:
         return self

@@ -138,3 +138,6 @@ def test_rank_0_failing_inside_a_forward_stops_the_other_ranks_at_once():
             engine.close()
         assert time.monotonic() - started < BOUND_S
         assert all(p.exitcode is not None for p in workers.processes)
+    # and this process can start tensor parallel again (its groups were left)
+    with TensorParallelWorkers(2, "cpu") as again:
+        assert len(again.pids) == 1
