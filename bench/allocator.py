@@ -13,7 +13,8 @@ from __future__ import annotations
 import random
 import time
 
-from rimuru.dataplane.adjust.adjuster import decide
+from rimuru.dataplane.adjust.adjuster import StepShape, decide
+from rimuru.dataplane.adjust.payoff import CostView, StepCost
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.request import Request, SamplingParams
 from rimuru.dataplane.engine.scheduler import Scheduler
@@ -79,6 +80,16 @@ def bench_model(name: str, shape: MemoryShape, pool_bytes: int) -> dict:
             decide(30 + i % 7, 0, ranking, resident, t)
 
     decide_us = per_op(decisions, 200)
+    # the cost rule (elastic's default) prices each of those evictions first: a case where
+    # all pay (B = 64, copies cheap against the step), the most work it does
+    costs = CostView(StepCost(0.025, 0.0, 1e-6), 64, 0.0, 0.2, True)
+    step = StepShape(64, 8)
+
+    def priced(n):
+        for i in range(n):
+            decide(30 + i % 7, 0, ranking, resident, t, step, costs=costs)
+
+    priced_us = per_op(priced, 200)
     # scheduling bookkeeping: 256 running decode requests, 16 rounds (one block boundary)
     a2 = PageAllocator(g, pool_bytes // g.huge_page_bytes)
     kv = KVCacheManager(a2, DeferredReclaim(a2), shape.num_layers, 16)
@@ -107,6 +118,7 @@ def bench_model(name: str, shape: MemoryShape, pool_bytes: int) -> dict:
         "kv free us/page": free_us,
         "expert us/page": expert_us,
         "adjuster us/decision": decide_us,
+        "cost rule us/decision": priced_us,
         "schedule round us @256": round_us,
     }
 

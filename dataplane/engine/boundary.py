@@ -84,6 +84,8 @@ class ElasticBoundary:
         self.policy = policy
         self.step_cost = step_cost
         self.live = LiveRouting()  # recent routing, the cost rule's prices
+        self._hottest_key: tuple | None = None  # (residency version, ranking) of _hottest
+        self._hottest: float | None = None
         self.allocator = allocator
         self.kv = kv
         self.experts = experts
@@ -163,18 +165,31 @@ class ElasticBoundary:
         view = self.costs(batch, batch - 1, demand=True, step=step)
         if view is None:
             return True
-        ranking = view.prices or self.policy.ranking
-        shares = [
-            ranking.share(layer, e)
-            for layer, here in enumerate(self.experts.resident_sets())
-            for e in range(ranking.num_experts)
-            if e not in here
-        ]
-        if not shares:
+        hottest = self._hottest_offloaded_share(view.prices or self.policy.ranking)
+        if hottest is None:
             return True
         # (past the TPOT SLO nothing pays: with experts offloaded, pages go back to them)
-        dc = route_probability(max(shares), StepShape(batch, self.top_k))
+        dc = route_probability(hottest, StepShape(batch, self.top_k))
         return eviction_pays(view, 0, 0.0, dc)
+
+    def _hottest_offloaded_share(self, ranking: HotnessRanking) -> float | None:
+        """The largest routing share among offloaded experts (None: none is); asked every
+        round that has requests waiting, so kept until the residency or ranking changes."""
+        key = (self.experts.residency_version, ranking)
+        if (
+            self._hottest_key is None
+            or self._hottest_key[0] != key[0]
+            or self._hottest_key[1] is not ranking
+        ):
+            shares = [
+                ranking.share(layer, e)
+                for layer, here in enumerate(self.experts.resident_sets())
+                for e in range(ranking.num_experts)
+                if e not in here
+            ]
+            self._hottest = max(shares) if shares else None
+            self._hottest_key = key
+        return self._hottest
 
     def make_room(self, kv_pages_lacking: int, round: RoundState) -> int:
         """Elastic, inside a scheduling round: evict experts now so that a running request
