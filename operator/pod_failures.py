@@ -29,11 +29,17 @@ MAX_MESSAGE_CHARS = 1500
 def _failure(pod: Mapping[str, Any]) -> str | None:
     name = pod.get("metadata", {}).get("name", "?")
     for container in (pod.get("status") or {}).get("containerStatuses") or ():
-        waiting = (container.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") not in FAILED_WAITING_REASONS:
-            continue
-        message = f"pod {name}: {waiting['reason']}"
+        state = container.get("state") or {}
+        waiting = state.get("waiting") or {}
         last = (container.get("lastState") or {}).get("terminated")
+        if waiting.get("reason") in FAILED_WAITING_REASONS:
+            message = f"pod {name}: {waiting['reason']}"
+        elif _restarted_after_a_crash(state, container, last):
+            # Between two back-offs of a crash loop the container runs (loading the model,
+            # for minutes) before it fails again: still failing, or Degraded would flap.
+            message = f"pod {name}: restarted {container['restartCount']} times, loading"
+        else:
+            continue
         if last:
             message += f"; last exit code {last.get('exitCode')} ({last.get('reason', '')})"
             if last.get("message"):
@@ -42,6 +48,16 @@ def _failure(pod: Mapping[str, Any]) -> str | None:
             message += f": {waiting['message'][-MAX_MESSAGE_CHARS:]}"
         return message
     return None
+
+
+def _restarted_after_a_crash(state, container, last) -> bool:
+    return bool(
+        state.get("running")
+        and not container.get("ready")
+        and container.get("restartCount", 0) > 0
+        and last
+        and last.get("exitCode") not in (None, 0)
+    )
 
 
 def dataplane_failure(pods: Iterable[Mapping[str, Any]]) -> str | None:

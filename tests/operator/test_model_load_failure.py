@@ -5,6 +5,8 @@ says nothing. Against the emulated API server, the kubelet's report is written b
 
 from __future__ import annotations
 
+import copy
+
 from rimuru.operator.builders import build_dataplane_deployment
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.pod_failures import MAX_MESSAGE_CHARS, dataplane_failure
@@ -63,6 +65,24 @@ def test_the_failing_pods_story():
                 {"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "x" * 9000}})  # fmt: skip
     assert dataplane_failure([long]).endswith("x" * MAX_MESSAGE_CHARS)
     assert len(dataplane_failure([long])) < MAX_MESSAGE_CHARS + 100
+
+
+def test_a_crash_loop_stays_failing_while_the_container_runs_between_back_offs():
+    """Restarted, the engine loads its model for minutes before it fails again: the pod is
+    Running and not ready then, and the loop must still read as failing (no flapping)."""
+    crashed = CRASHING["status"]["containerStatuses"][0]["lastState"]
+    loading = _pod("tiny-dataplane-abc-1", {"running": {"startedAt": "now"}}, crashed)
+    assert dataplane_failure([loading]) == (
+        "pod tiny-dataplane-abc-1: restarted 3 times, loading; last exit code 1 (Error): "
+        + TRACEBACK
+    )
+    # a first start, a clean restart, or a ready container is not a failure
+    first = _pod("a", {"running": {}})
+    first["status"]["containerStatuses"][0]["restartCount"] = 0
+    clean = _pod("b", {"running": {}}, {"terminated": {"exitCode": 0, "reason": "Completed"}})
+    ready = copy.deepcopy(loading)
+    ready["status"]["containerStatuses"][0]["ready"] = True
+    assert dataplane_failure([first, clean, ready]) is None
 
 
 def test_a_failing_data_plane_degrades_the_status():
