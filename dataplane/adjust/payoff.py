@@ -26,7 +26,7 @@ lately do too (past it, nothing more is evicted and the engine admits no one mor
 experts are offloaded, so pages return to them). Evictions are priced coldest first,
 each on the batch and copies the ones before it left, so the first that does not pay stops
 the round: the ones after it are hotter. Worked example (qwen3-30b-a3b's shapes): an expert
-copy of 9.4 MB at ~50 GB/s is per_copy ~0.19 ms against a ~25 ms step; a request of ~500
+copy of 9.4 MB at ~50 GB/s is per_copy ~0.19 ms; take a 25 ms step; a request of ~500
 tokens holds ~15 expert pages, so one eviction (3 pages) buys dB = 0.2. At B = 100 and
 uniform routing (dc ~ 1) it does not pay (0.2 * 25 < 100 * 0.19); at B = 10 it does
 (0.2 * 25 > 10 * 0.19), which is where the paper's gains come from: weights that just fit.

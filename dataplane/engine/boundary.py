@@ -17,6 +17,7 @@ from rimuru.dataplane.adjust.adjuster import (
     StepShape,
     decide,
     expected_copies,
+    num_to_evict,
     reserve,
     route_probability,
 )
@@ -112,14 +113,20 @@ class ElasticBoundary:
         batch = min(round.num_running + admitting, self.max_num_seqs)
         if apply_copy_budget and round.num_running:
             step = StepShape(batch, self.top_k)
-            demand = evict_only or kv_pages_short > 0 or round.num_waiting > 0
-            costs = self.costs(batch, round.num_running, demand, round.step)
+            if self._asks_to_evict(kv_pages_short):  # priced only when the rules would evict
+                demand = evict_only or kv_pages_short > 0 or round.num_waiting > 0
+                costs = self.costs(batch, round.num_running, demand, round.step)
         return move_boundary(
             kv_pages_short, self.allocator, self.kv, self.experts, self.policy.ranking,
             self.policy.tunables, round.step - 1, evict_only=evict_only, step=step,
             counted=self.copy_control.start_resident, measured=self.copy_control.measured,
             costs=costs,
         )  # fmt: skip
+
+    def _asks_to_evict(self, kv_pages_short: int) -> bool:
+        free = self.allocator.num_free(PageType.EXPERT)
+        short = self.kv.shortfall_in_expert_pages(kv_pages_short)
+        return num_to_evict(short, free, self.policy.tunables) > 0
 
     def costs(self, batch: int, num_running: int, demand: bool, step: int) -> CostView | None:
         """What the cost rule prices an eviction with now (None under the paper rule):
@@ -162,12 +169,14 @@ class ElasticBoundary:
         return limit
 
     def _hottest_offloaded_pays(self, batch: int, step: int) -> bool:
+        t = self.policy.tunables
+        if t.mode != "elastic" or t.elastic_rule != "cost":
+            return True
+        prices = self.live.ranking(self.experts, step)
+        hottest = self._hottest_offloaded_share(prices or self.policy.ranking)
+        if hottest is None:  # every expert resident: nothing to bring back
+            return True
         view = self.costs(batch, batch - 1, demand=True, step=step)
-        if view is None:
-            return True
-        hottest = self._hottest_offloaded_share(view.prices or self.policy.ranking)
-        if hottest is None:
-            return True
         # (past the TPOT SLO nothing pays: with experts offloaded, pages go back to them)
         dc = route_probability(hottest, StepShape(batch, self.top_k))
         return eviction_pays(view, 0, 0.0, dc)

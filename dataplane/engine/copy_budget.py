@@ -23,8 +23,6 @@ layers x 128 experts with 16 offloaded per layer: a tenth of a decode step on th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from rimuru.dataplane.adjust.adjuster import Residency, max_batch_within_budget
 from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.policy import HotnessRanking, Tunables
@@ -74,10 +72,10 @@ class CopyControl:
         self._copies_before = experts.counters.buffer_copies
 
     def end_step(
-        self, experts: ExpertManager, scheduled: Sequence, idle: bool, tunables: Tunables
+        self, experts: ExpertManager, decode_only: bool, idle: bool, tunables: Tunables
     ) -> int:
         """After the step's forward finished and the device's counters were synced;
-        `scheduled`: the step's ScheduledRequests. `idle`: nothing runs now; what was
+        `decode_only`: the step had one new token per sequence. `idle`: nothing runs now; what was
         measured belonged to a batch that is gone (a server does not step while idle, so the
         next burst would start held). Returns the step's expert copies. Without a budget or
         the cost rule the meter is left alone."""
@@ -91,7 +89,6 @@ class CopyControl:
         if idle or back:  # back: every expert (start-up held them all)
             self.meter.value = 0.0
             return copies
-        decode_only = bool(scheduled) and all(s.num_new_tokens == 1 for s in scheduled)
         self.meter.update(copies, decode_only)
         return copies
 

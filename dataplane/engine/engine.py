@@ -404,8 +404,8 @@ class Engine:
     def _record(self, out, step: int, running: int, seconds: float) -> None:
         self.experts.sync_counters()  # after the step's forward finished
         idle = not self.scheduler.running
-        copies = self.copy_control.end_step(self.experts, out.scheduled, idle, self.tunables)
         decode_only = bool(out.scheduled) and all(s.num_new_tokens == 1 for s in out.scheduled)
+        copies = self.copy_control.end_step(self.experts, decode_only, idle, self.tunables)
         self.step_cost.record(len(out.scheduled), copies, seconds, decode_only)
         self.stats.append(
             StepStats.capture(
