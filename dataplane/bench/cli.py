@@ -7,6 +7,7 @@ ShareGPT slice, a budget small enough that memory is the bottleneck, all request
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import math
 import time
@@ -148,8 +149,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_local(args, build, base, trace, rates, slo, policies) -> int:
     """Each policy's engine here (with -tp, rank 0 of workers that follow it)."""
-    from rimuru.dataplane.engine.hotness_profile import profile_hotness
-
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ranking = None
@@ -157,47 +156,17 @@ def _run_local(args, build, base, trace, rates, slo, policies) -> int:
     searches: dict[str, RateSearch] = {}
     for policy in policies:
         engine = build(base.with_mode(policy))
-        if ranking is None and args.hotness is None:
-            started = time.monotonic()
-            sample = [list(r.prompt_token_ids) for r in trace.requests[: args.profile_prompts]]
-            ranking = profile_hotness(
-                engine, sample, source=f"{args.trace}: first {len(sample)} prompts"
+        try:
+            ranking = _bench_policy(
+                args, engine, policy, trace, rates, slo, ranking, results, searches
             )
-            ranking.save(out_dir / "hotness.json")
-            logging.info(
-                "hotness profiled on %d prompts in %.1fs", len(sample), time.monotonic() - started
-            )
-        if ranking is not None:
-            engine.set_ranking(ranking)
-        policy_runs = len(results)
-
-        def run_at(rate: float, engine=engine, policy=policy, first=policy_runs) -> BenchResult:
-            if len(results) > first:  # the last rate's evictions must not carry over
-                engine.reset_residency()
-            arrivals = arrival_times(len(trace), rate, args.burstiness, args.seed).tolist()
-            result = run_trace(
-                engine,
-                trace,
-                arrivals,
-                rate,
-                progress=not args.no_progress,
-                desc=f"{policy} @ {rate:g} req/s",
-            )
-            engine.check_invariants()
-            if engine.num_leaked_pages():
-                raise RuntimeError(f"{policy}: {engine.num_leaked_pages()} KV pages leaked")
-            results.append(result)
-            # after every run: partial results survive
-            write_results(out_dir / "results.json", results, _slo_section(slo, results, searches))
-            return result
-
-        if args.find_max_rate:
-            searches[policy] = find_max_rate(
-                run_at, slo, rates[0], args.rate_search_runs, args.rate_search_tolerance
-            )
-        else:
-            for rate in rates:
-                run_at(rate)
+        finally:
+            engine.close()
+        # Dropped before the next policy's engine is built: two engines at once hold two
+        # copies of every weight (on a 128 GiB host, two pinned copies of qwen3-30b's
+        # experts were killed for memory).
+        del engine
+        release_memory(base.device)
     path = write_results(out_dir / "results.json", results, _slo_section(slo, results, searches))
     swept = [r for r in results if math.isfinite(r.request_rate)]
     figures = []
@@ -212,6 +181,66 @@ def _run_local(args, build, base, trace, rates, slo, policies) -> int:
     print_slo_tables(slo, results, searches)
     print(f"\nresults: {path}\nfigures: {', '.join(str(f) for f in figures)}")
     return 0
+
+
+def release_memory(device) -> None:
+    """What a dropped engine held goes back: its tensors now (cycles in the model and its
+    graphs keep them otherwise), the device's cached blocks to the driver."""
+    import torch
+
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _bench_policy(args, engine, policy: str, trace, rates, slo, ranking, results, searches):
+    """One policy's runs on its engine, appended to `results` (and `searches`); returns the
+    hotness ranking, profiled on the first policy's engine and shared by the rest."""
+    from rimuru.dataplane.engine.hotness_profile import profile_hotness
+
+    out_dir = Path(args.output_dir)
+    if ranking is None and args.hotness is None:
+        started = time.monotonic()
+        sample = [list(r.prompt_token_ids) for r in trace.requests[: args.profile_prompts]]
+        ranking = profile_hotness(
+            engine, sample, source=f"{args.trace}: first {len(sample)} prompts"
+        )
+        ranking.save(out_dir / "hotness.json")
+        logging.info(
+            "hotness profiled on %d prompts in %.1fs", len(sample), time.monotonic() - started
+        )
+    if ranking is not None:
+        engine.set_ranking(ranking)
+    policy_runs = len(results)
+
+    def run_at(rate: float, engine=engine, policy=policy, first=policy_runs) -> BenchResult:
+        if len(results) > first:  # the last rate's evictions must not carry over
+            engine.reset_residency()
+        arrivals = arrival_times(len(trace), rate, args.burstiness, args.seed).tolist()
+        result = run_trace(
+            engine,
+            trace,
+            arrivals,
+            rate,
+            progress=not args.no_progress,
+            desc=f"{policy} @ {rate:g} req/s",
+        )
+        engine.check_invariants()
+        if engine.num_leaked_pages():
+            raise RuntimeError(f"{policy}: {engine.num_leaked_pages()} KV pages leaked")
+        results.append(result)
+        # after every run: partial results survive
+        write_results(out_dir / "results.json", results, _slo_section(slo, results, searches))
+        return result
+
+    if args.find_max_rate:
+        searches[policy] = find_max_rate(
+            run_at, slo, rates[0], args.rate_search_runs, args.rate_search_tolerance
+        )
+    else:
+        for rate in rates:
+            run_at(rate)
+    return ranking
 
 
 def _rates(args: argparse.Namespace, slo: SLO | None) -> list[float]:

@@ -1,6 +1,7 @@
 """`rimuru bench` end to end on the CPU: three policies, one trace, one budget."""
 
 import json
+import math
 
 import pytest
 
@@ -59,9 +60,21 @@ def test_each_rate_of_a_sweep_starts_from_start_up_residency(tmp_path, capsys):
     rate, or results would depend on the order of the rates."""
     out = tmp_path / "sweep"
     code = main(
-        ["bench", "--policies", "elastic", "--request-rate", "inf,50", "--num-prompts", "20",
-         "--output-dir", str(out), "--no-progress", "--profile-prompts", "4"]
-    )  # fmt: skip
+        [
+            "bench",
+            "--policies",
+            "elastic",
+            "--request-rate",
+            "inf,50",
+            "--num-prompts",
+            "20",
+            "--output-dir",
+            str(out),
+            "--no-progress",
+            "--profile-prompts",
+            "4",
+        ]
+    )
     assert code == 0
     first, second = json.loads((out / "results.json").read_text())["results"]
     assert first["step_metrics"]["total_evictions"] > 0, "the burst evicted nothing"
@@ -127,8 +140,9 @@ def test_profile_hotness_takes_a_small_trace_whole_and_checks_only_the_tokens_it
     tmp_path, capsys
 ):
     # Three requests (fewer than the default 64); the out-of-vocabulary id lies past the cut.
-    trace = Trace("short", [TraceRequest((1, 2, 200_000), 4), TraceRequest((5, 6), 4),
-                            TraceRequest((7,), 4)])  # fmt: skip
+    trace = Trace(
+        "short", [TraceRequest((1, 2, 200_000), 4), TraceRequest((5, 6), 4), TraceRequest((7,), 4)]
+    )
     path = save_trace(trace, tmp_path / "short.npz")
     out = tmp_path / "h.json"
     code = main(
@@ -149,10 +163,26 @@ def test_find_max_rate_searches_each_policy_and_writes_table_json_png(tmp_path, 
     run out, on one engine per policy; the JSON's slo section and the PNG follow."""
     out = tmp_path / "search"
     code = main(
-        ["bench", "--policies", "resident,elastic", "--num-prompts", "6", "--profile-prompts", "4",
-         "--slo", "ttft_p99=60s,tpot_p99=10s", "--find-max-rate", "--request-rate", "50",
-         "--rate-search-runs", "3", "--output-dir", str(out), "--no-progress"]
-    )  # fmt: skip
+        [
+            "bench",
+            "--policies",
+            "resident,elastic",
+            "--num-prompts",
+            "6",
+            "--profile-prompts",
+            "4",
+            "--slo",
+            "ttft_p99=60s,tpot_p99=10s",
+            "--find-max-rate",
+            "--request-rate",
+            "50",
+            "--rate-search-runs",
+            "3",
+            "--output-dir",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "highest request rate meeting the SLO" in printed
@@ -181,3 +211,46 @@ def test_find_max_rate_needs_an_slo_and_one_finite_start(tmp_path, capsys):
     argv = ["bench", "--find-max-rate", "--slo", "ttft_p99=1s", "--output-dir", str(tmp_path)]
     assert main([*argv, "--request-rate", "1,2"]) == 2
     assert "starts from one finite --request-rate" in capsys.readouterr().err
+
+
+def test_each_policy_engine_is_released_before_the_next_is_built(tmp_path):
+    """Two engines alive at once hold two copies of every weight: qwen3-30b's pinned experts
+    twice over were killed for memory on a 128 GiB host. The earlier policy's engine must be
+    gone when the next one is built."""
+    import argparse
+    import weakref
+
+    from rimuru.dataplane.bench import cli
+    from rimuru.dataplane.engine.engine import Engine
+    from rimuru.dataplane.engine.flags import engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--num-prompts",
+            "4",
+            "--profile-prompts",
+            "2",
+            "--no-progress",
+            "--policies",
+            "resident,elastic",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
+    args.memory_budget = cli.CPU_DEFAULT_BUDGET
+    built: list[weakref.ref] = []
+    alive_at_build: list[int] = []
+
+    def build(config):
+        alive_at_build.append(sum(ref() is not None for ref in built))
+        engine = Engine(config)
+        built.append(weakref.ref(engine))
+        return engine
+
+    trace = cli.load_trace(args.trace).head(4)
+    base = engine_config_from_args(args)
+    assert cli._run_local(args, build, base, trace, [math.inf], None, ["resident", "elastic"]) == 0
+    assert alive_at_build == [0, 0]
+    assert [ref() for ref in built] == [None, None]
