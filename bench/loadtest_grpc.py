@@ -43,6 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load")
     p.add_argument("--max-tokens", type=int, default=32, help="cap on each request's output")
     p.add_argument("--max-prompt-tokens", type=int, default=256)
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature of every request (0: greedy); seeded per request",
+    )
     p.add_argument("--trace", default="sharegpt_qwen_cpu")
     p.add_argument("--timeout", type=float, default=120.0, help="per-request deadline (s)")
     p.add_argument(
@@ -52,8 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--json", default=None, help="also write the summary to this file")
     args = p.parse_args(argv)
-    if args.clients < 1 or args.duration <= 0 or args.max_tokens < 1:
-        p.error("--clients and --max-tokens must be >= 1 and --duration > 0")
+    if args.clients < 1 or args.duration <= 0 or args.max_tokens < 1 or args.temperature < 0:
+        p.error("--clients and --max-tokens must be >= 1, --duration > 0, --temperature >= 0")
     return args
 
 
@@ -110,7 +116,12 @@ async def run_load(args: argparse.Namespace, target: str) -> tuple[list[StreamRe
             while time.monotonic() < stop_at:
                 i = next_prompt % len(prompts)
                 next_prompt += 1
-                params = SamplingParams(max_tokens=outputs[i], ignore_eos=True)
+                params = SamplingParams(
+                    max_tokens=outputs[i],
+                    ignore_eos=True,
+                    temperature=args.temperature,
+                    seed=i if args.temperature > 0 else None,
+                )
                 results.append(
                     await stream_generate(stub, prompts[i], params, timeout_s=args.timeout)
                 )
