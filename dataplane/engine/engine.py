@@ -335,19 +335,29 @@ class Engine:
             outputs: list[RequestOutput] = []
             if out.scheduled:
                 outputs = self._execute(out.scheduled, step)
-            self._mark_complete(step)
+            else:
+                self._wait_for_step(None)
+            self.reclaim.complete(step)  # its forward has finished (the wait above)
             self._record(out, step, running, time.perf_counter() - started)
             return outputs
 
-    def _mark_complete(self, step: int) -> None:
-        """Pages released for `step` become free once its forward has finished on the device:
-        on CUDA when the event recorded after the forward has fired (the sampled tokens are
-        already on the host, so it has), on the CPU at once — the same code path."""
-        if self.device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-            done.synchronize()
-        self.reclaim.complete(step)
+    def _wait_for_step(self, tokens: torch.Tensor | None) -> list[int]:
+        """The step's one wait on the device: its sampled tokens [B] (if any) and the
+        expert copies the device counted (device copy-in), in one copy to the host. After
+        it the step's forward has finished, so the pages released for this step may be
+        reused. With nothing to read, an event is waited for (at once on the CPU)."""
+        counter = self.experts.device_counters()
+        parts = [t.to(torch.int64) for t in (tokens, counter) if t is not None]
+        if not parts:
+            if self.device.type == "cuda":
+                done = torch.cuda.Event()
+                done.record()
+                done.synchronize()
+            return []
+        values = torch.cat(parts).tolist()
+        if counter is not None:
+            self.experts.add_device_copies(values.pop())
+        return values
 
     def _execute(self, scheduled, step: int) -> list[RequestOutput]:
         batch = StepBatch.of(scheduled)
@@ -364,10 +374,15 @@ class Engine:
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         if not sample_requests:
+            self._wait_for_step(None)
             return []
         logits = self.model.compute_logits(hidden[batch.sample_rows])
-        tokens = self.sampler.sample(
-            logits, [r.request_id for r in sample_requests], [r.params for r in sample_requests]
+        tokens = self._wait_for_step(
+            self.sampler.sample_on_device(
+                logits,
+                [r.request_id for r in sample_requests],
+                [r.params for r in sample_requests],
+            )
         )
         now = time.monotonic()
         outputs = []
@@ -402,7 +417,6 @@ class Engine:
         return None
 
     def _record(self, out, step: int, running: int, seconds: float) -> None:
-        self.experts.sync_counters()  # after the step's forward finished
         idle = not self.scheduler.running
         decode_only = bool(out.scheduled) and all(s.num_new_tokens == 1 for s in out.scheduled)
         copies = self.copy_control.end_step(self.experts, decode_only, idle, self.tunables)

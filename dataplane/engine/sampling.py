@@ -32,16 +32,21 @@ class Sampler:
     def sample(
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
     ) -> list[int]:
-        """logits [B, V] fp32 -> one token id per row, computed where the logits are.
+        """logits [B, V] fp32 -> one token id per row, on the host (waits for the device)."""
+        return self.sample_on_device(logits, request_ids, params).tolist()
 
-        Only B token ids cross to the host, in the step's one wait on the device (copying
-        [B, V] logits to the host would move ~150 MB per step at B = 256 on Qwen's vocab)."""
+    def sample_on_device(
+        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
+    ) -> torch.Tensor:
+        """logits [B, V] fp32 -> [B] int64 token ids where the logits are, without waiting:
+        the engine reads them in its one wait of the step (copying [B, V] logits to the host
+        would move ~150 MB per step at B = 256 on Qwen's vocab)."""
         greedy = [i for i, p in enumerate(params) if p.temperature < SAMPLING_EPS]
         drawn = [i for i, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
         if not drawn:
-            return torch.argmax(logits, dim=-1).tolist()
+            return torch.argmax(logits, dim=-1)
         if not greedy:
-            return self._draw(logits, request_ids, params).tolist()
+            return self._draw(logits, request_ids, params)
         device = logits.device
         tokens = torch.empty(len(params), dtype=torch.int64, device=device)  # [B]
         index = _to_device(greedy, torch.int64, device)
@@ -49,7 +54,7 @@ class Sampler:
         index = _to_device(drawn, torch.int64, device)
         ids, drawn_params = [request_ids[i] for i in drawn], [params[i] for i in drawn]
         tokens[index] = self._draw(logits[index], ids, drawn_params)
-        return tokens.tolist()
+        return tokens
 
     def _draw(
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
