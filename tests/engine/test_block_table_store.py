@@ -246,3 +246,21 @@ def test_an_engine_decode_step_copies_in_the_same_whatever_the_context(make_engi
     assert len(short) == 39 and short.count((1, 2 + layers + 6)) == 2
     assert short.count((0, 6)) == 37
     assert decode_uploads(50 + 20 * B) == short
+
+
+def test_an_engine_with_two_rows_serves_requests_that_finish_and_are_preempted(
+    prompts, make_engine
+):
+    """max_num_seqs=2: two rows for six requests, in a pool so small that requests are
+    preempted; each request takes a row again after it finished or was preempted, and the
+    rows match the requests' tables after every step."""
+    engine = make_engine("resident", pool_mib=24.3, max_num_seqs=2)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts[:6]]
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_invariants()  # the store's rows against the requests' tables
+    assert engine.block_tables.store.shape[1] == 2
+    assert engine.scheduler.num_preemptions > 0
+    assert all(len(engine.requests[i].output_token_ids) == 16 for i in ids)
+    assert engine.num_leaked_pages() == 0
