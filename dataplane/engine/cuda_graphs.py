@@ -14,7 +14,9 @@ A step runs as a graph when all of this holds, else eagerly as before:
 Invariants the replay relies on:
   - Inputs live in static buffers rewritten in place before each replay. Every address
     baked into a graph stays valid: the pool and its views are fixed at start-up and the
-    expert table's device copy is rewritten in place (ExpertPageTable.on_device).
+    expert table's device copy is rewritten in place (ExpertPageTable.on_device). The block
+    tables and slot mapping are filled by device ops from the engine's block-table store
+    (block_table_store.py): the host sends only the step's new blocks and [S] vectors.
   - Padding rows (the batch padded up to a capture size) write no KV (slot -1) and attend
     over one reserved, zeroed KV page per layer with a context of 1, so they read zeros,
     never NaN. ExpertManager.count_rows keeps them out of the routing statistics.
@@ -51,11 +53,8 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from rimuru.dataplane.engine.paged_attention import (
-    PagedAttentionMeta,
-    SequenceSlice,
-    slot_mapping,
-)
+from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
+from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
 from rimuru.dataplane.engine.paged_states import HybridStepMeta, StateMeta, StepPart
 from rimuru.dataplane.engine.profile_run import ScratchRunner, ScratchSeq
 from rimuru.dataplane.memory.allocator import PageAllocator
@@ -167,14 +166,13 @@ class DecodeGraphs:
         layers, n, device = model.config.num_kv_layers, self.sizes[-1], model.device
         self.width = -(-max_context // block_size)  # block-table columns
         self.pad_pages = list(pad_pages)  # owned by GRAPH_PADDING while the graphs live
-        self._pad = np.asarray(pad_pages, dtype=np.int32)  # [L]
-        # host staging, rewritten per step; device buffers, rewritten in place per step
-        self._tables = np.empty((layers, n, self.width), dtype=np.int32)
-        self._tables[:] = self._pad[:, None, None]
+        self._pad = torch.tensor(pad_pages, dtype=torch.int32, device=device)  # [L]
+        # device buffers, rewritten in place per step, by device ops from the block-table
+        # store and one upload of the step's vectors (`run`)
         self.ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.pos = torch.zeros(n, dtype=torch.int64, device=device)
         self.slots = torch.full((layers, n), -1, dtype=torch.int64, device=device)
-        self.tables = torch.from_numpy(self._tables).to(device)  # [L, n, W]
+        self.tables = self._pad[:, None, None].repeat(1, n, self.width)  # [L, n, W]
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.rows = torch.zeros(n, dtype=torch.int64, device=device)  # 1 = a real row
         self.cu = torch.arange(n + 1, dtype=torch.int32, device=device)  # one query each
@@ -196,7 +194,7 @@ class DecodeGraphs:
             and all(
                 s.num_new_tokens == 1
                 and s.context_len <= self.max_context
-                and len(s.blocks) <= self.width
+                and len(s.table) <= self.width
                 and not (hybrid and s.num_computed_tokens == 0)
                 for s in slices
             )
@@ -245,32 +243,31 @@ class DecodeGraphs:
         input_ids: list[int],
         positions: list[int],
         slices: list[SequenceSlice],
+        tables: DeviceBlockTables,
         state_pages: Sequence[StatePages] = (),
     ):
-        """The step's hidden states [len(slices), D] (the caller checked `serves`);
-        `state_pages`: a hybrid model's, one per slice."""
+        """The step's hidden states [len(slices), D] (the caller checked `serves`); `tables`:
+        the engine's block-table store; `state_pages`: a hybrid model's, one per slice."""
         n, size = len(slices), self.size_for(len(slices))
         assert size is not None
-        widest = max(len(s.blocks) for s in slices)
-        tables = self._tables[:, :size, :widest]
-        for i, s in enumerate(slices):
-            tables[:, i, : len(s.blocks)] = s.blocks.T
-        tables[:, n:, 0] = self._pad[:, None]
-        pos = np.zeros(size, dtype=np.int64)
-        pos[:n] = positions
-        ids = np.zeros(size, dtype=np.int64)
-        ids[:n] = input_ids
-        slots = np.full((tables.shape[0], size), -1, dtype=np.int64)
-        slots[:, :n] = slot_mapping(tables, np.arange(n), pos[:n], self.block_size)
-        seq_lens = np.ones(size, dtype=np.int32)
-        seq_lens[:n] = pos[:n] + 1
-        rows = np.zeros(size, dtype=np.int64)
-        rows[:n] = 1
-        self.tables[:, :size, :widest].copy_(torch.from_numpy(tables))
-        for dst, src in ((self.ids, ids), (self.pos, pos), (self.seq_lens, seq_lens),
-                         (self.rows, rows)):  # fmt: skip
-            dst[:size].copy_(torch.from_numpy(src))
-        self.slots[:, :size].copy_(torch.from_numpy(slots))
+        host = np.zeros((4, size), dtype=np.int32)  # padding rows: 0 everywhere
+        host[0, :n] = input_ids
+        host[1, :n] = positions
+        host[2, :n] = 1  # a real row: counted in the routing statistics
+        host[3, :n] = tables.assign([s.table for s in slices])  # each sequence's store row
+        ids, pos, real, rows = tables.upload(host.ravel()).view(4, size).long()
+        # a padding row's position is 0: its context is 1
+        for dst, src in ((self.ids, ids), (self.pos, pos), (self.rows, real),
+                         (self.seq_lens, pos + 1)):  # fmt: skip
+            dst[:size].copy_(src)
+        # Real rows: their blocks, gathered from the store; padding rows: the pad page in
+        # column 0 (their context is 1). Past that, columns keep what an earlier step left:
+        # no kernel reads past a sequence's length.
+        widest = max(len(s.table) for s in slices)
+        self.tables[:, :n, :widest].copy_(tables.gather_tables(rows[:n], widest))
+        self.tables[:, n:size, 0].copy_(self._pad[:, None].expand(-1, size - n))
+        self.slots[:, :n].copy_(tables.slot_mapping(rows[:n], pos[:n]))
+        self.slots[:, n:size].fill_(-1)  # padding writes no KV
         if state_pages:
             pages = np.full((2, self.ssm_pages.shape[0], size), -1, dtype=np.int64)
             pages[0, :, :n] = np.asarray([p.ssm for p in state_pages]).T

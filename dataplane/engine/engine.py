@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.boundary import ElasticBoundary
 from rimuru.dataplane.engine.budget import MemoryPlan, plan_memory
 from rimuru.dataplane.engine.config import EngineConfig, check_device_available
@@ -127,6 +128,10 @@ class Engine:
         self.kv = KVCacheManager(
             self.allocator, self.reclaim, mc.num_kv_layers, config.block_size,
             num_state_layers=len(mc.linear_attention_layers),
+        )  # fmt: skip
+        self.block_tables = DeviceBlockTables.for_engine(
+            mc.num_kv_layers, config.max_num_seqs, self.max_model_len, config.block_size,
+            self.device,
         )  # fmt: skip
         # ---- scheduling under the policy in force
         self.copy_control = CopyControl(config.max_num_seqs, mc.top_k)  # the copy budget's
@@ -366,9 +371,7 @@ class Engine:
             self.tp.send_step(step, scheduled, batch, self.experts)
         self.experts.begin_step()
         graphs = self.cuda_graphs
-        hidden = run_forward(
-            batch, self.model, graphs.decode, graphs.piecewise, self.config.block_size
-        )
+        hidden = run_forward(batch, self.model, graphs.decode, graphs.piecewise, self.block_tables)
         if self.tp is not None:
             self.tp.forward_done()
         for s in scheduled:
@@ -485,8 +488,10 @@ class Engine:
             self.tp.close()
 
     def check_invariants(self) -> None:
-        """Pool accounting: pages owned exactly by live requests, resident experts, pending."""
+        """Pool accounting: pages owned exactly by live requests, resident experts, pending;
+        the device block tables equal the requests' tables."""
         self.allocator.check_invariants()
+        self.block_tables.check_invariants()
         live = {r.request_id for r in self.requests.values() if not r.status.finished}
         owners = {o for t, _, o in self.allocator.owned_pages() if t in _REQUEST_PAGES}
         leaked = {o for o in owners if o not in live and not _is_pending(o) and o != GRAPH_PADDING}

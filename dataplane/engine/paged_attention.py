@@ -2,7 +2,8 @@
 
 Per step the engine builds a `PagedAttentionMeta`: for every layer a slot mapping (where
 each new token's K/V goes: slot = page * 16 + offset) and each sequence's block table
-(its pages of that layer, in logical order). The torch reference path writes K/V into the
+(its pages of that layer, in logical order), both gathered on the device from the
+persistent block tables (block_table_store.py). The torch reference path writes K/V into the
 pool's KV view and attends by gathering pages through the block table; on CUDA the
 Triton kernels of `rimuru.kernels` plug in behind the same interface.
 
@@ -20,8 +21,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
+from rimuru.dataplane.memory.tables import BlockTable
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,7 @@ class SequenceSlice:
     start: int  # first token of this sequence in the flattened batch
     num_new_tokens: int  # N
     num_computed_tokens: int  # tokens already cached before this step
-    blocks: np.ndarray  # [num_blocks, L] KV page ids (BlockTable.array())
+    table: BlockTable  # its KV pages, [num_blocks, L]; the device's copy is gathered from
 
     @property
     def context_len(self) -> int:
@@ -48,29 +51,29 @@ class PagedAttentionMeta:
     max_seq_len: int
 
     @classmethod
-    def build(
-        cls, sequences: list[SequenceSlice], num_layers: int, block_size: int, device
-    ) -> PagedAttentionMeta:
-        # slot = page * B + offset for every new token, all layers at once: [L, T]
-        max_blocks = max(len(s.blocks) for s in sequences)
-        # built in [L, S, B] order: a permuted view would keep odd strides on size-1 dims,
-        # which the kernels' stride checks refuse
-        tables = np.zeros((num_layers, len(sequences), max_blocks), dtype=np.int32)
-        for i, s in enumerate(sequences):
-            tables[:, i, : len(s.blocks)] = np.asarray(s.blocks).T
+    def build(cls, sequences: list[SequenceSlice], tables: DeviceBlockTables) -> PagedAttentionMeta:
+        """The sequences' new blocks written into the device's block tables, then the
+        step's tables and slots gathered there from a few vectors (block_table_store.py)."""
+        rows = tables.assign([s.table for s in sequences])
         lengths = [s.num_new_tokens for s in sequences]
-        seq_of = np.repeat(np.arange(len(sequences)), lengths)
-        pos = np.concatenate([np.arange(s.num_computed_tokens, s.context_len) for s in sequences])
-        slots = torch.from_numpy(slot_mapping(tables, seq_of, pos, block_size))  # [L, T]
-        cu = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
-        seq_lens = np.asarray([s.context_len for s in sequences], dtype=np.int32)
+        num_seqs, num_tokens = len(sequences), sum(lengths)
+        host = np.concatenate((
+            rows,  # [S]
+            np.concatenate(([0], np.cumsum(lengths))),  # [S + 1] cu_seqlens_q
+            [s.context_len for s in sequences],  # [S] seq_lens
+            np.repeat(rows, lengths),  # [T] each token's row
+            np.concatenate([np.arange(s.num_computed_tokens, s.context_len) for s in sequences]),
+        )).astype(np.int32)  # fmt: skip
+        seq_rows, cu, seq_lens, token_rows, pos = torch.split(
+            tables.upload(host), [num_seqs, num_seqs + 1, num_seqs, num_tokens, num_tokens]
+        )
         return cls(
             tuple(sequences),
-            to_device(slots, device),
-            to_device(torch.from_numpy(tables), device),  # [L, S, B] int32
-            to_device(torch.from_numpy(cu), device),
-            to_device(torch.from_numpy(seq_lens), device),
-            max(s.num_new_tokens for s in sequences),
+            tables.slot_mapping(token_rows, pos),  # [L, T]
+            tables.gather_tables(seq_rows, max(len(s.table) for s in sequences)),  # [L, S, B]
+            cu,
+            seq_lens,
+            max(lengths),
             max(s.context_len for s in sequences),
         )
 
@@ -83,16 +86,6 @@ def to_device(host: torch.Tensor, device) -> torch.Tensor:
     if device.type != "cuda":
         return host
     return host.pin_memory().to(device, non_blocking=True)
-
-
-def slot_mapping(
-    tables: np.ndarray, seq_of: np.ndarray, pos: np.ndarray, block_size: int
-) -> np.ndarray:
-    """[L, T] int64: each new token's slot (page * B + offset) in every layer, from the block
-    tables [L, S, B], the token's sequence [T] and its position [T]. Row-major: numpy lays an
-    advanced index out [T, L], and the KV-write kernel reads a layer's row with unit stride."""
-    pages = tables[:, seq_of, pos // block_size].astype(np.int64)
-    return np.ascontiguousarray(pages * block_size + pos % block_size)
 
 
 def triton_attend(layer, q, k, v, meta: PagedAttentionMeta, kv: torch.Tensor, scale: float):
@@ -143,9 +136,9 @@ class PagedAttention:
             return self._decode_batched(layer, q, kv, meta)
         out = torch.empty_like(q)  # [T, Hq, Dh]
         group = q.shape[1] // k.shape[1]
-        for s in meta.sequences:
+        for i, s in enumerate(meta.sequences):
             num_blocks = math.ceil(s.context_len / self.block_size)
-            table = torch.from_numpy(s.blocks[:num_blocks, layer]).to(q.device)
+            table = meta.block_tables[layer, i, :num_blocks].long()  # [num_blocks]
             ctx_k = kv[table, 0].reshape(-1, *kv.shape[3:])[: s.context_len]  # [C, Hkv, Dh]
             ctx_v = kv[table, 1].reshape(-1, *kv.shape[3:])[: s.context_len]
             qs = q[s.start : s.start + s.num_new_tokens]  # [N, Hq, Dh]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.paged_attention import (
     PagedAttention,
     PagedAttentionMeta,
@@ -26,7 +27,7 @@ from rimuru.dataplane.engine.paged_attention import (
 )
 from rimuru.dataplane.memory.geometry import PageGeometry
 from rimuru.dataplane.memory.pool import UnifiedPool
-from rimuru.dataplane.memory.tables import buffer_slot_id
+from rimuru.dataplane.memory.tables import BlockTable, buffer_slot_id
 from rimuru.dataplane.model import MoETransformer
 from rimuru.dataplane.model.weights import ExpertWeights
 
@@ -123,12 +124,16 @@ class ScratchRunner:
         slices, start, positions = [], 0, []
         for s in batch:
             context = s.num_computed_tokens + s.num_new_tokens
-            cycle = np.arange(math.ceil(context / bs), dtype=np.int64) % SCRATCH_BLOCKS
-            blocks = cycle[:, None] * layers + np.arange(layers, dtype=np.int64)[None, :]
-            slices.append(SequenceSlice(start, s.num_new_tokens, s.num_computed_tokens, blocks))
+            table = BlockTable(layers)
+            for block in range(math.ceil(context / bs)):
+                table.append_block([(block % SCRATCH_BLOCKS) * layers + i for i in range(layers)])
+            slices.append(SequenceSlice(start, s.num_new_tokens, s.num_computed_tokens, table))
             positions.append(np.arange(s.num_computed_tokens, context))
             start += s.num_new_tokens
-        meta = PagedAttentionMeta.build(slices, layers, bs, device)
+        widest = max(len(s.table) for s in slices)
+        meta = PagedAttentionMeta.build(
+            slices, DeviceBlockTables(layers, len(slices), widest, bs, device)
+        )
         pos = torch.from_numpy(np.concatenate(positions)).to(device)
         ids = pos % self.model.config.vocab_size
         return ids, pos, meta, slices

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.cuda_graphs import DecodeGraphs
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
 from rimuru.dataplane.engine.paged_states import HybridStepMeta, StateMeta
@@ -39,7 +40,7 @@ class StepBatch:
             start = len(ids)
             ids += r.token_ids(done, n)  # a decode step reads one token, copies nothing else
             positions += range(done, done + n)
-            slices.append(SequenceSlice(start, n, done, r.block_table.array()))
+            slices.append(SequenceSlice(start, n, done, r.block_table))
             if done + n == r.num_tokens:
                 rows.append(start + n - 1)
                 sampled.append(r)
@@ -62,14 +63,13 @@ def run_forward(
     model: MoETransformer | HybridTransformer,
     graphs: DecodeGraphs | None,
     piecewise: PiecewiseGraphs | None,
-    block_size: int,
+    tables: DeviceBlockTables,
 ) -> torch.Tensor:
-    """The batch's final hidden states [T, D], by the first path that serves it."""
+    """The batch's final hidden states [T, D], by the first path that serves it; `tables`:
+    the block-table store the batch's tables are written to and gathered from."""
     if graphs is not None and graphs.serves(batch.slices):
-        return graphs.run(batch.input_ids, batch.positions, batch.slices, batch.state_pages)
-    meta = PagedAttentionMeta.build(
-        batch.slices, model.config.num_kv_layers, block_size, model.device
-    )
+        return graphs.run(batch.input_ids, batch.positions, batch.slices, tables, batch.state_pages)
+    meta = PagedAttentionMeta.build(batch.slices, tables)
     if batch.state_pages:  # a hybrid model: its GDN layers' states too
         states = batch.state_meta(model.device)
         model.states.begin_step(states)

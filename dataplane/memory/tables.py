@@ -78,12 +78,16 @@ class BlockTable:
     """One request's KV pages: per logical 16-token block, one page per layer.
 
     Stored as a growing int64 array [num_blocks, num_layers] so that a step can hand every
-    request's table to the kernels with one array copy, not a Python loop per layer."""
+    request's new blocks to the device with one array copy, not a Python loop per layer.
+    It only grows until `pop_blocks` empties it whole, which bumps `epoch`: a copy of the
+    table elsewhere (the device's, block_table_store.py) is current while it holds the same
+    epoch and length."""
 
     def __init__(self, num_layers: int):
         self.num_layers = num_layers
         self._pages = np.empty((4, num_layers), dtype=np.int64)
         self._num_blocks = 0
+        self.epoch = 0  # times emptied
 
     def __len__(self) -> int:
         return self._num_blocks
@@ -105,6 +109,7 @@ class BlockTable:
     def pop_blocks(self) -> list[int]:
         pages = self.all_pages()
         self._num_blocks = 0
+        self.epoch += 1
         return pages
 
     def all_pages(self) -> list[int]:

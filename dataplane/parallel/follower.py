@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import torch
 
+from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.budget import plan_memory
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.expert_manager import ExpertManager
@@ -97,6 +98,10 @@ class FollowerRank:
         else:
             self.model = loaded.model.with_backends(attention, self.experts)
         self.block_tables = BlockTableMirror()
+        self.device_tables = DeviceBlockTables.for_engine(
+            mc.num_kv_layers, config.max_num_seqs, loaded.max_model_len, config.block_size,
+            self.device,
+        )  # fmt: skip
         self.num_steps = self.num_evictions = self.num_loads = 0
         self.residency_digest = ""
 
@@ -108,7 +113,7 @@ class FollowerRank:
         slices = self.block_tables.slices(message.blocks, message.batch.slices)
         self.experts.begin_step()
         batch = replace(message.batch, slices=slices)
-        run_forward(batch, self.model, None, None, self.config.block_size)
+        run_forward(batch, self.model, None, None, self.device_tables)
         self.experts.sync_counters()
         if self.device.type == "cuda":  # the forward has read its pages: see _RankZeroReclaims
             torch.cuda.synchronize(self.device)

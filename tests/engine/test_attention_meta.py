@@ -1,29 +1,42 @@
-"""PagedAttentionMeta.build and slot_mapping: each new token's slot in every layer, row-major
-(the KV-write kernel reads a layer's row with unit stride), and the kernels' inputs."""
+"""PagedAttentionMeta.build: each new token's slot in every layer, row-major (the KV-write
+kernel reads a layer's row with unit stride), and the kernels' inputs, gathered on the
+device from the block-table store."""
 
 import numpy as np
 import torch
 
-from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice, slot_mapping
+from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
+from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
+from rimuru.dataplane.memory.tables import BlockTable
 
 
-def test_slot_mapping_is_page_times_block_plus_offset_per_layer_and_row_major():
-    # 2 layers, 2 sequences; sequence 0 holds pages (7, 8) in layer 0, (9, 10) in layer 1
-    tables = np.array([[[7, 8], [3, 0]], [[9, 10], [4, 0]]], dtype=np.int32)  # [L, S, B]
-    seq_of, pos = np.array([0, 0, 1]), np.array([15, 16, 2])
-    slots = slot_mapping(tables, seq_of, pos, 16)
-    assert slots.tolist() == [[7 * 16 + 15, 8 * 16, 3 * 16 + 2], [9 * 16 + 15, 10 * 16, 4 * 16 + 2]]
-    assert slots.dtype == np.int64 and slots.flags.c_contiguous
+def _table(*blocks: list[int]) -> BlockTable:
+    table = BlockTable(len(blocks[0]))
+    for pages in blocks:
+        table.append_block(pages)
+    return table
 
 
 def test_meta_of_a_prompt_chunk_and_a_decode():
-    blocks_a = np.array([[7, 9], [8, 10]], dtype=np.int64)  # [blocks, L]
-    blocks_b = np.array([[3, 4]], dtype=np.int64)
-    slices = [SequenceSlice(0, 2, 15, blocks_a), SequenceSlice(2, 1, 2, blocks_b)]
-    meta = PagedAttentionMeta.build(slices, num_layers=2, block_size=16, device="cpu")
+    # sequence a holds pages (7, 8) in layer 0 and (9, 10) in layer 1; b holds 3 and 4
+    a, b = _table([7, 9], [8, 10]), _table([3, 4])
+    slices = [SequenceSlice(0, 2, 15, a), SequenceSlice(2, 1, 2, b)]
+    store = DeviceBlockTables(num_layers=2, num_rows=4, width=8, block_size=16, device="cpu")
+    meta = PagedAttentionMeta.build(slices, store)
+    # slot = page * 16 + offset: positions 15, 16 of a, position 2 of b
     assert meta.slot_mapping.tolist() == [[127, 128, 50], [159, 160, 66]]
-    assert meta.block_tables.dtype == torch.int32
+    assert meta.slot_mapping.dtype == torch.int64 and meta.slot_mapping.is_contiguous()
+    assert meta.block_tables.dtype == torch.int32 and meta.block_tables.is_contiguous()
     assert meta.block_tables.tolist() == [[[7, 8], [3, 0]], [[9, 10], [4, 0]]]
     assert meta.cu_seqlens_q.tolist() == [0, 2, 3] and meta.cu_seqlens_q.dtype == torch.int32
-    assert meta.seq_lens.tolist() == [17, 3]
+    assert meta.seq_lens.tolist() == [17, 3] and meta.seq_lens.dtype == torch.int32
     assert (meta.max_query_len, meta.max_seq_len) == (2, 17)
+    # the next step: b decodes alone and a is not scheduled; b's row is not sent again
+    meta = PagedAttentionMeta.build([SequenceSlice(0, 1, 3, b)], store)
+    assert meta.block_tables.tolist() == [[[3]], [[4]]] and meta.slot_mapping.tolist() == [
+        [51],
+        [67],
+    ]
+    assert store.num_uploaded_blocks == 0
+    store.check_invariants()
+    assert np.array_equal(store.store[:, 0, :3].numpy(), [[7, 8, 0], [9, 10, 0]])

@@ -75,7 +75,9 @@ def test_prompt_logits_match_transformers_across_prefill_chunks(
     rows = []
     for step in range(1, 4):  # 32 + 32 + 6 tokens
         out = engine.scheduler.schedule(step)
-        hidden = run_forward(StepBatch.of(out.scheduled), engine.model, None, None, 16)
+        hidden = run_forward(
+            StepBatch.of(out.scheduled), engine.model, None, None, engine.block_tables
+        )
         for s in out.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         rows.append(engine.model.compute_logits(hidden))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rimuru.dataplane.adjust.adjuster import ChangeList, ExpertLoad
+from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 from rimuru.dataplane.engine.paged_attention import SequenceSlice
@@ -107,13 +108,21 @@ def test_block_tables_travel_as_new_rows_and_restart_after_preemption():
     sender, mirror = BlockTableSender(), BlockTableMirror()
     a = Request("a", [1, 2, 3], SamplingParams(), num_layers=2)
     b = Request("b", [4, 5], SamplingParams(), num_layers=2)
+    held = {}  # the follower's tables
+    # the follower's device store, with a row for each of 2 requests running at once (a
+    # forgotten table must give its row back, or a third request finds none)
+    store = DeviceBlockTables(num_layers=2, num_rows=2, width=4, block_size=16, device="cpu")
 
     def step(*requests):
         delta = sender.delta(list(requests))
-        slices = [SequenceSlice(0, 1, 0, r.block_table.array()) for r in requests]
+        slices = [SequenceSlice(0, 1, 0, r.block_table) for r in requests]
         got = mirror.slices(delta, BlockTableSender.bare(slices))
         for r, s in zip(requests, got, strict=True):  # the follower's tables are rank 0's
-            assert np.array_equal(s.blocks, r.block_table.array())
+            assert np.array_equal(s.table.array(), r.block_table.array())
+            held[r.request_id] = s.table
+        store.assign([s.table for s in got])
+        store.upload(np.empty(0, np.int32))
+        store.check_invariants()
         return delta
 
     a.block_table.append_block([0, 1])
@@ -123,11 +132,19 @@ def test_block_tables_travel_as_new_rows_and_restart_after_preemption():
     assert [(d.start, len(d.rows)) for d in step(a, b).rows] == [(1, 1), (1, 0)]  # only news
     a.block_table.pop_blocks()  # preempted: its pages freed, rebuilt from row 0
     a.num_preemptions += 1
-    a.block_table.append_block([6, 7])
     b.status = RequestStatus.FINISHED_LENGTH
-    delta = step(a)
-    assert delta.forget == ("b",) and (delta.rows[0].start, delta.rows[0].epoch) == (0, 1)
-    assert len(mirror) == 1
+    old_a, old_b = held["a"], held["b"]
+    delta = step()  # a waits: both tables are forgotten, and emptied for the device store
+    assert delta.forget == ("a", "b") and len(mirror) == 0
+    assert (len(old_a), old_a.epoch, len(old_b), old_b.epoch) == (0, 1, 0, 1)
+    a.block_table.append_block([6, 7])  # re-admitted, beside a new request
+    c = Request("c", [1], SamplingParams(), num_layers=2)
+    c.block_table.append_block([10, 11])
+    delta = step(a, c)
+    assert delta.forget == () and (delta.rows[0].start, delta.rows[0].epoch) == (0, 1)
+    assert held["a"] is not old_a and len(mirror) == 2
+    a.status = RequestStatus.FINISHED_STOPPED
     again = Request("a", [9], SamplingParams(), num_layers=2)  # an id used again
     again.block_table.append_block([8, 9])
-    assert step(again).rows[0].start == 0
+    delta = step(again, c)
+    assert delta.forget == ("a",) and delta.rows[0].start == 0 and len(mirror) == 2
