@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rimuru.dataplane.engine.pinned_upload import PinnedUpload
+from rimuru.dataplane.engine.pinned_upload import to_device
 from rimuru.dataplane.memory.tables import BlockTable
 
 
@@ -66,7 +66,6 @@ class DeviceBlockTables:
         self._free = list(range(num_rows - 1, -1, -1))  # pop() hands out row 0 first
         self._clear: list[int] = []  # rows to zero before the staged blocks land
         self._blocks: list[np.ndarray] = []  # [k, 2 + L] int32: row, block, its L pages
-        self._upload = PinnedUpload(self.device)
         self.num_uploaded_blocks = 0  # the last upload's, for tests and step metrics
         self.num_uploaded_values = 0  # int32s the last upload copied in, all told
 
@@ -142,7 +141,7 @@ class DeviceBlockTables:
         blocks = np.concatenate(self._blocks) if self._blocks else np.empty((0, width), np.int32)
         self._clear, self._blocks = [], []
         host = np.concatenate((clear, blocks.ravel(), step_vectors.astype(np.int32, copy=False)))
-        on_device = self._upload.upload(host)
+        on_device = to_device(torch.from_numpy(host), self.device)
         num_clear, num_block_values = len(clear), blocks.size
         # clears first: a row handed to a new table may have blocks staged right after
         if num_clear:

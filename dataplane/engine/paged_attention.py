@@ -78,16 +78,6 @@ class PagedAttentionMeta:
         )
 
 
-def to_device(host: torch.Tensor, device) -> torch.Tensor:
-    """A step's metadata onto the device without stalling the host: staged in pinned memory
-    and copied asynchronously on CUDA (the caching host allocator keeps the staging buffer
-    until the copy has run); the tensor itself on the CPU."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
-
-
 def triton_attend(layer, q, k, v, meta: PagedAttentionMeta, kv: torch.Tensor, scale: float):
     """The CUDA path: KV write, then decode (one query per sequence) or prefill kernels."""
     from rimuru.kernels import paged_decode_attention, paged_prefill_attention, write_kv_pages

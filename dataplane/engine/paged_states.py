@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rimuru.dataplane.engine.paged_attention import to_device
+from rimuru.dataplane.engine.pinned_upload import to_device
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.memory.tables import StatePages
