@@ -38,10 +38,11 @@ _MIN_TOKENS_PER_SPLIT = 256
 
 # Block-table width and split sizes vary with the batch: not specialised (one variant each).
 # A layer's block table is a view into [L, S, W] and may start off a 16-byte boundary: its
-# alignment is not specialised either (it only feeds per-block index loads).
+# alignment is not specialised either (it only feeds per-block index loads); nor is seq_lens',
+# a view into one upload of the step's vectors at an offset that moves with the batch.
 @triton.jit(
     do_not_specialize=["stride_bt", "num_splits", "tokens_per_split"],
-    do_not_specialize_on_alignment=["block_tables_ptr"],
+    do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr"],
 )
 def _decode_kernel(
     q_ptr,

@@ -35,8 +35,12 @@ _LOG2E = 1.4426950408889634
 
 
 # The block-table width varies with the batch, and a layer's table is a view that may start
-# off a 16-byte boundary: neither is specialised (one variant).
-@triton.jit(do_not_specialize=["stride_bt"], do_not_specialize_on_alignment=["block_tables_ptr"])
+# off a 16-byte boundary; so may cu_seqlens and seq_lens, views into one upload of the step's
+# vectors whose offsets move with the batch: none is specialised (one variant).
+@triton.jit(
+    do_not_specialize=["stride_bt"],
+    do_not_specialize_on_alignment=["block_tables_ptr", "cu_seqlens_ptr", "seq_lens_ptr"],
+)
 def _prefill_kernel(
     q_ptr,
     kv_ptr,
