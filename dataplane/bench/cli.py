@@ -25,6 +25,7 @@ from rimuru.dataplane.bench.goodput import (
 from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_search, plot_rate_sweep
 from rimuru.dataplane.bench.rate_search import RateSearch
 from rimuru.dataplane.bench.results import BenchResult, write_results
+from rimuru.dataplane.bench.sampling import bench_params
 from rimuru.dataplane.bench.slo import SLO, parse_slo
 from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
@@ -97,6 +98,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=32,
         help="first N prompts profile the hotness ranking (without --hotness)",
     )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature of every request (0 = greedy; above 0 each request is "
+        "seeded by its index in the trace)",
+    )
     p.add_argument("--output-dir", default="out/bench")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
@@ -125,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     policies = parse_modes(args.policies)
     slo = parse_slo(args.slo) if args.slo is not None else None
     rates = _rates(args, slo)
+    bench_params(1, 0, args.temperature)  # a bad --temperature is refused before any run
     # The bundled trace on the CPU needs a budget small enough that memory is the
     # bottleneck (the quick start); any other run says its own budget.
     if args.memory_budget is None and args.gpu_memory_utilization is None and args.device == "cpu":
@@ -224,6 +233,7 @@ def _bench_policy(args, engine, policy: str, trace, rates, slo, ranking, results
             rate,
             progress=not args.no_progress,
             desc=f"{policy} @ {rate:g} req/s",
+            temperature=args.temperature,
         )
         engine.check_invariants()
         if engine.num_leaked_pages():

@@ -27,9 +27,9 @@ from rimuru.dataplane.bench.plots import plot_rate_search
 from rimuru.dataplane.bench.progress import RequestProgress
 from rimuru.dataplane.bench.rate_search import RateSearch
 from rimuru.dataplane.bench.results import BenchResult, write_results
+from rimuru.dataplane.bench.sampling import bench_params
 from rimuru.dataplane.bench.slo import SLO
 from rimuru.dataplane.bench.trace import Trace
-from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.serve.client import StreamResult, open_channel, stream_generate
 from rimuru.v1 import inference_pb2 as pb
 from rimuru.v1 import inference_pb2_grpc as pb_grpc
@@ -140,7 +140,7 @@ async def _run_one(
         result = await stream_generate(
             stub,
             request.prompt_token_ids,
-            SamplingParams(max_tokens=request.output_len, ignore_eos=True),
+            bench_params(request.output_len, i, args.temperature),
             request_id=f"bench-{i}",
         )
         finished += 1

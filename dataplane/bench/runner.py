@@ -2,7 +2,8 @@
 
 Requests are added between steps once their scheduled arrival time has passed; latencies
 are measured from the scheduled arrival (as a client sending on schedule would see them).
-Each request asks for exactly its trace output length (`ignore_eos`, as vLLM's benchmark).
+Each request asks for exactly its trace output length (`ignore_eos`, as vLLM's benchmark),
+greedy unless a temperature is given (bench_params).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from dataclasses import asdict
 from rimuru.dataplane.bench.metrics import RequestRecord, StepRecord
 from rimuru.dataplane.bench.progress import RequestProgress
 from rimuru.dataplane.bench.results import BenchResult
+from rimuru.dataplane.bench.sampling import bench_params
 from rimuru.dataplane.bench.trace import Trace
 from rimuru.dataplane.engine.engine import Engine, StepStats
-from rimuru.dataplane.engine.request import SamplingParams
 
 
 def run_trace(
@@ -27,6 +28,7 @@ def run_trace(
     progress: bool = True,
     desc: str = "",
     clock: Callable[[], float] = time.monotonic,
+    temperature: float = 0.0,
 ) -> BenchResult:
     if len(arrivals) != len(trace):
         raise ValueError("one arrival time per request")
@@ -45,7 +47,7 @@ def run_trace(
                 ids.append(
                     engine.add_request(
                         list(request.prompt_token_ids),
-                        SamplingParams(max_tokens=request.output_len, ignore_eos=True),
+                        bench_params(request.output_len, len(ids), temperature),
                         request_id=f"{engine.tunables.mode}-{len(ids)}",
                         arrival_time=start + at,
                     )

@@ -254,3 +254,30 @@ def test_each_policy_engine_is_released_before_the_next_is_built(tmp_path):
     assert cli._run_local(args, build, base, trace, [math.inf], None, ["resident", "elastic"]) == 0
     assert alive_at_build == [0, 0]
     assert [ref() for ref in built] == [None, None]
+
+
+def test_bench_refuses_a_bad_temperature_before_building_an_engine(tmp_path, capsys):
+    code = main(["bench", "--temperature", "-0.5", "--output-dir", str(tmp_path / "out")])
+    assert code == 2
+    assert "temperature must be a finite number >= 0, got -0.5" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sampled_run_draws_each_request_from_its_own_seed():
+    """--temperature: request i is seeded i, so two runs (or two policies) sample the same
+    streams, and they are not the greedy ones."""
+    from rimuru.dataplane.bench.runner import run_trace
+    from rimuru.dataplane.bench.trace import load_trace
+    from rimuru.dataplane.engine.config import EngineConfig
+    from rimuru.dataplane.engine.engine import Engine
+
+    trace = load_trace("sharegpt_qwen_cpu").head(6)
+
+    def outputs(temperature: float) -> list[list[int]]:
+        engine = Engine(EngineConfig(memory_budget=400 * 2**20), log_plan=False)
+        run_trace(engine, trace, [0.0] * 6, math.inf, progress=False, temperature=temperature)
+        return [r.output_token_ids for r in engine.requests.values()]
+
+    sampled = outputs(0.7)
+    assert [len(o) for o in sampled] == [r.output_len for r in trace.requests]
+    assert outputs(0.7) == sampled and outputs(0.0) != sampled
