@@ -1,6 +1,7 @@
 """Where one engine step's time goes: host work against device work, at a steady decode batch.
 
     python3 bench/step_profile.py --model qwen3-30b-a3b --memory-budget 59GiB --batch 32  # GPU
+    python3 bench/step_profile.py --model qwen3-30b-a3b --batch 1,32,64,256 --steps 10      # GPU, sweep
     python bench/step_profile.py --model tiny --device cpu --batch 4 --steps 3             # CPU smoke
 
 Eager steps of a 48-layer model can be bound by host work between kernel launches rather
@@ -13,6 +14,11 @@ profiles `--steps` decode steps with torch.profiler and reports per step:
   host-only ms     wall - device busy: time the GPU sat idle waiting for the host
   launches         kernels + copies launched
   top host ops     self CPU time of the heaviest operators / Python functions
+  roofline ms      the bytes a decode step must read over HBM bandwidth (bench/roofline.py):
+                   the experts one more decode step routes to, counted, other weights, KV
+
+`--batch` takes a comma-separated list: one engine serves each batch in turn (drained
+between them), so a sweep loads the model once.
 
 With `--prefill-tokens N` every measured step also takes one new request's N-token prompt
 whole, beside the decodes: a mixed step, which the decode graphs do not serve (piecewise
@@ -32,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+from roofline import decode_roofline
 from torch.profiler import ProfilerActivity, profile
 
 from rimuru.dataplane.bench.trace import load_trace
@@ -60,9 +67,10 @@ def fill(engine: Engine, trace_name: str, batch: int, prompt_len: int, decode_st
     trace = load_trace(trace_name)
     if len(trace) < batch:
         raise ValueError(f"trace {trace_name} holds {len(trace)} requests; --batch is {batch}")
-    # Enough tokens to stay in decode for every measured step (plain and profiled): the
-    # batch must not shrink.
-    params = SamplingParams(max_tokens=decode_steps + 8, ignore_eos=True)
+    # Enough tokens to stay in decode for every measured step (plain, profiled and the
+    # roofline's), whatever decodes ran while a large batch's prompts were still chunked in:
+    # the batch must not shrink. drain() aborts the rest.
+    params = SamplingParams(max_tokens=decode_steps + 1024, ignore_eos=True)
     for i, request in enumerate(trace.requests[:batch]):
         engine.add_request(list(request.prompt_token_ids[:prompt_len]), params, f"profile-{i}")
     for _ in range(1000):  # prefill (chunked) until every request decodes
@@ -116,6 +124,26 @@ def profile_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> dict:
     }
 
 
+def measure_roofline(engine: Engine) -> dict:
+    """One more decode step with routing counted: the distinct experts it touched and the
+    contexts it attended over give its roofline (bench/roofline.py)."""
+    running = [r for r in engine.scheduler.running if r.num_tokens_to_compute == 1]
+    contexts = [r.num_tokens for r in running]
+    engine.experts.reset_routing_counts()
+    engine.step()
+    distinct = int((engine.experts.routing_counts > 0).sum())
+    roofline = decode_roofline(engine, distinct, contexts)
+    return {"distinct_experts": distinct, "decoding": len(running), **roofline.to_dict()}
+
+
+def drain(engine: Engine) -> None:
+    """Abort what the last batch left, and step until its pages are reclaimed."""
+    for request_id in list(engine.requests):
+        engine.abort(request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
 def joining_prompts(trace_name: str, tokens: int, count: int) -> list[list[int]]:
     """`count` prompts of exactly `tokens` tokens (trace prompts, repeated to length), or none."""
     if tokens == 0:
@@ -136,13 +164,47 @@ def _op_row(average, steps: int) -> dict:
     }
 
 
+def profile_batch(engine: Engine, args: argparse.Namespace, batch: int) -> dict:
+    fill(engine, args.trace, batch, args.prompt_len, 2 * args.steps)  # plain + profiled
+    prompts = joining_prompts(args.trace, args.prefill_tokens, 2 * args.steps)
+    report = {
+        "command": " ".join(["python", *sys.argv]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
+        "model": args.model,
+        "policy": args.policy,
+        "batch": batch,
+        "prompt_len": args.prompt_len,
+        "prefill_tokens": args.prefill_tokens,
+        "cuda_graphs": engine.cuda_graphs.decode is not None,
+        "cudagraph_mode": args.cudagraph_mode,
+        "piecewise_graphs": engine.cuda_graphs.piecewise is not None,
+        "layer_ops": type(engine.model.ops).__name__,  # TorchOps on the CPU path whatever the flag
+        "layers": engine.model_config.num_layers,
+        **profile_steps(engine, args.steps, prompts),
+        "roofline": measure_roofline(engine),
+    }
+    drain(engine)
+    return report
+
+
+def print_top_ops(report: dict) -> None:
+    print(f"{'op':60s} {'calls/step':>10s} {'self ms/step':>12s}")
+    for op in report["top_host_ops"]:
+        print(
+            f"{op['name'][:60]:60s} {op['calls_per_step']:10.1f} {op['self_cpu_ms_per_step']:12.3f}"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-30b-a3b")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--memory-budget", default=None, help="e.g. 59GiB (default: the device's)")
     ap.add_argument("--policy", default="resident", choices=("resident", "fixed", "elastic"))
-    ap.add_argument("--batch", type=int, default=32, help="requests decoding together")
+    ap.add_argument(
+        "--batch", default="32", help="requests decoding together; a comma-separated list sweeps"
+    )
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=20, help="decode steps profiled")
     ap.add_argument("--trace", default="sharegpt_qwen_1000")
@@ -163,12 +225,17 @@ def main() -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("step_profile.py: no CUDA device here; use --device cpu", file=sys.stderr)
         return 2
-    if args.batch < 1 or args.steps < 1 or args.prompt_len < 1 or args.prefill_tokens < 0:
-        print("step_profile.py: --batch, --steps and --prompt-len must be >= 1, "
+    try:
+        batches = [int(b) for b in str(args.batch).split(",")]
+    except ValueError:
+        batches = [0]
+    if min(batches) < 1 or args.steps < 1 or args.prompt_len < 1 or args.prefill_tokens < 0:
+        print("step_profile.py: --batch (integers, comma-separated), --steps and --prompt-len "
+              "must be >= 1, "
               "--prefill-tokens >= 0", file=sys.stderr)  # fmt: skip
         return 2
     # the last measured step: the batch, the prompts joined so far (decoding), a new one
-    widest = args.batch + (2 * args.steps - 1) + args.prefill_tokens if args.prefill_tokens else 0
+    widest = max(batches) + (2 * args.steps - 1) + args.prefill_tokens if args.prefill_tokens else 0
     if widest > EngineConfig.max_num_batched_tokens:
         print(f"step_profile.py: the last mixed step would hold {widest} tokens, over the "
               f"{EngineConfig.max_num_batched_tokens} of max_num_batched_tokens: the prompt "
@@ -181,53 +248,45 @@ def main() -> int:
         gpu_memory_utilization=None if args.memory_budget or args.device == "cpu" else 0.9,
         tunables=Tunables(mode=args.policy, expert_offload_limit=0 if args.policy == "resident" else 8),
         # room for the prompts that join (two per measured step) beside the batch
-        max_num_seqs=args.batch + (2 * args.steps if args.prefill_tokens else 0),
+        max_num_seqs=max(batches) + (2 * args.steps if args.prefill_tokens else 0),
         enforce_eager=args.enforce_eager,
         cudagraph_mode=args.cudagraph_mode,
         fused_layer_ops=not args.unfused_ops,
     )  # fmt: skip
     engine = Engine(config)
-    fill(engine, args.trace, args.batch, args.prompt_len, 2 * args.steps)  # plain + profiled
-    prompts = joining_prompts(args.trace, args.prefill_tokens, 2 * args.steps)
-    report = {
-        "command": " ".join(["python", *sys.argv]),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
-        "model": args.model,
-        "policy": args.policy,
-        "batch": args.batch,
-        "prefill_tokens": args.prefill_tokens,
-        "cuda_graphs": engine.cuda_graphs.decode is not None,
-        "cudagraph_mode": args.cudagraph_mode,
-        "piecewise_graphs": engine.cuda_graphs.piecewise is not None,
-        "layer_ops": type(engine.model.ops).__name__,  # TorchOps on the CPU path whatever the flag
-        "layers": engine.model_config.num_layers,
-        **profile_steps(engine, args.steps, prompts),
-    }
     args.out.mkdir(parents=True, exist_ok=True)
-    name = (
-        "step_profile" + "_eager" * args.enforce_eager + "_unfused" * args.unfused_ops
-        + f"_prefill{args.prefill_tokens}" * bool(args.prefill_tokens)
-        + "_decode_only" * (args.cudagraph_mode == "full_decode_only") + ".json"
-    )  # fmt: skip
-    (args.out / name).write_text(json.dumps(report, indent=1) + "\n")
-    print(f"{'op':60s} {'calls/step':>10s} {'self ms/step':>12s}")
-    for op in report["top_host_ops"]:
-        print(
-            f"{op['name'][:60]:60s} {op['calls_per_step']:10.1f} {op['self_cpu_ms_per_step']:12.3f}"
-        )
-    busy = report["device_busy_ms"]
+    rows = []
+    for batch in batches:
+        report = profile_batch(engine, args, batch)
+        rows.append(report)
+        name = (
+            "step_profile" + "_eager" * args.enforce_eager + "_unfused" * args.unfused_ops
+            + f"_prefill{args.prefill_tokens}" * bool(args.prefill_tokens)
+            + "_decode_only" * (args.cudagraph_mode == "full_decode_only")
+            + f"_b{batch}" * (len(batches) > 1) + ".json"
+        )  # fmt: skip
+        (args.out / name).write_text(json.dumps(report, indent=1) + "\n")
+    print_top_ops(rows[-1])
     mode = (
-        ("CUDA graphs" if report["cuda_graphs"] else "eager")
-        + (" + piecewise" if report["piecewise_graphs"] else "")
+        ("CUDA graphs" if rows[0]["cuda_graphs"] else "eager")
+        + (" + piecewise" if rows[0]["piecewise_graphs"] else "")
         + (", unfused ops" if args.unfused_ops else "")
         + (f", +1 prompt of {args.prefill_tokens} per step" if args.prefill_tokens else "")
     )
-    print(f"\n{args.model} ({report['layers']} layers), {args.policy}, {mode}, batch {args.batch}: "
-          f"wall {report['wall_ms_plain']:.1f} ms/step ({report['wall_ms']:.1f} profiled)"
-          + ("" if busy is None else f", device busy {busy:.1f} ms, host-only "
-             f"{report['host_only_ms']:.1f} ms, {report['device_launches_per_step']:.0f} "
-             "launches/step"))  # fmt: skip
+    print(f"\n{args.model} ({rows[0]['layers']} layers), {args.policy}, {mode}, "
+          f"prompts of {args.prompt_len} tokens")  # fmt: skip
+    print(f"{'batch':>5s} {'wall ms':>8s} {'profiled':>8s} {'busy ms':>8s} {'host-only':>9s} "
+          f"{'host %':>6s} {'launch':>6s} {'experts':>7s} {'roof ms':>7s} {'roof/wall':>9s}")  # fmt: skip
+    for r in rows:
+        busy, roof = r["device_busy_ms"], r["roofline"]
+        host = (
+            ""
+            if busy is None
+            else f"{r['host_only_ms']:9.2f} {100 * r['host_only_ms'] / r['wall_ms']:6.1f} {r['device_launches_per_step']:6.0f}"
+        )
+        print(f"{r['batch']:5d} {r['wall_ms_plain']:8.2f} {r['wall_ms']:8.2f} "
+              + (f"{busy:8.2f} {host}" if busy is not None else f"{'-':>8s} {'-':>9s} {'-':>6s} {'-':>6s}")
+              + f" {roof['distinct_experts']:7d} {roof['ms']:7.2f} {roof['ms'] / r['wall_ms_plain']:9.2f}")  # fmt: skip
     return 0
 
 
