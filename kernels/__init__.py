@@ -9,6 +9,8 @@ Imports only torch and triton. Launchers (signatures in each module's docstring)
 - moe_gemm.py / moe_sum.py: the fused MoE's two grouped GEMMs and its top-k sum.
 - expert_copy.py: copy_routed_experts (routed, offloaded experts from pinned host memory into
   loading-buffer slots, decided on the device), torch reference.
+- exponential_race.py: exponential_race (one token per row, greedy or drawn by the Gumbel-max
+  trick from Philox noise keyed per row: a batch's sampling in one launch).
 - kv_write.py: write_kv_pages (slot mapping into the paged KV view).
 - gated_delta_decode.py: gated_delta_decode (Gated DeltaNet's decode step, each sequence's
   recurrent state in its page of the pool), torch reference.
@@ -28,6 +30,7 @@ from rimuru.kernels.causal_conv_states import (
     causal_conv_prefill_reference,
 )
 from rimuru.kernels.expert_copy import copy_routed_experts, copy_routed_experts_reference
+from rimuru.kernels.exponential_race import exponential_race
 from rimuru.kernels.fused_moe import (
     fused_moe_contiguous,
     fused_moe_paged,
@@ -62,6 +65,7 @@ __all__ = [
     "copy_routed_experts",
     "copy_routed_experts_reference",
     "decode_warmup_contexts",
+    "exponential_race",
     "fused_moe_contiguous",
     "fused_moe_paged",
     "fused_moe_paged_reference",

@@ -156,7 +156,8 @@ class Engine:
             self.policy, self.scheduler, self.experts, self.allocator, self.reclaim,
             self.copy_control, config.fixed_expert_share, self.max_kv_tokens,
         )  # fmt: skip
-        self.sampler = Sampler()
+        # one Triton launch samples the whole batch where kernels run (no launch per request)
+        self.sampler = Sampler(race=self.paths.use_kernels)
         self.requests: dict[str, Request] = {}
         self.step_id = 0
         self.stats: list[StepStats] = []

@@ -9,6 +9,12 @@ without a sort or a normalisation. Only the rows whose top-k or top-p limits the
 for a sort (or, for top-k alone, a top-k). Each draw of noise belongs to a vocabulary index,
 not to a rank, so a tiny change of the logits (another batch, another policy) moves the pick
 only where two perturbed scores nearly tie.
+
+Two paths draw the noise. The torch path keeps a generator per seeded request. With Triton
+kernels (`race=True`), the whole batch is one launch (kernels/exponential_race.py): Philox
+noise keyed per row, greedy rows included, so a step pays no per-request launch. Either way
+a seeded request's n-th draw depends only on its seed and n, never on its batch; the two
+paths' streams differ, as CPU and CUDA generators do.
 """
 
 from __future__ import annotations
@@ -23,11 +29,14 @@ SAMPLING_EPS = 1e-5
 
 
 class Sampler:
-    def __init__(self) -> None:
-        self._generators: dict[str, torch.Generator] = {}
+    def __init__(self, race: bool = False) -> None:
+        self._race = race  # one Triton launch per step (CUDA), or the torch path
+        self._generators: dict[str, torch.Generator] = {}  # torch path, seeded requests
+        self._draws: dict[str, int] = {}  # race path: draws each request has made
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        self._draws.pop(request_id, None)
 
     def sample(
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
@@ -45,6 +54,8 @@ class Sampler:
         drawn = [i for i, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
         if not drawn:
             return torch.argmax(logits, dim=-1)
+        if self._race:
+            return self._race_rows(logits, request_ids, params)
         if not greedy:
             return self._draw(logits, request_ids, params)
         device = logits.device
@@ -82,6 +93,48 @@ class Sampler:
             noise[j].uniform_(low, 1.0, generator=generator)
         return torch.argmax(scores.sub_(noise.log_().neg_().log_()), dim=-1)
 
+    def _race_rows(
+        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
+    ) -> torch.Tensor:
+        """The whole batch in one launch: greedy rows at inverse temperature 0; rows whose
+        top-k or top-p limits the support scaled and cut here first, then raced at 1."""
+        from rimuru.kernels import exponential_race
+
+        device, vocab = logits.device, logits.shape[-1]
+        drawn = [p.temperature >= SAMPLING_EPS for p in params]
+        inv_t = [1.0 / p.temperature if d else 0.0 for p, d in zip(params, drawn, strict=True)]
+        limited = [j for j, p in enumerate(params)
+                   if drawn[j] and (0 < p.top_k < vocab or p.top_p < 1.0)]  # fmt: skip
+        if limited:
+            index = _to_device(limited, torch.int64, device)
+            scale = _to_device([inv_t[j] for j in limited], torch.float32, device)
+            logits = logits.float().clone()
+            logits[index] = limit_support(
+                logits[index] * scale[:, None], [params[j] for j in limited]
+            )
+            for j in limited:
+                inv_t[j] = 1.0
+        keys = self._keys(request_ids, params, drawn)
+        return exponential_race(
+            logits, _to_device(inv_t, torch.float32, device), _to_device(keys, torch.int64, device)
+        )
+
+    def _keys(
+        self, request_ids: list[str], params: list[SamplingParams], drawn: list[bool]
+    ) -> list[int]:
+        """Each drawn row's Philox key: a seeded request's from (seed, draws so far), an
+        unseeded one's from torch's global generator (as the torch path's noise is)."""
+        fresh = iter(torch.randint(0, 2**62, (sum(drawn),)).tolist())
+        keys = []
+        for request_id, p, d in zip(request_ids, params, drawn, strict=True):
+            if not d:
+                keys.append(0)
+                continue
+            n = self._draws.get(request_id, 0)
+            self._draws[request_id] = n + 1
+            keys.append(next(fresh) if p.seed is None else mix_key(p.seed, n))
+        return keys
+
     def _generator(
         self, request_id: str, p: SamplingParams, device: torch.device
     ) -> torch.Generator:
@@ -89,6 +142,16 @@ class Sampler:
         if request_id not in self._generators:
             self._generators[request_id] = torch.Generator(device=device).manual_seed(p.seed)
         return self._generators[request_id]
+
+
+def mix_key(seed: int, n: int) -> int:
+    """A 63-bit Philox key for draw n of a request seeded `seed` (splitmix64's finaliser:
+    nearby seeds and counts give unrelated keys)."""
+    mask = 2**64 - 1
+    z = (seed * 0x9E3779B97F4A7C15 + (n + 1) * 0xD1B54A32D192ED03) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) >> 1
 
 
 def limit_support(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -160,6 +160,9 @@ def warm_up_kernels(c: EngineConfig, loaded: LoadedModel, paths: ComputePaths) -
     against the budget."""
     if not (c.warmup and loaded.device.type == "cuda" and paths.use_kernels):
         return
+    from rimuru.dataplane.engine.warmup import warm_up_sampler
+
+    warm_up_sampler(loaded.config.vocab_size, loaded.device)
     if loaded.config.is_hybrid:  # warmup.py drives MoETransformer's pieces
         log.info("warm-up: skipped for a hybrid model; kernels compile on first use")
         return

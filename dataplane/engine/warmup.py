@@ -14,6 +14,7 @@ with. Which batches, from the kernels' own keys:
             max_num_seqs allows, else as prompts of at most max_model_len tokens
   decode    one sequence at each context of `decode_warmup_contexts` (split variants)
   prefill   a prompt, and a chunk after an earlier chunk beside a decode (S > 1)
+  sampler   one drawn row (kernels/exponential_race.py has one variant per vocabulary)
 
 It runs on the profiling forward's ScratchRunner (profile_run.py), so it needs no engine
 state and leaves none. Ints and pointer alignments that vary with the batch are not
@@ -75,6 +76,16 @@ def _batch_of(
     if len(prompts) > max_num_seqs:
         return None
     return tuple(ScratchSeq(n, 0) for n in prompts)
+
+
+def warm_up_sampler(vocab_size: int, device: torch.device) -> None:
+    """Compile the sampler's one kernel variant: fp32 logits of the model's vocabulary."""
+    from rimuru.kernels import exponential_race
+
+    rows = torch.zeros(1, vocab_size, device=device)
+    exponential_race(
+        rows, torch.ones(1, device=device), torch.zeros(1, dtype=torch.long, device=device)
+    )
 
 
 def warm_up(

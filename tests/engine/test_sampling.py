@@ -1,4 +1,5 @@
-"""Sampler semantics on fixed logits."""
+"""Sampler semantics on fixed logits, on both paths: the torch path and the one-launch race
+(kernels/exponential_race.py, under TRITON_INTERPRET on the CPU)."""
 
 import math
 from dataclasses import replace
@@ -12,38 +13,45 @@ from rimuru.dataplane.engine.sampling import SAMPLING_EPS, Sampler, limit_suppor
 LOGITS = torch.tensor([3.0, 2.5, 2.0, -1.0, -2.0])  # probabilities ~ .48 .29 .18 .02 .01
 
 
-def draws(params: SamplingParams, n: int = 300) -> set[int]:
-    sampler = Sampler()
+@pytest.fixture(params=[False, True], ids=["torch", "race"])
+def race(request) -> bool:
+    return request.param
+
+
+def draws(params: SamplingParams, race: bool) -> set[int]:
+    """The tokens drawn by fresh requests (the interpreted race is slow: fewer of them)."""
+    sampler, n = Sampler(race=race), 60 if race else 300
+    torch.manual_seed(0)  # the unseeded rows' global generator: the test is deterministic
     return {sampler.sample(LOGITS[None], [f"r{i}"], [params])[0] for i in range(n)}
 
 
-def test_greedy_rows_are_one_batched_argmax_and_mixed_batches_keep_order():
+def test_greedy_rows_are_one_batched_argmax_and_mixed_batches_keep_order(race):
     logits = torch.stack([LOGITS, LOGITS.flip(0), LOGITS])
     params = [SamplingParams(), SamplingParams(), SamplingParams(temperature=1.0, top_k=1)]
-    assert Sampler().sample(logits, ["a", "b", "c"], params) == [0, 4, 0]
+    assert Sampler(race=race).sample(logits, ["a", "b", "c"], params) == [0, 4, 0]
 
 
-def test_top_k_and_top_p_restrict_the_support():
-    assert draws(SamplingParams(temperature=1.0, top_k=2)) == {0, 1}
-    assert draws(SamplingParams(temperature=1.0, top_p=0.4)) == {0}
-    assert draws(SamplingParams(temperature=1.0, top_p=0.9)) == {0, 1, 2}
-    assert draws(SamplingParams(temperature=1.0)) >= {0, 1, 2}
+def test_top_k_and_top_p_restrict_the_support(race):
+    assert draws(SamplingParams(temperature=1.0, top_k=2), race) == {0, 1}
+    assert draws(SamplingParams(temperature=1.0, top_p=0.4), race) == {0}
+    assert draws(SamplingParams(temperature=1.0, top_p=0.9), race) == {0, 1, 2}
+    assert draws(SamplingParams(temperature=1.0), race) >= {0, 1, 2}
 
 
-def test_seeded_requests_repeat_exactly():
+def test_seeded_requests_repeat_exactly(race):
     p = SamplingParams(temperature=1.5, seed=11)
-    first = [Sampler().sample(LOGITS[None], ["x"], [p])[0] for _ in range(1)]
-    s1, s2 = Sampler(), Sampler()
+    first = [Sampler(race=race).sample(LOGITS[None], ["x"], [p])[0] for _ in range(1)]
+    s1, s2 = Sampler(race=race), Sampler(race=race)
     a = [s1.sample(LOGITS[None], ["x"], [p])[0] for _ in range(20)]
     b = [s2.sample(LOGITS[None], ["x"], [p])[0] for _ in range(20)]
     assert a == b and a[0] == first[0] and len(set(a)) > 1
 
 
-def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_batch():
+def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_batch(race):
     p = SamplingParams(temperature=1.2, top_p=0.95, seed=3)
-    alone = Sampler()
+    alone = Sampler(race=race)
     solo = [alone.sample(LOGITS[None], ["x"], [p])[0] for _ in range(15)]
-    batched, together = Sampler(), []
+    batched, together = Sampler(race=race), []
     others = [
         SamplingParams(),
         SamplingParams(temperature=0.7, top_k=3),
@@ -136,7 +144,7 @@ def _forbid(monkeypatch, *names: str) -> None:
         monkeypatch.setattr(torch.Tensor, name, forbidden)
 
 
-def test_plain_temperature_rows_are_never_sorted(monkeypatch):
+def test_plain_temperature_rows_are_never_sorted(monkeypatch, race):
     vocab = 1000
     logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(1))
     params = [
@@ -148,22 +156,22 @@ def test_plain_temperature_rows_are_never_sorted(monkeypatch):
         SamplingParams(temperature=1.0, top_k=vocab + 7, seed=2),
     ]
     _forbid(monkeypatch, "sort", "topk", "argsort", "multinomial")
-    tokens = Sampler().sample(logits, [f"r{i}" for i in range(6)], params)
+    tokens = Sampler(race=race).sample(logits, [f"r{i}" for i in range(6)], params)
     assert len(tokens) == 6 and all(0 <= t < vocab for t in tokens)
     assert tokens[2] == int(torch.argmax(logits[2]))
 
 
-def test_top_k_alone_takes_a_top_k_not_a_sort(monkeypatch):
+def test_top_k_alone_takes_a_top_k_not_a_sort(monkeypatch, race):
     _forbid(monkeypatch, "sort", "argsort")
-    assert draws(SamplingParams(temperature=1.0, top_k=2)) == {0, 1}
-    assert draws(SamplingParams(temperature=5.0, top_k=3)) == {0, 1, 2}
+    assert draws(SamplingParams(temperature=1.0, top_k=2), race) == {0, 1}
+    assert draws(SamplingParams(temperature=5.0, top_k=3), race) == {0, 1, 2}
 
 
-def test_a_plain_seeded_request_ignores_its_batch_and_its_row():
+def test_a_plain_seeded_request_ignores_its_batch_and_its_row(race):
     vocab = 500
     logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(2))
     p = SamplingParams(temperature=0.8, seed=42)
-    alone = Sampler()
+    alone = Sampler(race=race)
     solo = [alone.sample(logits[3:4], ["x"], [p])[0] for _ in range(25)]
     others = [
         SamplingParams(),
@@ -172,7 +180,7 @@ def test_a_plain_seeded_request_ignores_its_batch_and_its_row():
         SamplingParams(temperature=1.3, top_k=20),
     ]
     other_logits, other_ids = [logits[i] for i in (0, 1, 2, 4)], ["g", "u", "s", "k"]
-    batched, together = Sampler(), []
+    batched, together = Sampler(race=race), []
     for step in range(25):  # x moves between rows, among greedy, unseeded and limited rows
         row = step % 5
         rows = torch.stack([*other_logits[:row], logits[3], *other_logits[row:]])
@@ -181,15 +189,18 @@ def test_a_plain_seeded_request_ignores_its_batch_and_its_row():
     assert together == solo and len(set(solo)) > 5
 
 
-def test_greedy_rows_are_the_argmax_whatever_else_is_drawn():
+def test_greedy_rows_are_the_argmax_whatever_else_is_drawn(race):
     logits = torch.randn(8, 300, generator=torch.Generator().manual_seed(3))
     params = [
         SamplingParams(temperature=0.0 if i % 2 else 1.0, top_k=5 * (i % 3), seed=i)
         for i in range(7)
     ] + [SamplingParams(temperature=SAMPLING_EPS / 2)]  # below the epsilon: greedy
-    tokens = Sampler().sample(logits, [f"r{i}" for i in range(8)], params)
+    tokens = Sampler(race=race).sample(logits, [f"r{i}" for i in range(8)], params)
     argmax = torch.argmax(logits, dim=-1).tolist()
     greedy = [i for i, p in enumerate(params) if p.temperature < SAMPLING_EPS]
     assert greedy == [1, 3, 5, 7]
     assert [tokens[i] for i in greedy] == [argmax[i] for i in greedy]
-    assert Sampler().sample(logits, [f"r{i}" for i in range(8)], [SamplingParams()] * 8) == argmax
+    assert (
+        Sampler(race=race).sample(logits, [f"r{i}" for i in range(8)], [SamplingParams()] * 8)
+        == argmax
+    )
