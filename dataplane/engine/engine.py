@@ -228,10 +228,16 @@ class Engine:
             # below that, after a live lowering of the limit, stays where it is)
             keep = max(0, mc.num_experts - t.expert_offload_limit)
             min_resident = sum(min(len(r), keep) for r in self.experts.resident)
+            offloaded = max(mc.num_experts - min(len(r), keep) for r in self.experts.resident)
         else:
             min_resident = self.experts.num_resident()
+            offloaded = max(mc.num_experts - len(r) for r in self.experts.resident)
+        # device copy-in: a loading slot (three pool pages) per expert the most offloading
+        # layer leaves on the host
+        slots = self.experts.device_copy
+        slot_pages = 3 * min(slots.num_slots, offloaded) if slots is not None else 0
         kv_pages = (
-            total_expert_pages - min_resident * t.pages_per_expert
+            total_expert_pages - min_resident * t.pages_per_expert - slot_pages
         ) * self.geometry.kv_pages_per_expert_page - self.cuda_graphs.num_pad_pages
         state = self.geometry.state_bytes(self.kv.num_state_layers)  # a hybrid's, in KV pages
         kv_pages -= -(-state // self.geometry.kv_page_bytes)
@@ -513,6 +519,18 @@ class Engine:
         )
         if expected != expert_owned:
             raise AssertionError(f"{expert_owned} expert pages owned, {expected} expected")
+        slots = self.experts.device_copy
+        if slots is not None:  # a loading slot per expert offloaded, as many as a layer needs
+            slot_owned = sum(
+                1
+                for t, _, o in self.allocator.owned_pages()
+                if t is PageType.EXPERT and isinstance(o, tuple) and o[:1] == ("loading slot",)
+            )
+            if len(slots.slots) != slots.slots_needed() or slot_owned != 3 * len(slots.slots):
+                raise AssertionError(
+                    f"{len(slots.slots)} loading slots ({slot_owned} pages) for a residency "
+                    f"that needs {slots.slots_needed()}"
+                )
 
     def num_leaked_pages(self) -> int:
         """After all requests finished: KV and state pages still owned (should be 0)."""
