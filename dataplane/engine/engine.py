@@ -239,7 +239,11 @@ class Engine:
         kv_pages = (
             total_expert_pages - min_resident * t.pages_per_expert - slot_pages
         ) * self.geometry.kv_pages_per_expert_page - self.cuda_graphs.num_pad_pages
-        state = self.geometry.state_bytes(self.kv.num_state_layers)  # a hybrid's, in KV pages
+        # A hybrid's state pages, in KV pages: the whole parent pages they are cut from (a
+        # lone request shares them with no one). Counting their bytes only let a request
+        # through that, alone in the pool, lacked a page: preempted, re-admitted and
+        # preempted again, it never finished.
+        state = self.geometry.state_parent_bytes(self.kv.num_state_layers)
         kv_pages -= -(-state // self.geometry.kv_page_bytes)
         return max(0, kv_pages // mc.num_kv_layers) * self.config.block_size
 
