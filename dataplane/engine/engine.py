@@ -39,7 +39,7 @@ from rimuru.dataplane.engine.paged_states import PagedStates
 from rimuru.dataplane.engine.policy_state import PolicyState
 from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
 from rimuru.dataplane.engine.sampling import Sampler
-from rimuru.dataplane.engine.scheduler import Scheduler
+from rimuru.dataplane.engine.scheduler import Scheduler, SchedulerOutput
 from rimuru.dataplane.engine.setup import (
     activation_reserve,
     budget_bytes,
@@ -344,6 +344,7 @@ class Engine:
             started = time.perf_counter()
             self.copy_control.begin_step(self.experts)
             out = self.scheduler.schedule(step)
+            self._check_progress(out)
             running = len(self.scheduler.running)  # before this step's finished leave
             if self.tunables.mode == "elastic":
                 self.boundary.move(out.kv_pages_short, self.scheduler.round_state(step))
@@ -355,6 +356,22 @@ class Engine:
             self.reclaim.complete(step)  # its forward has finished (the wait above)
             self._record(out, step, running, time.perf_counter() - started)
             return outputs
+
+    def _check_progress(self, out: SchedulerOutput) -> None:
+        """A request that lacked pages alone in a pool whose residency never moves while
+        serving (resident, fixed) would be re-admitted and preempted at the same point for
+        ever, holding up every request queued behind it. validate_request admits only what
+        fits alone (max_kv_tokens), so this is a fault of that count: fail loudly rather
+        than loop. (Elastic's boundary may still move for it: make_room, the adjuster.)"""
+        if out.preempted_alone is None or self.tunables.mode == "elastic":
+            return
+        request = self.requests[out.preempted_alone]
+        raise RuntimeError(
+            f"request {request.request_id!r} ({len(request.prompt_token_ids)} prompt tokens, "
+            f"max_tokens {request.params.max_tokens}) lacks KV pages though it runs alone in "
+            f"the {self.tunables.mode} policy's pool, which validate_request said holds "
+            f"{self.max_kv_tokens()} tokens: it can never finish"
+        )
 
     def _wait_for_step(self, tokens: torch.Tensor | None) -> list[int]:
         """The step's one wait on the device: its sampled tokens [B] (if any) and the

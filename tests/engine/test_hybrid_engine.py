@@ -156,6 +156,24 @@ def test_a_request_whose_states_fit_only_by_their_bytes_is_refused(
     assert run_checked(engine, PROMPTS[3:4]) == expected["qwen3_next"][3:4]
 
 
+def test_a_request_that_cannot_fit_alone_fails_the_step_rather_than_loops(
+    hybrid_engine, hybrid_checkpoints, monkeypatch
+):
+    """Should validation ever admit a request that lacks pages alone in a pool whose
+    residency never moves, the step says so instead of preempting and re-admitting it for
+    ever (validation counting the states by their bytes, as it once did, reproduces it)."""
+    _, path = hybrid_checkpoints["qwen3_next"]
+    engine = states_by_bytes_engine(hybrid_engine, path)
+    monkeypatch.setattr(
+        type(engine.geometry), "state_parent_bytes", lambda g, n, r=1: g.state_bytes(n) * r
+    )
+    assert engine.max_kv_tokens() == 80  # a page the pool does not have
+    engine.add_request(PROMPTS[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    with pytest.raises(RuntimeError, match="lacks KV pages though it runs alone"):
+        for _ in range(100):
+            engine.step()
+
+
 def test_a_request_holds_one_ssm_and_one_conv_page_per_gdn_layer(hybrid_engine, hybrid_checkpoints):
     _, path = hybrid_checkpoints["qwen3_5_moe"]
     engine = hybrid_engine(path, "resident")
