@@ -5,11 +5,13 @@ Shape key: E = experts of the layer, S = loading-buffer slots, I = expert interm
 D = hidden.
 
     copy_routed_experts(counts [E] int64, offloaded [S] int32, w1 [E, I, D], w3 [E, I, D],
-                        w2 [E, D, I], buffer_pages [>= 3S, >= I*D], copied [1] int32) -> None
+                        w2 [E, D, I], pages [P, >= I*D], slot_rows [3S] int32,
+                        copied [1] int32) -> None
 
 offloaded[s] is the expert that lives in slot s while it is off the device (-1: slot
 unused). For every s with offloaded[s] = e >= 0 and counts[e] > 0, the three matrices of e
-are copied into buffer rows 3s, 3s+1, 3s+2; every other row is left as it is. `copied`
+are copied into rows slot_rows[3s], slot_rows[3s+1], slot_rows[3s+2] of `pages` (the pool's
+expert pages: a slot is three pool pages); every other row is left as it is. `copied`
 grows by the number of experts copied (the engine's statistics, counted here so that they
 need no launches of their own). The weights are read where they lie on the host: w1, w3 and w2 are pinned host tensors, which a CUDA
 kernel reads over PCIe through unified addressing (Triton accepts pinned pointers). On the
@@ -38,6 +40,7 @@ def _copy_routed_kernel(
     w3_ptr,
     w2_ptr,
     buffer_ptr,
+    rows_ptr,  # [3S] int32: the row of `buffer` each (slot, matrix) is copied into
     copied_ptr,  # [1] int32: one per expert copied
     page_elems,  # elements between two buffer rows
     matrix_elems,  # I * D
@@ -56,7 +59,8 @@ def _copy_routed_kernel(
             else:
                 src = w2_ptr
             src = src + expert.to(tl.int64) * matrix_elems
-            dst = buffer_ptr + (3 * slot + matrix).to(tl.int64) * page_elems
+            row = tl.load(rows_ptr + 3 * slot + matrix)
+            dst = buffer_ptr + row.to(tl.int64) * page_elems
             first = tl.program_id(2) * chunks_per_program
             for j in range(0, chunks_per_program):
                 offs = (first + j) * BLOCK + tl.arange(0, BLOCK)
@@ -66,7 +70,7 @@ def _copy_routed_kernel(
                 tl.atomic_add(copied_ptr, 1)
 
 
-def _check(counts, offloaded, w1, w3, w2, buffer_pages, copied) -> None:
+def _check(counts, offloaded, w1, w3, w2, buffer_pages, slot_rows, copied) -> None:
     if copied.shape != (1,) or copied.dtype != torch.int32:
         raise ValueError(f"copied must be int32 [1]; got {tuple(copied.shape)} {copied.dtype}")
     E, inter, hidden = w1.shape
@@ -83,15 +87,19 @@ def _check(counts, offloaded, w1, w3, w2, buffer_pages, copied) -> None:
         raise ValueError(
             f"offloaded must be int32 [S]; got {tuple(offloaded.shape)} {offloaded.dtype}"
         )
+    if slot_rows.shape != (3 * offloaded.shape[0],) or slot_rows.dtype != torch.int32:
+        raise ValueError(
+            f"slot_rows must be int32 [{3 * offloaded.shape[0]}]; got "
+            f"{tuple(slot_rows.shape)} {slot_rows.dtype}"
+        )
     if (
         buffer_pages.dim() != 2
-        or buffer_pages.shape[0] < 3 * offloaded.shape[0]
         or buffer_pages.shape[1] < inter * hidden
         or buffer_pages.stride(1) != 1
         or buffer_pages.dtype != w1.dtype
     ):
         raise ValueError(
-            f"buffer_pages must be {w1.dtype} [>= {3 * offloaded.shape[0]}, >= {inter * hidden}] "
+            f"pages must be {w1.dtype} [P, >= {inter * hidden}] "
             f"with unit column stride; got {tuple(buffer_pages.shape)} {buffer_pages.dtype}"
         )
 
@@ -103,6 +111,7 @@ def copy_routed_experts(
     w3: torch.Tensor,
     w2: torch.Tensor,
     buffer_pages: torch.Tensor,
+    slot_rows: torch.Tensor,
     copied: torch.Tensor,
     *,
     programs_per_matrix: int = _PROGRAMS_PER_MATRIX,
@@ -112,7 +121,7 @@ def copy_routed_experts(
     """See the module doc. One launch; returns at once (stream-ordered). The keywords set
     the launch (a GPU probe timed them: docs/benchmarks.md at 7a896af); the defaults are
     what the engine uses."""
-    _check(counts, offloaded, w1, w3, w2, buffer_pages, copied)
+    _check(counts, offloaded, w1, w3, w2, buffer_pages, slot_rows, copied)
     if programs_per_matrix < 1 or block < 16 or block & (block - 1) or num_warps not in (1, 2, 4, 8, 16, 32):  # fmt: skip
         raise ValueError(
             f"programs_per_matrix must be >= 1, block a power of two >= 16 and num_warps a "
@@ -125,17 +134,20 @@ def copy_routed_experts(
     per_program = triton.cdiv(chunks, min(programs_per_matrix, chunks))
     grid = (offloaded.shape[0], 3, triton.cdiv(chunks, per_program))
     _copy_routed_kernel[grid](
-        counts, offloaded, w1, w3, w2, buffer_pages, copied, buffer_pages.stride(0),
+        counts, offloaded, w1, w3, w2, buffer_pages, slot_rows, copied, buffer_pages.stride(0),
         matrix_elems, per_program, BLOCK=block, num_warps=num_warps,
     )  # fmt: skip
 
 
-def copy_routed_experts_reference(counts, offloaded, w1, w3, w2, buffer_pages, copied) -> None:
+def copy_routed_experts_reference(
+    counts, offloaded, w1, w3, w2, buffer_pages, slot_rows, copied
+) -> None:  # fmt: skip
     """The same copies in torch (the CPU path; reads the routing on the host)."""
-    _check(counts, offloaded, w1, w3, w2, buffer_pages, copied)
+    _check(counts, offloaded, w1, w3, w2, buffer_pages, slot_rows, copied)
     matrix_elems = w1.shape[1] * w1.shape[2]
+    rows = slot_rows.tolist()
     for slot, expert in enumerate(offloaded.tolist()):
         if expert >= 0 and int(counts[expert]) > 0:
             for m, w in enumerate((w1, w3, w2)):
-                buffer_pages[3 * slot + m, :matrix_elems].copy_(w[expert].reshape(-1))
+                buffer_pages[rows[3 * slot + m], :matrix_elems].copy_(w[expert].reshape(-1))
             copied += 1

@@ -206,5 +206,14 @@ class ElasticBoundary:
         copy budget binds). A lone running request: the budget yields."""
         before = self.allocator.num_free(PageType.KV)
         lone = round.num_running == 1
-        self.move(kv_pages_lacking, round, evict_only=True, apply_copy_budget=not lone)
-        return self.allocator.num_free(PageType.KV) - before
+        gained = 0
+        # An eviction that needs one more loading slot gives its pages to the slot, not to
+        # KV (device_copy.py): ask again for what still lacks while evictions still come.
+        while gained < kv_pages_lacking:
+            changes = self.move(
+                kv_pages_lacking - gained, round, evict_only=True, apply_copy_budget=not lone
+            )
+            gained = self.allocator.num_free(PageType.KV) - before
+            if not changes.evict:
+                break
+        return gained

@@ -144,12 +144,14 @@ def _policy(
         geometry,
     )
     allocator = PageAllocator(geometry, plan.num_huge_pages)
+    pool_slots = slots if config.expert_copy == "device" else 0  # slots in pool pages
     chosen = initial_experts(
-        t, ranking, allocator.num_free(PageType.EXPERT), config.fixed_expert_share
+        t, ranking, allocator.num_free(PageType.EXPERT), config.fixed_expert_share, pool_slots
     )
     offloaded = max_offloaded(chosen, mc.num_moe_layers, mc.num_experts)
     check_offload_fits(t.mode, offloaded, slots)
-    expert_pages = len(chosen) * t.pages_per_expert
+    slot_experts = min(pool_slots, offloaded)  # a slot takes an expert's pages
+    expert_pages = (len(chosen) + slot_experts) * t.pages_per_expert
     if expert_pages > allocator.num_free(PageType.EXPERT):
         raise ValueError(
             f"the pool ({format_bytes(plan.pool_bytes)}) cannot hold the {len(chosen)} experts "
@@ -157,11 +159,16 @@ def _policy(
             f"({format_bytes(expert_pages * geometry.expert_page_bytes)}): raise the memory "
             f"budget or choose a policy that offloads experts (fixed/elastic)"
         )
-    at_start = _kv_tokens(geometry, plan, len(chosen), t, config.block_size, mc.num_kv_layers)
-    least = len(chosen)
+    at_start = _kv_tokens(
+        geometry, plan, len(chosen) + slot_experts, t, config.block_size, mc.num_kv_layers
+    )
+    least, least_slots = len(chosen), slot_experts
     if t.mode == "elastic":
         least = mc.num_moe_layers * max(0, mc.num_experts - t.expert_offload_limit)
-    at_most = _kv_tokens(geometry, plan, least, t, config.block_size, mc.num_kv_layers)
+        least_slots = min(pool_slots, mc.num_experts - least // mc.num_moe_layers)
+    at_most = _kv_tokens(
+        geometry, plan, least + least_slots, t, config.block_size, mc.num_kv_layers
+    )
     return PolicyCapacity(t.mode, plan, len(chosen), at_start, least, at_most)
 
 

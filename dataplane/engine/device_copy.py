@@ -7,11 +7,15 @@ costs one host synchronisation per layer with offloaded experts, so such a step 
 be a CUDA graph: on the H200, Fig. 4's elastic run spent most of its steps eager, each
 ~8x as long as its graph-replayed steps (docs/benchmarks.md at 7a896af).
 
-Device mode gives every offloaded expert of a layer a fixed loading-buffer slot (its rank
-among the layer's offloaded experts; at most `slots` of them, which expert_offload_limit
-already guarantees). After the router, one kernel (kernels/expert_copy.py) copies the
-routed ones from pinned host memory into their slots; the MoE kernel then reads them
-through a table whose rows already point at those slots. The step needs no host decision,
+Device mode gives every offloaded expert of a layer a fixed loading slot (its rank among
+the layer's offloaded experts; at most `slots` of them, which expert_offload_limit already
+guarantees). A slot is three pool expert pages: slots are taken from the pool only while
+some layer has that many experts offloaded (an eviction that needs one more slot hands its
+own pages to it; a load that leaves a slot unused frees it), so a policy that offloads
+nothing holds the memory of one that offloads nothing. After the router, one kernel
+(kernels/expert_copy.py) copies the routed ones from pinned host memory into their slots'
+pages; the MoE kernel then reads them through a table whose rows already point there, as
+it reads any resident expert. The step needs no host decision,
 so it can be captured. What it gives up: the copy no longer overlaps the previous layer's
 compute (it runs on the compute stream, after the router), and it reads host memory from a
 kernel rather than with the copy engines. On the H200 it still ran Fig. 4's elastic at about
@@ -19,19 +23,23 @@ twice the output tokens/s of host copies (docs/benchmarks.md at 7a896af).
 
 Invariants:
   * `table` (the kernels' [L, E, 3] table) equals the expert page table for resident
-    experts; an offloaded expert's row names its slot's three buffer rows. Both it and
-    `offloaded` [L, S] are derived from the manager's page table and residency, lazily: a
-    layer whose residency changed is re-derived when either is next read, before a forward,
-    in place (a captured graph keeps their addresses);
-  * one loading buffer serves every layer: a layer's copy overwrites it only after the
-    previous layer's MoE read it, since both run on the one compute stream, in order.
+    experts; an offloaded expert's row names its slot's three pool pages. It, `offloaded`
+    [L, S] and the slots' pages [3S] are derived from the manager's page table, residency
+    and slots lazily: a layer whose residency changed is re-derived when next read, before
+    a forward, in place (a captured graph keeps their addresses);
+  * slot s exists while some layer has more than s experts offloaded, and nothing else owns
+    its pages;
+  * the slots serve every layer: a layer's copy overwrites them only after the previous
+    layer's MoE read them, since both run on the one compute stream, in order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from rimuru.dataplane.memory.tables import DeviceMirror, ExpertPageTable, buffer_slot_id
+from rimuru.dataplane.memory.tables import DeviceMirror, ExpertPageTable
 
 
 class DeviceCopyIn:
@@ -47,7 +55,45 @@ class DeviceCopyIn:
         self._offloaded = DeviceMirror(
             torch.full((num_layers, num_slots), -1, dtype=torch.int32), device
         )
+        # [3S] int32: the pool page of each slot's w1, w3, w2 (-1: the slot holds no pages)
+        self._slot_rows = DeviceMirror(torch.full((3 * num_slots,), -1, dtype=torch.int32), device)
+        self.slots: list[tuple[int, int, int]] = []  # the pages of slots 0, 1, ...
         self._stale = set(range(num_layers))
+
+    # ------------------------------------------------------------------ slots
+    def slots_needed(self) -> int:
+        """Slots the residency needs now: the most experts any layer has offloaded."""
+        return min(self.num_slots, max(self.num_experts - len(r) for r in self.resident))
+
+    def add_slot(self, pages: tuple[int, int, int]) -> None:
+        self.slots.append(tuple(pages))
+        self._slots_changed()
+
+    def pop_slot(self) -> tuple[int, int, int]:
+        pages = self.slots.pop()
+        self._slots_changed()
+        return pages
+
+    def set_slots(self, slots: Sequence[tuple[int, int, int]]) -> None:
+        """Every slot at once (a tensor-parallel follower takes rank 0's)."""
+        if list(slots) != self.slots:
+            self.slots = [tuple(p) for p in slots]
+            self._slots_changed()
+
+    def _slots_changed(self) -> None:
+        if len(self.slots) > self.num_slots:
+            raise RuntimeError(f"{len(self.slots)} loading slots; at most {self.num_slots}")
+        rows = torch.full((3 * self.num_slots,), -1, dtype=torch.int32)
+        if self.slots:
+            rows[: 3 * len(self.slots)] = torch.tensor(self.slots, dtype=torch.int32).ravel()
+        self._slot_rows.host.copy_(rows)
+        self._slot_rows.mark_dirty()
+        self._stale.update(range(len(self.resident)))
+
+    def slot_rows(self) -> torch.Tensor:
+        """[3S] int32 on the engine's device (fixed address): each slot's pool pages."""
+        self._derive_stale()
+        return self._slot_rows.on_device()
 
     def mark_stale(self, layer: int) -> None:
         """The layer's residency changed: re-derive its rows before they are next read."""
@@ -76,19 +122,24 @@ class DeviceCopyIn:
         self._derive_stale()
         return self._offloaded.on_device()
 
-    def slot_of(self, layer: int, expert: int) -> int:
-        """The loading-buffer slot of an offloaded expert."""
+    def pages_of(self, layer: int, expert: int) -> tuple[int, int, int]:
+        """The pool pages an offloaded expert is copied into (its slot's)."""
         self._derive_stale()
-        return self._offloaded.host[layer].tolist().index(expert)
+        return self.slots[self._offloaded.host[layer].tolist().index(expert)]
 
     def _derive_stale(self) -> None:
         for layer in sorted(self._stale):
             offloaded = [e for e in range(self.num_experts) if e not in self.resident[layer]]
             self.check_fits(layer, len(offloaded))
+            if len(offloaded) > len(self.slots):
+                raise RuntimeError(
+                    f"layer {layer} has {len(offloaded)} experts offloaded but only "
+                    f"{len(self.slots)} loading slots hold pages"
+                )
             rows = self.pages.host[layer].clone()  # resident rows: their pool pages
             slots = torch.full((self.num_slots,), -1, dtype=torch.int32)
             for s, e in enumerate(offloaded):
-                rows[e] = torch.tensor([buffer_slot_id(3 * s + m) for m in range(3)])
+                rows[e] = torch.tensor(self.slots[s], dtype=torch.int32)
                 slots[s] = e
             self._table.replace_layer(layer, rows)
             self._offloaded.host[layer] = slots
@@ -96,13 +147,15 @@ class DeviceCopyIn:
         self._stale.clear()
 
 
-def copy_routed_experts_torch(counts, offloaded, w1, w3, w2, buffer_pages, copied) -> None:
+def copy_routed_experts_torch(
+    counts, offloaded, w1, w3, w2, pages, slot_rows, copied
+) -> None:  # fmt: skip
     """The CPU path of kernels.copy_routed_experts (the engine's CPU install has no Triton):
-    the routed experts among `offloaded` into their slots' rows, counted in `copied`."""
+    the routed experts among `offloaded` into their slots' pages, counted in `copied`."""
     matrix_elems = w1.shape[1] * w1.shape[2]
-    routed = counts.cpu()
+    routed, rows = counts.cpu(), slot_rows.tolist()
     for slot, expert in enumerate(offloaded.tolist()):
         if expert >= 0 and int(routed[expert]) > 0:
             for m, w in enumerate((w1, w3, w2)):
-                buffer_pages[3 * slot + m, :matrix_elems].copy_(w[expert].reshape(-1))
+                pages[rows[3 * slot + m], :matrix_elems].copy_(w[expert].reshape(-1))
             copied += 1

@@ -39,7 +39,7 @@ from rimuru.dataplane.engine.paged_states import PagedStates
 from rimuru.dataplane.engine.policy_state import PolicyState
 from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
 from rimuru.dataplane.engine.sampling import Sampler
-from rimuru.dataplane.engine.scheduler import Scheduler
+from rimuru.dataplane.engine.scheduler import Scheduler, SchedulerOutput
 from rimuru.dataplane.engine.setup import (
     activation_reserve,
     budget_bytes,
@@ -229,12 +229,22 @@ class Engine:
             # below that, after a live lowering of the limit, stays where it is)
             keep = max(0, mc.num_experts - t.expert_offload_limit)
             min_resident = sum(min(len(r), keep) for r in self.experts.resident)
+            offloaded = max(mc.num_experts - min(len(r), keep) for r in self.experts.resident)
         else:
             min_resident = self.experts.num_resident()
+            offloaded = max(mc.num_experts - len(r) for r in self.experts.resident)
+        # device copy-in: a loading slot (three pool pages) per expert the most offloading
+        # layer leaves on the host
+        slots = self.experts.device_copy
+        slot_pages = 3 * min(slots.num_slots, offloaded) if slots is not None else 0
         kv_pages = (
-            total_expert_pages - min_resident * t.pages_per_expert
+            total_expert_pages - min_resident * t.pages_per_expert - slot_pages
         ) * self.geometry.kv_pages_per_expert_page - self.cuda_graphs.num_pad_pages
-        state = self.geometry.state_bytes(self.kv.num_state_layers)  # a hybrid's, in KV pages
+        # A hybrid's state pages, in KV pages: the whole parent pages they are cut from (a
+        # lone request shares them with no one). Counting their bytes only let a request
+        # through that, alone in the pool, lacked a page: preempted, re-admitted and
+        # preempted again, it never finished.
+        state = self.geometry.state_parent_bytes(self.kv.num_state_layers)
         kv_pages -= -(-state // self.geometry.kv_page_bytes)
         return max(0, kv_pages // mc.num_kv_layers) * self.config.block_size
 
@@ -335,6 +345,7 @@ class Engine:
             started = time.perf_counter()
             self.copy_control.begin_step(self.experts)
             out = self.scheduler.schedule(step)
+            self._check_progress(out)
             running = len(self.scheduler.running)  # before this step's finished leave
             if self.tunables.mode == "elastic":
                 self.boundary.move(out.kv_pages_short, self.scheduler.round_state(step))
@@ -346,6 +357,22 @@ class Engine:
             self.reclaim.complete(step)  # its forward has finished (the wait above)
             self._record(out, step, running, time.perf_counter() - started)
             return outputs
+
+    def _check_progress(self, out: SchedulerOutput) -> None:
+        """A request that lacked pages alone in a pool whose residency never moves while
+        serving (resident, fixed) would be re-admitted and preempted at the same point for
+        ever, holding up every request queued behind it. validate_request admits only what
+        fits alone (max_kv_tokens), so this is a fault of that count: fail loudly rather
+        than loop. (Elastic's boundary may still move for it: make_room, the adjuster.)"""
+        if out.preempted_alone is None or self.tunables.mode == "elastic":
+            return
+        request = self.requests[out.preempted_alone]
+        raise RuntimeError(
+            f"request {request.request_id!r} ({len(request.prompt_token_ids)} prompt tokens, "
+            f"max_tokens {request.params.max_tokens}) lacks KV pages though it runs alone in "
+            f"the {self.tunables.mode} policy's pool, which validate_request said holds "
+            f"{self.max_kv_tokens()} tokens: it can never finish"
+        )
 
     def _wait_for_step(self, tokens: torch.Tensor | None) -> list[int]:
         """The step's one wait on the device: its sampled tokens [B] (if any) and the
@@ -514,6 +541,18 @@ class Engine:
         )
         if expected != expert_owned:
             raise AssertionError(f"{expert_owned} expert pages owned, {expected} expected")
+        slots = self.experts.device_copy
+        if slots is not None:  # a loading slot per expert offloaded, as many as a layer needs
+            slot_owned = sum(
+                1
+                for t, _, o in self.allocator.owned_pages()
+                if t is PageType.EXPERT and isinstance(o, tuple) and o[:1] == ("loading slot",)
+            )
+            if len(slots.slots) != slots.slots_needed() or slot_owned != 3 * len(slots.slots):
+                raise AssertionError(
+                    f"{len(slots.slots)} loading slots ({slot_owned} pages) for a residency "
+                    f"that needs {slots.slots_needed()}"
+                )
 
     def num_leaked_pages(self) -> int:
         """After all requests finished: KV and state pages still owned (should be 0)."""

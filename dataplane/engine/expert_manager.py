@@ -1,8 +1,11 @@
 """Expert manager: where every routed expert lives, and the MoE layer computed from there.
 
 Residency per (layer, expert): in three pool expert pages (w1, w3, w2), or on the host
-(the backing store: every expert's matrices, pinned on CUDA). Two loading buffers,
-alternated by layer, hold copies of non-resident experts for one step: while layer l
+(the backing store: every expert's matrices, pinned on CUDA). Device copy-in (the default,
+device_copy.py) copies a routed non-resident expert into a loading slot: three pool pages
+held only while some layer has that many experts offloaded. Host copies use two loading
+buffers outside the pool, alternated by layer, that hold copies of non-resident experts for
+one step: while layer l
 computes from buffer l % 2, the experts predicted for layer l + 1 (layer l+1's router
 applied to layer l's MoE input, the cross-layer prediction of pre-gating systems) are
 copied into buffer (l + 1) % 2. Experts that were not predicted are copied before the
@@ -14,7 +17,8 @@ is the l-th MoE layer and the prediction for "layer l + 1" uses the next MoE lay
 Ordering rules that must stay true:
   * a page table row points at pool pages only after the copy into them completed;
   * an evicted expert's pages are released through deferred reclaim, never reused while
-    a forward that may read them is in flight;
+    a forward that may read them is in flight (or handed to a new loading slot, which the
+    next forward writes before any read);
   * the MoE math is the same wherever the weights lie (experts are accumulated in expert
     id order on the torch path), so a memory policy never changes the tokens.
 
@@ -81,10 +85,13 @@ class ExpertManager:
         moe_kernel: MoEKernel | None = None,
         copy_kernel: Callable[..., None] | None = None,
         num_buffers: int = 2,
+        own_slots: bool = True,
     ):
         """copy_kernel: None = host-driven copies (this module's doc); else device-decided
         copy-in (device_copy.py) through this function (kernels.copy_routed_experts, or
-        device_copy.copy_routed_experts_torch on the CPU)."""
+        device_copy.copy_routed_experts_torch on the CPU). own_slots: the loading slots'
+        pages are taken from and given back to `allocator` here; False on a tensor-parallel
+        follower, which is handed rank 0's (DeviceCopyIn.set_slots)."""
         self.pool = pool
         self.allocator = allocator
         self.reclaim = reclaim
@@ -96,13 +103,13 @@ class ExpertManager:
         self.resident: list[set[int]] = [set() for _ in range(self.num_layers)]
         self.residency_version = 0  # bumped whenever `resident` changes (caches key on it)
         self.num_buffer_slots = max(1, num_buffer_slots)
+        self.own_slots = own_slots
         page_elems = self.inter * self.hidden
+        # Device copy-in copies into pool pages: its one buffer is never read (the MoE
+        # kernel's argument), so it holds a single slot.
+        buffer_rows = 3 * (1 if copy_kernel is not None else self.num_buffer_slots)
         self.buffers = [
-            _Buffer(
-                torch.empty(
-                    3 * self.num_buffer_slots, page_elems, dtype=pool.dtype, device=self.device
-                )
-            )
+            _Buffer(torch.empty(buffer_rows, page_elems, dtype=pool.dtype, device=self.device))
             for _ in range(num_buffers)
         ]
         self.router_logits = router_logits
@@ -157,6 +164,7 @@ class ExpertManager:
         self.residency_version += 1
         if self.device_copy is not None:
             self.device_copy.mark_stale(layer)
+            self._free_unused_slots()
 
     def evict(self, layer: int, expert: int, last_step: int) -> None:
         if self.device_copy is not None and expert in self.resident[layer]:
@@ -170,10 +178,43 @@ class ExpertManager:
         self.table.clear(layer, expert)
         self.resident[layer].discard(expert)
         self.residency_version += 1
-        if self.device_copy is not None:
-            self.device_copy.mark_stale(layer)
-        self.reclaim.release(PageType.EXPERT, pages, ("expert", layer, expert), last_step)
+        owner = ("expert", layer, expert)
+        dc = self.device_copy
+        if dc is not None:
+            dc.mark_stale(layer)
+            if self.own_slots and len(dc.slots) < dc.slots_needed():
+                # The layer now offloads more experts than there are slots: this expert's
+                # pages become the new slot (no forward reads them as the expert's again,
+                # and the next one that reads the slot writes it first).
+                self.allocator.transfer(PageType.EXPERT, pages, owner, _slot_owner(len(dc.slots)))
+                dc.add_slot(pages)
+                pages = ()
+        self.reclaim.release(PageType.EXPERT, pages, owner, last_step)
         self.counters.evictions += 1
+
+    def _free_unused_slots(self) -> None:
+        """Slots no layer needs any more go back to the pool (after the last forward that
+        may have read them: they were read only by forwards before this call)."""
+        dc = self.device_copy
+        while self.own_slots and len(dc.slots) > dc.slots_needed():
+            slot = len(dc.slots) - 1
+            pages = dc.pop_slot()
+            self.reclaim.release(
+                PageType.EXPERT, pages, _slot_owner(slot), self.reclaim.last_completed_step
+            )
+
+    def _take_slots(self) -> None:
+        """Slots for the residency set at start-up, from the pool's free pages."""
+        dc = self.device_copy
+        while self.own_slots and len(dc.slots) < dc.slots_needed():
+            slot = len(dc.slots)
+            pages = self.allocator.allocate(PageType.EXPERT, 3, _slot_owner(slot))
+            if pages is None:
+                raise ValueError(
+                    f"the pool cannot hold loading slot {slot} (three expert pages) beside the "
+                    f"experts this policy keeps resident: raise the memory budget"
+                )
+            dc.add_slot(tuple(pages))
 
     def apply(self, changes: ChangeList, last_step: int) -> None:
         """Evictions first (their pages free after `last_step`), then the reserved loads."""
@@ -197,6 +238,7 @@ class ExpertManager:
                 )
             self.place(layer, expert, tuple(pages))
         if self.device_copy is not None:  # a residency past the slots fails here, not mid-step
+            self._take_slots()
             self.device_copy.offloaded()
 
     def release_all(self) -> None:
@@ -206,6 +248,12 @@ class ExpertManager:
         for layer in range(self.num_layers):
             for expert in sorted(self.resident[layer]):
                 self._drop(layer, expert, last_step=self.reclaim.last_completed_step)
+        dc = self.device_copy
+        while dc is not None and self.own_slots and dc.slots:  # load_initial takes them again
+            slot = len(dc.slots) - 1
+            self.reclaim.release(
+                PageType.EXPERT, dc.pop_slot(), _slot_owner(slot), self.reclaim.last_completed_step
+            )
 
     # ------------------------------------------------------------------ MoE (ExpertBackend)
     def begin_step(self) -> None:
@@ -326,11 +374,11 @@ class ExpertManager:
     def _moe_device_copy(self, layer, x, topk_ids, topk_weights, buffer, counts) -> torch.Tensor:
         """Device mode (device_copy.py): copy-in and MoE without a host decision."""
         offloaded = self.device_copy.offloaded()[layer]  # [S]
-        w = self.host[layer]
-        self.copy_kernel(counts, offloaded, w.w1, w.w3, w.w2, buffer.pages, self._device_copies)
+        w, pool = self.host[layer], self.pool.view(PageType.EXPERT)
+        rows = self.device_copy.slot_rows()
+        self.copy_kernel(counts, offloaded, w.w1, w.w3, w.w2, pool, rows, self._device_copies)
         if self.moe_kernel is not None:
             table = self.device_copy.table_on_device()[layer]
-            pool = self.pool.view(PageType.EXPERT)
             return self.moe_kernel(x, topk_ids, topk_weights, pool, buffer.pages, table)
         needed = torch.nonzero(counts.cpu()).flatten().tolist()  # the CPU path
         return self._moe_torch(layer, x, topk_ids, topk_weights, buffer, needed)
@@ -361,6 +409,7 @@ class ExpertManager:
         if self.device_copy is not None:
             self.device_copy.table_on_device()
             self.device_copy.offloaded()
+            self.device_copy.slot_rows()
 
     def graph_safe(self) -> bool:
         """Whether a step can be a CUDA graph now: device mode always; host mode only while
@@ -371,9 +420,10 @@ class ExpertManager:
         pages = self.table.pages(layer, expert)
         if pages is not None:
             source, ids = self.pool.view(PageType.EXPERT), pages
-        else:  # device copy-in: its fixed slot, filled by this step's copy
-            dc = self.device_copy
-            slot = dc.slot_of(layer, expert) if dc is not None else buffer.slot_of[expert]
+        elif self.device_copy is not None:  # its slot's pool pages, filled by this step's copy
+            source, ids = self.pool.view(PageType.EXPERT), self.device_copy.pages_of(layer, expert)
+        else:
+            slot = buffer.slot_of[expert]
             source, ids = buffer.pages, (3 * slot, 3 * slot + 1, 3 * slot + 2)
         w1 = source[ids[0]].view(self.inter, self.hidden)  # [I, D]
         w3 = source[ids[1]].view(self.inter, self.hidden)  # [I, D]
@@ -408,3 +458,8 @@ class ExpertManager:
     @staticmethod
     def _matrix_bytes(t: torch.Tensor) -> int:
         return t.numel() * t.element_size()
+
+
+def _slot_owner(slot: int) -> tuple[str, int]:
+    """The allocator owner of loading slot `slot`'s three pages."""
+    return ("loading slot", slot)

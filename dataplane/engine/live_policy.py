@@ -46,8 +46,9 @@ class LivePolicy:
     def load_initial_experts(self) -> None:
         """Start-up residency (residency.py) from the policy in force, into free pages."""
         t, ranking = self.policy.tunables, self.policy.ranking
+        slots = self.experts.num_buffer_slots if self.experts.device_copy is not None else 0
         chosen = initial_experts(
-            t, ranking, self.allocator.num_free(PageType.EXPERT), self.fixed_expert_share
+            t, ranking, self.allocator.num_free(PageType.EXPERT), self.fixed_expert_share, slots
         )
         offloaded = max_offloaded(chosen, ranking.num_layers, ranking.num_experts)
         check_offload_fits(t.mode, offloaded, self.experts.num_buffer_slots)

@@ -47,6 +47,9 @@ class SchedulerOutput:
     scheduled: tuple[ScheduledRequest, ...]
     preempted: tuple[str, ...]
     kv_pages_short: int  # pages the round needed but could not get
+    # A request preempted while it ran alone: the pool, holding no other request's pages,
+    # lacked what it needed next. Unless the boundary moves, it never fits (engine.py).
+    preempted_alone: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -96,6 +99,7 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
         short = 0
+        alone = None
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
@@ -115,6 +119,8 @@ class Scheduler:
                 self._preempt(victim, step)
                 preempted.append(victim.request_id)
                 if victim is request:
+                    if not self.running:
+                        alone = request.request_id
                     break
             else:
                 scheduled.append(ScheduledRequest(request, num_new))
@@ -137,7 +143,7 @@ class Scheduler:
                 self.running.append(request)
                 scheduled.append(ScheduledRequest(request, num_new))
                 budget -= num_new
-        return SchedulerOutput(tuple(scheduled), tuple(preempted), max(short, 0))
+        return SchedulerOutput(tuple(scheduled), tuple(preempted), max(short, 0), alone)
 
     def _preempt(self, request: Request, step: int) -> None:
         # The previous forward, the last that read these pages, has completed: the engine

@@ -75,7 +75,10 @@ def num_loading_buffers(c: EngineConfig) -> int:
 
 
 def loading_buffer_bytes(c: EngineConfig, slots: int, geometry: PageGeometry) -> int:
-    return num_loading_buffers(c) * 3 * slots * geometry.expert_page_bytes
+    """Host copies: the buffers outside the pool. Device copy-in takes its slots from the
+    pool as experts leave it (device_copy.py) and keeps one unread slot outside."""
+    rows = 3 if c.expert_copy == "device" else 3 * slots
+    return num_loading_buffers(c) * rows * geometry.expert_page_bytes
 
 
 def check_buffer_fits(tunables: Tunables, num_experts: int, slots: int) -> None:

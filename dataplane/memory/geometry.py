@@ -274,6 +274,20 @@ class PageGeometry:
             return 0
         return num_state_layers * (self.bytes_of(PageType.SSM) + self.bytes_of(PageType.CONV))
 
+    def state_parent_bytes(self, num_state_layers: int, num_requests: int = 1) -> int:
+        """The pool bytes `num_requests` hybrid requests' state pages take when nothing else
+        shares their parents: a parent page cut into SSM (or conv) pages holds no other
+        type, so each type costs whole parents (SSM pages in huge pages, conv pages in
+        expert pages). What one request running alone needs beside its KV pages;
+        `state_bytes` (the slots alone) is less unless the pages fill their parents."""
+        if not num_state_layers:
+            return 0
+        pages = num_state_layers * num_requests
+        return sum(
+            -(-pages // self.ratio(t)) * self.bytes_of(PARENT[t])
+            for t in (PageType.SSM, PageType.CONV)
+        )
+
     def describe(self) -> str:
         pages = ", ".join(p.describe() for p in self.padding)
         return f"page geometry: huge page {self.huge_page_bytes} B; {pages}"

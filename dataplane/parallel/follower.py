@@ -90,6 +90,7 @@ class FollowerRank:
             moe_kernel=paths.moe_kernel(),
             copy_kernel=paths.copy_kernel(),
             num_buffers=num_loading_buffers(config),
+            own_slots=False,
         )
         attention = PagedAttention(pool, kernels=paths.attention_kernels())
         if mc.is_hybrid:  # this rank's heads' states, in the pages rank 0 gave the request
@@ -107,6 +108,8 @@ class FollowerRank:
 
     def step(self, message: StepMessage) -> None:
         apply_changes(self.experts, message.changes, message.step)
+        if self.experts.device_copy is not None:
+            self.experts.device_copy.set_slots(message.slots)
         self.num_evictions += len(message.changes.evict)
         self.num_loads += len(message.changes.load)
         self.check_invariants(message.residency_digest, full=bool(message.changes))

@@ -48,7 +48,8 @@ class StepLeader(RankLink):
         blocks = self._tables.delta([s.request for s in scheduled])
         # the followers run the forward only: no Request objects, no sampling
         bare = replace(batch, sample_requests=[], slices=BlockTableSender.bare(batch.slices))
-        self.groups.send(StepMessage(step, changes, self.residency_digest, bare, blocks))
+        slots = tuple(experts.device_copy.slots) if experts.device_copy is not None else ()
+        self.groups.send(StepMessage(step, changes, self.residency_digest, bare, blocks, slots))
         self.num_steps += 1
         self.in_forward = True
 

@@ -38,6 +38,9 @@ class StepMessage:
     # without their block tables: `blocks` carries the rows a follower lacks
     batch: StepBatch
     blocks: BlockTableDelta
+    # rank 0's loading slots (device copy-in): the pool pages each slot copies into, which
+    # rank 0's allocator chose; () without device copy-in
+    slots: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ def test_each_rate_of_a_sweep_starts_from_start_up_residency(tmp_path, capsys):
             "--request-rate",
             "inf,50",
             "--num-prompts",
-            "20",
+            "40",
             "--output-dir",
             str(out),
             "--no-progress",

@@ -5,7 +5,6 @@ import pytest
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.setup import loading_buffer_bytes
-from rimuru.dataplane.memory.geometry import PageType
 from rimuru.policy import Tunables
 
 MiB = 2**20
@@ -51,9 +50,7 @@ def checkpoint_engine(
     g, mc = probe.geometry, probe.model_config
     experts = mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes
     kv = extra_kv_blocks * mc.num_kv_layers * g.kv_page_bytes
-    if requests:
-        state = g.bytes_of(PageType.SSM) + g.bytes_of(PageType.CONV)
-        kv += requests * len(mc.linear_attention_layers) * state
+    kv += g.state_parent_bytes(len(mc.linear_attention_layers), requests)
     budget = probe.model.resident_nbytes() + loading_buffer_bytes(config, 8, g) + experts + kv
     return Engine(replace(config, memory_budget=budget), log_plan=False)
 

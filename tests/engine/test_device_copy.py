@@ -7,7 +7,6 @@ import pytest
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.memory.geometry import PageType
-from rimuru.dataplane.memory.tables import buffer_slot_id
 
 PARAMS = SamplingParams(max_tokens=16, ignore_eos=True)
 
@@ -17,8 +16,13 @@ def test_device_copy_gives_the_host_copy_tokens(prompts, make_engine, mode):
     host = make_engine(mode, expert_copy="host")
     want = host.generate(prompts, PARAMS)
     dev = make_engine(mode, expert_copy="device")
-    # one loading buffer, not host mode's two (the pools are equal by make_engine's sizing)
-    assert dev.plan.loading_buffer_bytes * 2 == host.plan.loading_buffer_bytes
+    # outside the pool, one unread slot (its slots are pool pages), not host mode's two
+    # buffers of 32 (the pools are equal by make_engine's sizing)
+    page = dev.geometry.expert_page_bytes
+    assert (dev.plan.loading_buffer_bytes, host.plan.loading_buffer_bytes) == (
+        3 * page,
+        2 * 3 * 32 * page,
+    )
     got = dev.generate(prompts, PARAMS)
     assert got == want
     dev.check_invariants()
@@ -31,24 +35,43 @@ def test_device_copy_gives_the_host_copy_tokens(prompts, make_engine, mode):
         assert dev.experts.counters.evictions > 0 and dev.experts.counters.loads > 0
 
 
-def test_slots_follow_every_eviction_and_load(make_engine):
+def test_slots_are_pool_pages_taken_from_evictions_and_given_back_by_loads(make_engine):
+    """A slot exists while some layer offloads that many experts: the eviction that needs
+    one more slot gives it its pages; a load that leaves a slot unused frees it."""
     engine = make_engine("resident", expert_copy="device")
-    experts, dc = engine.experts, engine.experts.device_copy
-    assert (dc.offloaded() == -1).all()  # nothing offloaded: every slot unused
+    experts, dc, alloc = engine.experts, engine.experts.device_copy, engine.allocator
+    assert dc.slots == [] and (dc.offloaded() == -1).all()  # nothing offloaded, no slot
+    pages_of = {e: experts.table.pages(1, e) for e in (5, 2)}
+    free = alloc.num_free(PageType.EXPERT)
     for e in (5, 2):
         experts.evict(1, e, last_step=engine.step_id)
-    # offloaded experts in id order, one slot each; the kernel table names their buffer rows
+    # each eviction needed one more slot: its own pages became the slot, nothing was freed
+    assert dc.slots == [pages_of[5], pages_of[2]]
+    assert alloc.num_free(PageType.EXPERT) == free
+    assert [alloc.owner_of(PageType.EXPERT, p) for p in pages_of[2]] == [("loading slot", 1)] * 3
+    # offloaded experts in id order, one slot each; the kernel table names their slot pages
     assert dc.offloaded()[1].tolist()[:3] == [2, 5, -1]
     table = dc.table_on_device()  # the CPU: the host tensor itself
-    assert dc.slot_of(1, 5) == 1
-    assert table[1, 5].tolist() == [buffer_slot_id(3 * 1 + m) for m in range(3)]
+    assert tuple(table[1, 2].tolist()) == pages_of[5]  # slot 0
+    assert tuple(table[1, 5].tolist()) == pages_of[2]  # slot 1
+    assert dc.slot_rows().tolist()[:6] == [*pages_of[5], *pages_of[2]]
     assert tuple(table[1, 0].tolist()) == experts.table.pages(1, 0)  # resident: its pool pages
-    pages = engine.allocator.allocate(PageType.EXPERT, 3, ("expert", 1, 2))
+    # another layer's first eviction needs no new slot: its pages go back to the pool
+    layer0 = experts.table.pages(0, 7)
+    experts.evict(0, 7, last_step=engine.step_id)
+    assert len(dc.slots) == 2
+    assert engine.reclaim.num_pending(PageType.EXPERT) == 3  # free once step 0 completes
+    engine.reclaim.complete(engine.step_id)
+    assert all(alloc.owner_of(PageType.EXPERT, p) is None for p in layer0)
+    engine.check_invariants()
+    pages = alloc.allocate(PageType.EXPERT, 3, ("expert", 1, 2))
     experts.place(1, 2, tuple(pages))
+    assert dc.slots == [pages_of[5]]  # slot 1 freed: layer 1 offloads one expert now
+    assert all(alloc.owner_of(PageType.EXPERT, p) is None for p in pages_of[2])
     assert dc.offloaded()[1].tolist()[:2] == [5, -1]
-    assert dc.slot_of(1, 5) == 0  # moved to slot 0
-    assert table[1, 5].tolist() == [buffer_slot_id(m) for m in range(3)]
+    assert tuple(table[1, 5].tolist()) == pages_of[5]  # moved to slot 0
     assert tuple(table[1, 2].tolist()) == tuple(pages)
+    engine.check_invariants()
 
 
 def test_too_many_offloaded_for_the_slots_is_refused_and_nothing_leaks(make_engine):

@@ -5,6 +5,8 @@ page freed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -98,11 +100,13 @@ def test_tokens_match_transformers_with_room(
     assert engine.num_leaked_pages() == 0
 
 
-# Pools that run short (every expert + 6 blocks + one request's states; fixed: every expert
-# and one request's states, 85% of it for experts, 20 of the 24 resident).
+# Pools that run short. resident: every expert + 5 blocks + one request's states, which the
+# 70-token prompt's 80 tokens fill alone. fixed: every expert + 3 blocks + one request's
+# states, 75% of what its loading slots leave for experts (13 of qwen3_next's 24 resident,
+# 19 of qwen3_5_moe's 32). elastic: every expert + 6 blocks + one request's states.
 TIGHT = {
-    "resident": dict(kv_blocks=6, requests=1),
-    "fixed": dict(kv_blocks=0, requests=1, fixed_expert_share=0.85),
+    "resident": dict(kv_blocks=5, requests=1),
+    "fixed": dict(kv_blocks=3, requests=1, fixed_expert_share=0.75),
     "elastic": dict(kv_blocks=6, requests=1),
 }
 
@@ -124,6 +128,50 @@ def test_tokens_match_transformers_when_pages_run_short(
     if mode == "fixed":
         assert engine.experts.counters.buffer_copies > 0
     assert engine.num_leaked_pages() == 0
+
+
+def states_by_bytes_engine(hybrid_engine, path) -> Engine:
+    """Resident, a pool of every expert + 5 blocks + one request's state pages counted by
+    their bytes: a page short of the 70-token prompt's 80 tokens alone, since a request's
+    SSM and conv pages take whole parent pages (a parent cut into one type holds no other)."""
+    roomy = hybrid_engine(path, "resident", kv_blocks=5)
+    g, mc = roomy.geometry, roomy.model_config
+    state_bytes = g.state_bytes(len(mc.linear_attention_layers))
+    assert g.state_parent_bytes(len(mc.linear_attention_layers)) > state_bytes
+    config = replace(roomy.config, memory_budget=roomy.config.memory_budget + state_bytes)
+    return Engine(config, log_plan=False)
+
+
+def test_a_request_whose_states_fit_only_by_their_bytes_is_refused(
+    hybrid_engine, hybrid_checkpoints, expected
+):
+    """Refused when added (counted by bytes, it was admitted, then preempted and re-admitted
+    for ever); a request that fits runs."""
+    _, path = hybrid_checkpoints["qwen3_next"]
+    engine = states_by_bytes_engine(hybrid_engine, path)
+    assert engine.max_kv_tokens() == 64
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    with pytest.raises(ValueError, match="80 tokens can never fit"):
+        engine.add_request(PROMPTS[0], params)
+    assert run_checked(engine, PROMPTS[3:4]) == expected["qwen3_next"][3:4]
+
+
+def test_a_request_that_cannot_fit_alone_fails_the_step_rather_than_loops(
+    hybrid_engine, hybrid_checkpoints, monkeypatch
+):
+    """Should validation ever admit a request that lacks pages alone in a pool whose
+    residency never moves, the step says so instead of preempting and re-admitting it for
+    ever (validation counting the states by their bytes, as it once did, reproduces it)."""
+    _, path = hybrid_checkpoints["qwen3_next"]
+    engine = states_by_bytes_engine(hybrid_engine, path)
+    monkeypatch.setattr(
+        type(engine.geometry), "state_parent_bytes", lambda g, n, r=1: g.state_bytes(n) * r
+    )
+    assert engine.max_kv_tokens() == 80  # a page the pool does not have
+    engine.add_request(PROMPTS[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    with pytest.raises(RuntimeError, match="lacks KV pages though it runs alone"):
+        for _ in range(100):
+            engine.step()
 
 
 def test_a_request_holds_one_ssm_and_one_conv_page_per_gdn_layer(hybrid_engine, hybrid_checkpoints):

@@ -56,6 +56,25 @@ def test_newest_running_is_preempted_and_shortfall_counted_once():
     assert all(r.num_computed_tokens == 0 for r in s.waiting)
 
 
+def test_a_request_short_of_pages_alone_is_reported_and_others_are_not():
+    """Preempting a request that ran alone frees only its own pages: the engine must know,
+    since re-admitting it meets the same pool (engine._check_progress)."""
+    s = make(1)  # 4 KV pages
+    for i in range(2):
+        s.add(req(i, 16))
+    s.schedule(1)
+    s.kv.reclaim.complete(1)
+    for r in s.running:
+        r.num_computed_tokens = 16
+    s.running[1].prompt_token_ids += [1] * 48  # r1 needs 3 more pages: r0 holds one of 4
+    out = s.schedule(2)
+    assert out.preempted == ("r1",) and out.preempted_alone is None  # r0 kept its page
+    s.kv.reclaim.complete(2)
+    s.running[0].prompt_token_ids += [1] * 64  # r0, alone, needs 4 more: only 3 are free
+    out = s.schedule(3)
+    assert out.preempted == ("r0",) and out.preempted_alone == "r0"
+
+
 def test_no_admission_in_a_round_that_preempted():
     s = make(1)
     for i in range(4):

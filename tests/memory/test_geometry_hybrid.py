@@ -70,3 +70,14 @@ def test_ssm_page_unlike_the_expert_page_makes_the_huge_page_their_lcm():
     g = PageGeometry.from_shape(shape)
     assert g.huge_page_bytes == 6 * MiB
     assert g.ratio(PageType.EXPERT) == 3 and g.ratio(PageType.SSM) == 2
+
+
+def test_state_pages_cost_whole_parents_when_no_other_request_shares_them():
+    """Qwen3.5-35B-A3B's 30 GDN layers: 30 SSM huge pages and 30 conv pages, which need one
+    expert page of 32 (a parent cut into conv pages holds nothing else); two requests' 60
+    conv pages need two."""
+    g = PageGeometry.from_shape(hybrid_shape(40, 256))
+    assert g.state_bytes(30) == 30 * (2 * MiB + 64 * KiB)
+    assert g.state_parent_bytes(30) == 30 * 2 * MiB + 2 * MiB
+    assert g.state_parent_bytes(30, num_requests=2) == 60 * 2 * MiB + 2 * 2 * MiB
+    assert g.state_parent_bytes(0) == 0

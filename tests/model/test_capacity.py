@@ -45,8 +45,9 @@ def test_plan_equals_a_real_engine_for_each_family(hf_checkpoints, family):
     )
     sizes = plan_capacity(probe, ("resident",))
     page = sizes.geometry.expert_page_bytes
-    # a pool of 30 experts under the fixed policy's 2 x 8-slot buffers: fixed caches 0.4 x 30
-    budget = sizes.non_pool_weight_bytes + 256 * 1024 + (2 * 3 * 8 + 30 * 3) * page
+    # a pool of 30 experts beside device copy-in's one unread slot: fixed caches 0.4 x what
+    # the pool holds once its loading slots are taken (as many as a layer offloads)
+    budget = sizes.non_pool_weight_bytes + 256 * 1024 + (3 + 30 * 3) * page
     config = replace(probe, memory_budget=budget)
     resident, fixed, elastic = assert_plan_is_the_engines(config)
     # the policies differ as designed: fixed keeps fewer experts, elastic can go down to E - 3
@@ -56,17 +57,21 @@ def test_plan_equals_a_real_engine_for_each_family(hf_checkpoints, family):
 
 
 def test_plan_equals_a_real_engine_with_device_copy_in():
-    """One loading buffer instead of two: the pool gains one buffer's bytes, as in the engine."""
+    """Device copy-in keeps one unread slot outside the pool (its slots are pool pages), host
+    copies two buffers: the pool gains the difference, as in the engine."""
     config = EngineConfig(
         memory_budget=304 * MiB, max_num_batched_tokens=1024, expert_copy="device"
     )
     device = assert_plan_is_the_engines(config)
     host = plan_capacity(replace(config, expert_copy="host"), MODES).policies
-    for d, h in zip(device, host, strict=True):
-        assert h.plan.loading_buffer_bytes == 2 * d.plan.loading_buffer_bytes
-        # the freed buffer goes to the pool, rounded down to whole huge pages
+    page = 64 * 1024  # tiny: a matrix fills its page
+    for d, h, slots in zip(device, host, (1, 32, 8), strict=True):  # resident, fixed, elastic
+        assert d.plan.loading_buffer_bytes == 3 * page
+        assert h.plan.loading_buffer_bytes == 2 * 3 * slots * page
+        # what host copies hold outside goes to the pool, rounded down to whole huge pages
         gained = d.plan.pool_bytes - h.plan.pool_bytes
-        assert 0 <= d.plan.loading_buffer_bytes - gained < d.plan.huge_page_bytes
+        outside = h.plan.loading_buffer_bytes - d.plan.loading_buffer_bytes
+        assert 0 <= outside - gained < d.plan.huge_page_bytes
 
 
 def test_plan_equals_a_real_engine_for_the_tiny_preset_with_router_skew():

@@ -58,7 +58,7 @@ def tight_pool(kv_blocks: int, requests: int) -> Callable[[PageGeometry, ModelCo
     def pool(g: PageGeometry, mc: ModelConfig) -> int:
         experts = mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes
         kv = kv_blocks * mc.num_kv_layers * g.kv_page_bytes
-        return experts + kv + requests * g.state_bytes(len(mc.linear_attention_layers))
+        return experts + kv + g.state_parent_bytes(len(mc.linear_attention_layers), requests)
 
     return pool
 
