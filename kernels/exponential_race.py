@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-_TINY = 1.1754943508222875e-38  # the smallest normal fp32: -log U stays finite and > 0
+# the smallest normal fp32: -log U stays finite and > 0 (a constexpr: jit code reads it)
+_TINY = tl.constexpr(1.1754943508222875e-38)
 _BLOCK = 1024
 
 

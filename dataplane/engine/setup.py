@@ -199,6 +199,7 @@ def warm_up_kernels(c: EngineConfig, loaded: LoadedModel, paths: ComputePaths) -
             torch.full((1,), -1, dtype=torch.int32, device=device),
             w.w1, w.w3, w.w2,
             torch.empty(3, inter * hidden, dtype=w.w1.dtype, device=device),
+            torch.arange(3, dtype=torch.int32, device=device),  # the unused slot's rows
             torch.zeros(1, dtype=torch.int32, device=device),
         )  # fmt: skip
     torch.cuda.empty_cache()  # the scratch pool goes back before the engine's pool
