@@ -8,7 +8,8 @@ session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
    of shape [L, 1, 1]; a Fig. 4 run on the GPU once stopped on exactly this).
 2. Triton path == torch path: greedy tokens of the fp32 `tiny` preset under the three
    policies with kernels and without (fp32 dots must be exact, not tf32).
-3. no host synchronisation in a fully resident engine's forward: the forward runs under
+3. no host synchronisation from a fully resident engine's forward to the step's one wait
+   (its logits, the rows that sample, greedy and seeded sampling): they run under
    torch.cuda.set_sync_debug_mode("error") (CUDA only).
 4. the activation reserve: measured by the profiling forward vs the CPU estimate (CUDA only).
 5. an engine on cuda:1 when there are two GPUs (Triton launches on the current device).
@@ -118,19 +119,26 @@ def paths_agree(device: str) -> str:
 
 def no_sync(device: str) -> str:
     e = engine(device, "resident", kernels=True, enforce_eager=True)  # the eager forward
+    sampled = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.8, seed=1)
     e.generate(prompts(2), PARAMS)  # compile everything first
-    forward = e.model.forward
+    e.generate(prompts(2), sampled)
+    forward, wait = e.model.forward, e._wait_for_step
 
-    def strict(*args, **kwargs):
+    def strict(*args, **kwargs):  # from the forward on: its logits, the sampler
         torch.cuda.set_sync_debug_mode("error")
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+        return forward(*args, **kwargs)
 
-    e.model.forward = strict
-    e.generate(prompts(4), PARAMS)
-    return "4 requests decoded, forward never synchronised"
+    def relaxed(*args, **kwargs):  # the step's one wait: the tokens come back here
+        torch.cuda.set_sync_debug_mode(0)
+        return wait(*args, **kwargs)
+
+    e.model.forward, e._wait_for_step = strict, relaxed
+    try:
+        e.generate(prompts(4), PARAMS)
+        e.generate(prompts(4), sampled)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return "8 requests (greedy, sampled): nothing from the forward to the step's wait synchronised"
 
 
 def reserve(device: str) -> str:

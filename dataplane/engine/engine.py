@@ -407,7 +407,7 @@ class Engine:
         if not sample_requests:
             self._wait_for_step(None)
             return []
-        logits = self.model.compute_logits(hidden[batch.sample_rows])
+        logits = self.model.compute_logits(batch.sample_hidden(hidden))
         tokens = self._wait_for_step(
             self.sampler.sample_on_device(
                 logits,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from rimuru.dataplane.engine.pinned_upload import to_device
 from rimuru.dataplane.engine.request import SamplingParams
 
 # Temperatures below this sample greedily (as vLLM does): dividing logits by a tiny
@@ -179,5 +180,5 @@ def limit_support(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.T
 
 def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small host list on the device without waiting for the device's queued work (a
-    plain torch.tensor(..., device=cuda) synchronises the stream)."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    plain torch.tensor(..., device=cuda) synchronises the stream): staged in pinned memory."""
+    return to_device(torch.tensor(values, dtype=dtype), device)

@@ -14,6 +14,7 @@ from rimuru.dataplane.engine.cuda_graphs import DecodeGraphs
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
 from rimuru.dataplane.engine.paged_states import HybridStepMeta, StateMeta
 from rimuru.dataplane.engine.piecewise_graphs import PiecewiseGraphs
+from rimuru.dataplane.engine.pinned_upload import to_device
 from rimuru.dataplane.engine.request import Request
 from rimuru.dataplane.memory.tables import StatePages
 from rimuru.dataplane.model import MoETransformer
@@ -47,6 +48,17 @@ class StepBatch:
             if r.state_pages is not None:
                 states.append(r.state_pages)
         return cls(ids, positions, slices, rows, sampled, states)
+
+    def sample_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T', D] (T' >= T: a graph may pad) -> the rows that sample [R, D], without
+        a host synchronisation: indexing a CUDA tensor by a Python list copies the list from
+        pageable memory, which waits for the forward first, so the index is staged through
+        pinned memory. A decode step samples every row in order: no gather at all."""
+        rows = self.sample_rows
+        if len(rows) == hidden.shape[0] and (not rows or rows[-1] == len(rows) - 1):
+            return hidden  # strictly increasing rows 0..T-1: all of them
+        index = to_device(torch.tensor(rows, dtype=torch.long), hidden.device)
+        return hidden.index_select(0, index)
 
     def state_meta(self, device: torch.device) -> StateMeta:
         return StateMeta.build(
