@@ -38,8 +38,9 @@ from rimuru.dataplane.engine.paged_attention import PagedAttention
 from rimuru.dataplane.engine.paged_states import PagedStates
 from rimuru.dataplane.engine.policy_state import PolicyState
 from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
+from rimuru.dataplane.engine.request_limits import RequestLimits
 from rimuru.dataplane.engine.sampling import Sampler
-from rimuru.dataplane.engine.scheduler import Scheduler, SchedulerOutput
+from rimuru.dataplane.engine.scheduler import Scheduler
 from rimuru.dataplane.engine.setup import (
     activation_reserve,
     budget_bytes,
@@ -133,6 +134,11 @@ class Engine:
             mc.num_kv_layers, config.max_num_seqs, self.max_model_len, config.block_size,
             self.device,
         )  # fmt: skip
+        self.limits = RequestLimits(
+            mc, self.geometry, self.pool, self.experts, self.policy,
+            num_state_layers=self.kv.num_state_layers, block_size=config.block_size,
+            max_model_len=self.max_model_len,
+        )  # fmt: skip
         # ---- scheduling under the policy in force
         self.copy_control = CopyControl(config.max_num_seqs, mc.top_k)  # the copy budget's
         self.step_cost = StepCostMeter.measured(  # the cost rule's prices, on this device
@@ -221,64 +227,14 @@ class Engine:
     # ------------------------------------------------------------------ requests
     def max_kv_tokens(self, tunables: Tunables | None = None) -> int:
         """Tokens one request could hold if every expert the policy (`tunables`, else the
-        engine's) may offload were offloaded."""
-        mc, t = self.model_config, tunables or self.tunables
-        total_expert_pages = self.pool.num_pages(PageType.EXPERT)
-        if t.mode == "elastic":
-            # the adjuster may shrink each layer to E - limit residents (a layer already
-            # below that, after a live lowering of the limit, stays where it is)
-            keep = max(0, mc.num_experts - t.expert_offload_limit)
-            min_resident = sum(min(len(r), keep) for r in self.experts.resident)
-            offloaded = max(mc.num_experts - min(len(r), keep) for r in self.experts.resident)
-        else:
-            min_resident = self.experts.num_resident()
-            offloaded = max(mc.num_experts - len(r) for r in self.experts.resident)
-        # device copy-in: a loading slot (three pool pages) per expert the most offloading
-        # layer leaves on the host
-        slots = self.experts.device_copy
-        slot_pages = 3 * min(slots.num_slots, offloaded) if slots is not None else 0
-        kv_pages = (
-            total_expert_pages - min_resident * t.pages_per_expert - slot_pages
-        ) * self.geometry.kv_pages_per_expert_page - self.cuda_graphs.num_pad_pages
-        # A hybrid's state pages, in KV pages: the whole parent pages they are cut from (a
-        # lone request shares them with no one). Counting their bytes only let a request
-        # through that, alone in the pool, lacked a page: preempted, re-admitted and
-        # preempted again, it never finished.
-        state = self.geometry.state_parent_bytes(self.kv.num_state_layers)
-        kv_pages -= -(-state // self.geometry.kv_page_bytes)
-        return max(0, kv_pages // mc.num_kv_layers) * self.config.block_size
+        engine's) may offload were offloaded (request_limits.py)."""
+        return self.limits.max_kv_tokens(self.cuda_graphs.num_pad_pages, tunables)
 
     def validate_request(
         self, prompt_token_ids: Sequence[int], params: SamplingParams
     ) -> list[int]:
         """Raise ValueError (saying what would fit) unless the request can ever run."""
-        ids = [int(t) for t in prompt_token_ids]
-        if not ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        total = len(ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"the model's context of {self.max_model_len} tokens: shorten the prompt or lower "
-                f"max_tokens to {max(0, self.max_model_len - len(ids))}"
-            )
-        fits = self.max_kv_tokens()
-        if total > fits:
-            why = (
-                f"even with expert_offload_limit={self.tunables.expert_offload_limit} experts "
-                f"offloaded per layer"
-                if self.tunables.mode == "elastic"
-                else f"with the {self.tunables.mode} policy's resident experts"
-            )
-            raise ValueError(
-                f"prompt + max_tokens = {total} tokens can never fit in this pool: at most {fits} "
-                f"tokens fit {why}; raise the memory budget or lower max_tokens"
-            )
-        return ids
+        return self.limits.validate(prompt_token_ids, params, self.cuda_graphs.num_pad_pages)
 
     def add_request(
         self,
@@ -345,7 +301,10 @@ class Engine:
             started = time.perf_counter()
             self.copy_control.begin_step(self.experts)
             out = self.scheduler.schedule(step)
-            self._check_progress(out)
+            if out.preempted_alone is not None:  # fails unless the boundary may move for it
+                self.limits.check_progress(
+                    self.requests[out.preempted_alone], self.cuda_graphs.num_pad_pages
+                )
             running = len(self.scheduler.running)  # before this step's finished leave
             if self.tunables.mode == "elastic":
                 self.boundary.move(out.kv_pages_short, self.scheduler.round_state(step))
@@ -357,22 +316,6 @@ class Engine:
             self.reclaim.complete(step)  # its forward has finished (the wait above)
             self._record(out, step, running, time.perf_counter() - started)
             return outputs
-
-    def _check_progress(self, out: SchedulerOutput) -> None:
-        """A request that lacked pages alone in a pool whose residency never moves while
-        serving (resident, fixed) would be re-admitted and preempted at the same point for
-        ever, holding up every request queued behind it. validate_request admits only what
-        fits alone (max_kv_tokens), so this is a fault of that count: fail loudly rather
-        than loop. (Elastic's boundary may still move for it: make_room, the adjuster.)"""
-        if out.preempted_alone is None or self.tunables.mode == "elastic":
-            return
-        request = self.requests[out.preempted_alone]
-        raise RuntimeError(
-            f"request {request.request_id!r} ({len(request.prompt_token_ids)} prompt tokens, "
-            f"max_tokens {request.params.max_tokens}) lacks KV pages though it runs alone in "
-            f"the {self.tunables.mode} policy's pool, which validate_request said holds "
-            f"{self.max_kv_tokens()} tokens: it can never finish"
-        )
 
     def _wait_for_step(self, tokens: torch.Tensor | None) -> list[int]:
         """The step's one wait on the device: its sampled tokens [B] (if any) and the

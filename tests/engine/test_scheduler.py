@@ -58,7 +58,7 @@ def test_newest_running_is_preempted_and_shortfall_counted_once():
 
 def test_a_request_short_of_pages_alone_is_reported_and_others_are_not():
     """Preempting a request that ran alone frees only its own pages: the engine must know,
-    since re-admitting it meets the same pool (engine._check_progress)."""
+    since re-admitting it meets the same pool (RequestLimits.check_progress)."""
     s = make(1)  # 4 KV pages
     for i in range(2):
         s.add(req(i, 16))
