@@ -51,6 +51,7 @@ from rimuru.dataplane.engine.setup import (
 )
 from rimuru.dataplane.engine.step_cost import StepCostMeter
 from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
+from rimuru.dataplane.engine.step_outputs import append_sampled, token_output
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
@@ -269,10 +270,15 @@ class Engine:
         request = self.requests.get(request_id)
         if request is None or request.status.finished:
             return False
-        self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED, self.step_id)
-        request.finish_time = time.monotonic()
-        self.sampler.forget(request_id)
+        self._finish(request, RequestStatus.FINISHED_ABORTED, self.step_id, time.monotonic())
         return True
+
+    def _finish(self, request: Request, status: RequestStatus, step: int, now: float) -> None:
+        """Stopped, at its length or aborted: it leaves the scheduler's queues, its pages
+        are released after `step`, and the sampler drops its seeded draws."""
+        self.scheduler.finish(request, status, step)
+        request.finish_time = now
+        self.sampler.forget(request.request_id)
 
     def forget(self, request_id: str) -> None:
         """Drop a finished (or aborted) request's record; a long-running server calls this
@@ -361,34 +367,11 @@ class Engine:
         now = time.monotonic()
         outputs = []
         for r, token in zip(sample_requests, tokens, strict=True):
-            r.output_token_ids.append(token)
-            r.token_times.append(now)
-            if r.first_token_time is None:
-                r.first_token_time = now
-            status = self._stop_status(r, token)
+            status = append_sampled(r, token, now, self.model_config.eos_token_ids)
             if status is not None:
-                self.scheduler.finish(r, status, step)
-                r.finish_time = now
-                self.sampler.forget(r.request_id)
-            outputs.append(
-                RequestOutput(
-                    r.request_id,
-                    (token,),
-                    status is not None,
-                    status.value.removeprefix("finished_") if status else None,
-                )
-            )
+                self._finish(r, status, step, now)
+            outputs.append(token_output(r.request_id, token, status))
         return outputs
-
-    def _stop_status(self, r: Request, token: int) -> RequestStatus | None:
-        p = r.params
-        if token in p.stop_token_set or (
-            not p.ignore_eos and token in self.model_config.eos_token_ids
-        ):
-            return RequestStatus.FINISHED_STOPPED
-        if len(r.output_token_ids) >= p.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     def _record(self, out, step: int, running: int, seconds: float) -> None:
         idle = not self.scheduler.running
