@@ -27,13 +27,14 @@ from rimuru.dataplane.engine.boundary import ElasticBoundary
 from rimuru.dataplane.engine.budget import MemoryPlan, plan_memory
 from rimuru.dataplane.engine.config import EngineConfig, check_device_available
 from rimuru.dataplane.engine.copy_budget import CopyControl
-from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, DecodeGraphs
+from rimuru.dataplane.engine.cuda_graphs import DecodeGraphs
 from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
 from rimuru.dataplane.engine.graph_setup import NO_GRAPHS, CudaGraphs, GraphPlanner
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.live_policy import LivePolicy
 from rimuru.dataplane.engine.loaded_model import load_model
 from rimuru.dataplane.engine.outputs import RequestOutput, StepStats
+from rimuru.dataplane.engine.page_accounting import check_page_owners, num_leaked_request_pages
 from rimuru.dataplane.engine.paged_attention import PagedAttention
 from rimuru.dataplane.engine.paged_states import PagedStates
 from rimuru.dataplane.engine.policy_state import PolicyState
@@ -55,7 +56,7 @@ from rimuru.dataplane.engine.step_outputs import append_sampled, token_output
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
-from rimuru.dataplane.memory.reclaim import DeferredReclaim, Pending
+from rimuru.dataplane.memory.reclaim import DeferredReclaim
 from rimuru.policy import HotnessRanking, Tunables
 
 if TYPE_CHECKING:
@@ -446,51 +447,14 @@ class Engine:
         the device block tables equal the requests' tables."""
         self.allocator.check_invariants()
         self.block_tables.check_invariants()
-        live = {r.request_id for r in self.requests.values() if not r.status.finished}
-        owners = {o for t, _, o in self.allocator.owned_pages() if t in _REQUEST_PAGES}
-        leaked = {o for o in owners if o not in live and not _is_pending(o) and o != GRAPH_PADDING}
-        if leaked:
-            raise AssertionError(
-                f"KV or state pages leaked by finished requests: {sorted(map(str, leaked))}"
-            )
-        for r in self.requests.values():  # a running hybrid request holds one of each
-            held = r.state_pages
-            if held is not None and not (
-                len(held.ssm) == len(held.conv) == self.kv.num_state_layers
-            ):
-                raise AssertionError(f"{r.request_id} holds state pages {held}")
-        expected = self.experts.num_resident() * self.tunables.pages_per_expert
-        expert_owned = sum(
-            1
-            for t, _, o in self.allocator.owned_pages()
-            if t is PageType.EXPERT and isinstance(o, tuple) and o[:1] == ("expert",)
-        )
-        if expected != expert_owned:
-            raise AssertionError(f"{expert_owned} expert pages owned, {expected} expected")
-        slots = self.experts.device_copy
-        if slots is not None:  # a loading slot per expert offloaded, as many as a layer needs
-            slot_owned = sum(
-                1
-                for t, _, o in self.allocator.owned_pages()
-                if t is PageType.EXPERT and isinstance(o, tuple) and o[:1] == ("loading slot",)
-            )
-            if len(slots.slots) != slots.slots_needed() or slot_owned != 3 * len(slots.slots):
-                raise AssertionError(
-                    f"{len(slots.slots)} loading slots ({slot_owned} pages) for a residency "
-                    f"that needs {slots.slots_needed()}"
-                )
+        check_page_owners(
+            self.allocator, self.requests.values(), self.experts,
+            num_state_layers=self.kv.num_state_layers,
+            pages_per_expert=self.tunables.pages_per_expert,
+        )  # fmt: skip
 
     def num_leaked_pages(self) -> int:
         """After all requests finished: KV and state pages still owned (should be 0)."""
-        owned = -self.cuda_graphs.num_pad_pages
-        for t in _REQUEST_PAGES:
-            if self.geometry.has(t):
-                owned += self.allocator.num_owned(t) + self.reclaim.num_pending(t)
-        return owned
-
-
-_REQUEST_PAGES = (PageType.KV, PageType.SSM, PageType.CONV)  # what requests own
-
-
-def _is_pending(owner) -> bool:
-    return isinstance(owner, Pending)
+        return num_leaked_request_pages(
+            self.allocator, self.reclaim, self.geometry, self.cuda_graphs.num_pad_pages
+        )
