@@ -51,7 +51,7 @@ from rimuru.dataplane.engine.setup import (
     warm_up_kernels,
 )
 from rimuru.dataplane.engine.step_cost import StepCostMeter
-from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
+from rimuru.dataplane.engine.step_forward import StepBatch, run_forward, wait_for_step
 from rimuru.dataplane.engine.step_outputs import append_sampled, token_output
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
@@ -319,28 +319,10 @@ class Engine:
             if out.scheduled:
                 outputs = self._execute(out.scheduled, step)
             else:
-                self._wait_for_step(None)
+                wait_for_step(None, self.experts, self.device)
             self.reclaim.complete(step)  # its forward has finished (the wait above)
             self._record(out, step, running, time.perf_counter() - started)
             return outputs
-
-    def _wait_for_step(self, tokens: torch.Tensor | None) -> list[int]:
-        """The step's one wait on the device: its sampled tokens [B] (if any) and the
-        expert copies the device counted (device copy-in), in one copy to the host. After
-        it the step's forward has finished, so the pages released for this step may be
-        reused. With nothing to read, an event is waited for (at once on the CPU)."""
-        counter = self.experts.device_counters()
-        parts = [t.to(torch.int64) for t in (tokens, counter) if t is not None]
-        if not parts:
-            if self.device.type == "cuda":
-                done = torch.cuda.Event()
-                done.record()
-                done.synchronize()
-            return []
-        values = torch.cat(parts).tolist()
-        if counter is not None:
-            self.experts.add_device_copies(values.pop())
-        return values
 
     def _execute(self, scheduled, step: int) -> list[RequestOutput]:
         batch = StepBatch.of(scheduled)
@@ -355,16 +337,13 @@ class Engine:
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         if not sample_requests:
-            self._wait_for_step(None)
+            wait_for_step(None, self.experts, self.device)
             return []
         logits = self.model.compute_logits(batch.sample_hidden(hidden))
-        tokens = self._wait_for_step(
-            self.sampler.sample_on_device(
-                logits,
-                [r.request_id for r in sample_requests],
-                [r.params for r in sample_requests],
-            )
+        sampled = self.sampler.sample_on_device(
+            logits, [r.request_id for r in sample_requests], [r.params for r in sample_requests]
         )
+        tokens = wait_for_step(sampled, self.experts, self.device)
         now = time.monotonic()
         outputs = []
         for r, token in zip(sample_requests, tokens, strict=True):

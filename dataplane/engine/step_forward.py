@@ -1,7 +1,8 @@
 """One step's forward: the scheduled requests flattened into one batch (vLLM style), and the
 path that runs it. A decode-only step the decode graphs can take replays one (cuda_graphs.py);
 any other step the piecewise graphs can take replays those (piecewise_graphs.py); the rest
-run the model eagerly. All three give the same math (the GPU checks compare tokens)."""
+run the model eagerly. All three give the same math (the GPU checks compare tokens). Then
+the step's one wait on the device, for what its forward produced (wait_for_step)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.cuda_graphs import DecodeGraphs
+from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
 from rimuru.dataplane.engine.paged_states import HybridStepMeta, StateMeta
 from rimuru.dataplane.engine.piecewise_graphs import PiecewiseGraphs
@@ -93,3 +95,24 @@ def run_forward(
         torch.tensor(batch.positions, device=model.device),
         meta,
     )
+
+
+def wait_for_step(
+    tokens: torch.Tensor | None, experts: ExpertManager, device: torch.device
+) -> list[int]:
+    """The step's one wait on the device: its sampled tokens [B] (if any) and the expert
+    copies the device counted (device copy-in), in one copy to the host; returns the
+    tokens. After it the step's forward has finished, so the pages released for this step
+    may be reused. With nothing to read, an event is waited for (at once on the CPU)."""
+    counter = experts.device_counters()
+    parts = [t.to(torch.int64) for t in (tokens, counter) if t is not None]
+    if not parts:
+        if device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+        return []
+    values = torch.cat(parts).tolist()
+    if counter is not None:
+        experts.add_device_copies(values.pop())
+    return values
