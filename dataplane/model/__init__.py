@@ -1,6 +1,7 @@
 """rimuru.dataplane.model: the MoE decoder in plain PyTorch, its weights and its backends.
 
-config.py       ModelConfig, parsed from a Hugging Face config.json
+config.py       ModelConfig: the model's shapes and numerics, validated
+hf_config.py    a Hugging Face config.json parsed into a ModelConfig
 hybrid_config.py  the hybrid (Gated DeltaNet) families' layer types and GDN shapes
 weights.py      typed weight pieces and the WeightSource protocol
 loader.py       CheckpointWeights: a local HF directory of safetensors
@@ -22,7 +23,8 @@ hybrid_reference.py                    HybridReference: the whole-sequence torch
 from pathlib import Path
 
 from rimuru.dataplane.model.backends import AttentionBackend, ExpertBackend
-from rimuru.dataplane.model.config import ModelConfig, config_from_hf, load_config
+from rimuru.dataplane.model.config import ModelConfig
+from rimuru.dataplane.model.hf_config import config_from_hf, load_config
 from rimuru.dataplane.model.loader import CheckpointWeights
 from rimuru.dataplane.model.presets import PRESETS, RandomWeights, preset_config
 from rimuru.dataplane.model.reference import ContiguousKVAttention, ContiguousKVMeta, DenseExperts

@@ -7,8 +7,8 @@ Qwen3-Next and Qwen3.5-MoE interleave two token mixers, chosen per layer by `lay
                        [Hv, Dk, Dv] fp32, plus a causal-conv state [conv_dim, kernel - 1]
     full_attention     gated attention with a growing KV cache, as in the MoE families
 
-This module is a leaf (config.py imports it); `parse_layer_types` and
-`parse_linear_attention` read config.json through the typed reader config.py hands them.
+This module is a leaf (config.py and hf_config.py import it); `parse_layer_types` and
+`parse_linear_attention` read config.json through the typed reader hf_config.py hands them.
 
 Shape key: Hk/Hv = GDN key/value heads, Dk/Dv = their head dims, K = conv kernel.
 """

@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from rimuru.dataplane.model.config import ModelConfig, load_config, read_json
+from rimuru.dataplane.model.config import ModelConfig
+from rimuru.dataplane.model.hf_config import load_config, read_json
 from rimuru.dataplane.model.hf_layout import Fetch, build_global_weights, build_layer_weights
 from rimuru.dataplane.model.hybrid_layout import build_hybrid_layer_weights
 from rimuru.dataplane.model.hybrid_weights import HybridLayerWeights
