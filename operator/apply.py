@@ -21,7 +21,7 @@ from typing import Any
 
 from rimuru.operator.kube import Conflict, KubeClient
 from rimuru.operator.naming import APPLIED_HASH_ANNOTATION
-from rimuru.operator.spec import quantity_value
+from rimuru.operator.quantities import quantity_value
 
 # kind -> JSON pointers the operator owns below the top level; None = create only
 # (a generated token must never be rotated by a re-apply; a PVC's spec is immutable).
