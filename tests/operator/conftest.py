@@ -13,6 +13,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import attrs
 import celpy
 import jsonpatch
@@ -20,6 +21,10 @@ import jsonschema
 import kmock
 import pytest
 import yaml
+
+from rimuru.controlplane.plane import ControlPlane
+from rimuru.controlplane.server import create_server
+from tests.operator.operator_harness import TOKEN
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "rimuru-operator"
@@ -335,3 +340,27 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
 @pytest.fixture
 def kmock_options(kmock_options):
     return {**kmock_options, "cls": VersionedKubernetesEmulator}
+
+
+# The end-to-end harness's fixtures (operator_harness.py): a real control plane on port 0,
+# and the operator's environment against the kmock API server.
+@pytest.fixture
+async def control_plane(tmp_path):
+    plane = ControlPlane.open(tmp_path / "cp")
+    server, port = await create_server("127.0.0.1:0", plane, token=TOKEN)
+    await server.start()
+    yield f"127.0.0.1:{port}"
+    await server.stop(None)
+    plane.close()
+
+
+@pytest.fixture
+async def env(kube_api, control_plane, monkeypatch):
+    # Out of cluster the operator dials the control plane directly, as in development.
+    monkeypatch.setenv("RIMURU_OPERATOR_CONTROLPLANE_TARGET", control_plane)
+    monkeypatch.setenv("RIMURU_OPERATOR_STATUS_INTERVAL_SECONDS", "0.2")
+    monkeypatch.setenv("RIMURU_OPERATOR_RETRY_DELAY_SECONDS", "0.2")
+    monkeypatch.setenv("RIMURU_OPERATOR_DATAPLANE_IMAGE", "reg/dp:e2e")
+    monkeypatch.setenv("RIMURU_OPERATOR_CONTROLPLANE_IMAGE", "reg/cp:e2e")
+    async with aiohttp.ClientSession(base_url=str(kube_api.url)) as http:
+        yield http

@@ -13,14 +13,12 @@ from rimuru.operator.builders import build_dataplane_deployment
 from rimuru.operator.cluster import parse_server_version, unsupported_feature
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.spec import parse_spec
-from tests.operator.test_operator_e2e import (  # noqa: F401 (control_plane, env: fixtures)
+from tests.operator.operator_harness import (
     DEPLOYMENTS,
     RD,
     RD_PATH,
     _call,
-    control_plane,
     create_token_secret,
-    env,
     eventually,
     failed_with,
     obj,
@@ -68,7 +66,7 @@ def test_the_image_volume_is_valid_where_it_exists(tiny_rd, api):
     kubernetes_validate.validate(deployment, "1.33", strict=True)
 
 
-async def test_an_old_cluster_refuses_an_image_volume_in_status(kmock, env, tiny_rd):  # noqa: F811
+async def test_an_old_cluster_refuses_an_image_volume_in_status(kmock, env, tiny_rd):
     kmock["get /version"] << _version("30")
     http = env
     rd = _image_model(tiny_rd)

@@ -11,9 +11,8 @@ from rimuru.operator.builders import build_dataplane_deployment
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.pod_failures import MAX_MESSAGE_CHARS, dataplane_failure
 from rimuru.operator.spec import parse_spec
-from tests.operator import test_operator_e2e as e2e
+from tests.operator import operator_harness as harness
 from tests.operator.test_apply_and_status import _obs, _status
-from tests.operator.test_operator_e2e import control_plane, env  # noqa: F401 (fixtures)
 
 TRACEBACK = "Traceback (most recent call last):\n...\nFileNotFoundError: /models/qwen/config.json"
 LABELS = {
@@ -32,7 +31,7 @@ def _pod(name: str, state: dict, last_state: dict | None = None) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": e2e.NS, "labels": LABELS},
+        "metadata": {"name": name, "namespace": harness.NS, "labels": LABELS},
         "spec": {"containers": [{"name": "dataplane", "image": "reg/dp:e2e"}]},
         "status": {"phase": "Running", "containerStatuses": [container]},
     }
@@ -99,22 +98,24 @@ def test_the_engines_last_log_lines_become_the_termination_message(tiny_rd):
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
-async def test_the_operator_reports_why_the_model_does_not_load(kmock, env, tiny_rd):  # noqa: F811
+async def test_the_operator_reports_why_the_model_does_not_load(kmock, env, tiny_rd):
     http = env
-    pods = f"/api/v1/namespaces/{e2e.NS}/pods"
-    async with e2e.operator_running() as runner:
-        await e2e.create_tiny(http, tiny_rd)
-        await e2e.eventually(lambda: e2e.obj(kmock, e2e.DEPLOYMENTS, "tiny-dataplane"), what="dp")
-        await e2e._call(http, "POST", pods, CRASHING)  # the kubelet's report
+    pods = f"/api/v1/namespaces/{harness.NS}/pods"
+    async with harness.operator_running() as runner:
+        await harness.create_tiny(http, tiny_rd)
+        await harness.eventually(
+            lambda: harness.obj(kmock, harness.DEPLOYMENTS, "tiny-dataplane"), what="dp"
+        )
+        await harness._call(http, "POST", pods, CRASHING)  # the kubelet's report
 
         def degraded():
-            c = e2e.condition(e2e.obj(kmock, e2e.RD, "tiny"), "Degraded")
+            c = harness.condition(harness.obj(kmock, harness.RD, "tiny"), "Degraded")
             return c if c["reason"] == "DataPlaneFailing" else None
 
-        reported = await e2e.eventually(degraded, what="DataPlaneFailing")
+        reported = await harness.eventually(degraded, what="DataPlaneFailing")
         assert reported["status"] == "True"
         assert "FileNotFoundError: /models/qwen/config.json" in reported["message"]
 
-        await e2e._call(http, "DELETE", f"{pods}/{CRASHING['metadata']['name']}")
-        await e2e.recovered_then_deleted(kmock, http)
+        await harness._call(http, "DELETE", f"{pods}/{CRASHING['metadata']['name']}")
+        await harness.recovered_then_deleted(kmock, http)
     assert runner.exception is None

@@ -8,19 +8,17 @@ import copy
 
 from rimuru.operator.pod_security import restricted_profile_findings
 from rimuru.operator.spec import parse_spec
-from tests.operator.test_apply_and_status import _obs, _status
-from tests.operator.test_operator_e2e import (  # noqa: F401 (control_plane, env: fixtures)
+from tests.operator.operator_harness import (
     RD,
     RD_PATH,
     _call,
     condition,
-    control_plane,
     create_token_secret,
-    env,
     eventually,
     obj,
     operator_running,
 )
+from tests.operator.test_apply_and_status import _obs, _status
 
 HOST_PATH = {"hostPath": {"path": "/mnt/models"}}
 
@@ -58,7 +56,7 @@ def _warnings(kmock) -> list[dict]:
     ]
 
 
-async def test_the_operator_reports_a_host_path_volume(kmock, env, tiny_rd):  # noqa: F811
+async def test_the_operator_reports_a_host_path_volume(kmock, env, tiny_rd):
     http = env
     rd = _host_path_model(tiny_rd)
     rd["spec"]["authSecretRef"] = await create_token_secret(http)

@@ -11,8 +11,7 @@ import asyncio
 import collections
 import time
 
-from tests.operator import test_operator_e2e as e2e
-from tests.operator.test_operator_e2e import control_plane, env  # noqa: F401 (fixtures)
+from tests.operator import operator_harness as harness
 
 WINDOW_S = 10.0
 
@@ -48,20 +47,22 @@ async def _status_writes_stop(kmock, quiet_s: float = 2.0, limit_s: float = 60.0
 
 async def test_a_settled_deployment_costs_no_reads_of_watched_children(
     kmock,
-    env,  # noqa: F811
+    env,
     tiny_rd,
     monkeypatch,
 ):
     monkeypatch.setenv("RIMURU_OPERATOR_STATUS_INTERVAL_SECONDS", "0.3")
     http = env
-    async with e2e.operator_running() as runner:
-        await e2e.create_tiny(http, tiny_rd)
+    async with harness.operator_running() as runner:
+        await harness.create_tiny(http, tiny_rd)
         for name in ("tiny-controlplane", "tiny-dataplane"):
-            await e2e.eventually(lambda n=name: e2e.obj(kmock, e2e.DEPLOYMENTS, n), what=name)
-            await e2e.emulate_rollout(http, name, 1)
-        await e2e.eventually(
+            await harness.eventually(
+                lambda n=name: harness.obj(kmock, harness.DEPLOYMENTS, n), what=name
+            )
+            await harness.emulate_rollout(http, name, 1)
+        await harness.eventually(
             lambda: (
-                e2e.condition(e2e.obj(kmock, e2e.RD, "tiny"), "Progressing")["reason"]
+                harness.condition(harness.obj(kmock, harness.RD, "tiny"), "Progressing")["reason"]
                 == "RolloutComplete"
             ),
             what="settled",
@@ -70,7 +71,7 @@ async def test_a_settled_deployment_costs_no_reads_of_watched_children(
         since = len(list(kmock))
         await asyncio.sleep(WINDOW_S)
         counts = operator_requests(kmock, since)
-        await e2e.deleted(kmock, http)
+        await harness.deleted(kmock, http)
     assert runner.exception is None
     # (after the runner: it holds sys.stdout while it runs)
     print(f"operator requests in {WINDOW_S:.0f} s at a 0.3 s interval:", dict(counts))
