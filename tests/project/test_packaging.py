@@ -1,5 +1,6 @@
 """Layout and packaging: one import root, stdlib `operator` untouched, lint clean."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -71,22 +72,30 @@ def test_every_package_folder_is_listed_in_pyproject():
 
 
 def test_plain_wheel_contains_every_subpackage(tmp_path):
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    # setuptools builds in the checkout's build/, which it never prunes: left behind, it would
+    # put modules deleted since into the next wheel (and litter the tree)
+    build = ROOT / "build"
+    had_build = build.exists()
+    try:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "-w",
+                str(tmp_path),
+                str(ROOT),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    finally:
+        if not had_build:
+            shutil.rmtree(build, ignore_errors=True)
     (wheel,) = tmp_path.glob("rimuru-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for module in (
