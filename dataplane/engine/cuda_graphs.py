@@ -56,6 +56,7 @@ import torch
 from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
 from rimuru.dataplane.engine.paged_states import HybridStepMeta, StateMeta, StepPart
+from rimuru.dataplane.engine.pinned_upload import to_device
 from rimuru.dataplane.engine.profile_run import ScratchRunner, ScratchSeq
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
@@ -272,8 +273,9 @@ class DecodeGraphs:
             pages = np.full((2, self.ssm_pages.shape[0], size), -1, dtype=np.int64)
             pages[0, :, :n] = np.asarray([p.ssm for p in state_pages]).T
             pages[1, :, :n] = np.asarray([p.conv for p in state_pages]).T
-            self.ssm_pages[:, :size].copy_(torch.from_numpy(pages[0]))
-            self.conv_pages[:, :size].copy_(torch.from_numpy(pages[1]))
+            staged = to_device(torch.from_numpy(pages), self.ssm_pages.device)  # not pageable
+            self.ssm_pages[:, :size].copy_(staged[0])
+            self.conv_pages[:, :size].copy_(staged[1])
         # The graphs read the expert tables at fixed addresses; only an eager MoE call
         # refreshes them, so after the adjuster moved experts they are refreshed here.
         self.experts.refresh_device_tables()

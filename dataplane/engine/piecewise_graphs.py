@@ -59,6 +59,7 @@ from rimuru.dataplane.engine.cuda_graphs import (
     decode_driver_bytes,
 )
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta
+from rimuru.dataplane.engine.pinned_upload import to_device
 from rimuru.dataplane.model import MoETransformer
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,7 @@ class PiecewiseGraphs:
         inputs[0, :n] = torch.tensor(input_ids, dtype=torch.int64)
         inputs[1, :n] = torch.tensor(positions, dtype=torch.int64)
         inputs[2, :n] = 1
-        self._inputs.copy_(inputs)
+        self._inputs.copy_(to_device(inputs, self._inputs.device))  # not a pageable copy
         # as for the decode graphs: only an eager MoE call refreshes the expert tables
         self.experts.refresh_device_tables()
         self.steps += 1

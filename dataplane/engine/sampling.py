@@ -125,7 +125,8 @@ class Sampler:
     ) -> list[int]:
         """Each drawn row's Philox key: a seeded request's from (seed, draws so far), an
         unseeded one's from torch's global generator (as the torch path's noise is)."""
-        fresh = iter(torch.randint(0, 2**62, (sum(drawn),)).tolist())
+        unseeded = sum(d and p.seed is None for p, d in zip(params, drawn, strict=True))
+        fresh = iter(torch.randint(0, 2**62, (unseeded,)).tolist() if unseeded else ())
         keys = []
         for request_id, p, d in zip(request_ids, params, drawn, strict=True):
             if not d:

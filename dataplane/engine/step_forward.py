@@ -90,11 +90,9 @@ def run_forward(
         meta = HybridStepMeta(meta, states)
     if piecewise is not None and piecewise.serves(len(batch.input_ids)):
         return piecewise.run(batch.input_ids, batch.positions, meta)
-    return model.forward(
-        torch.tensor(batch.input_ids, device=model.device),
-        torch.tensor(batch.positions, device=model.device),
-        meta,
-    )
+    # staged through pinned memory: torch.tensor(..., device=cuda) would wait for the device
+    ids = to_device(torch.tensor([batch.input_ids, batch.positions]), model.device)
+    return model.forward(ids[0], ids[1], meta)
 
 
 def wait_for_step(
