@@ -193,14 +193,17 @@ class ExpertManager:
         self.counters.evictions += 1
 
     def _free_unused_slots(self) -> None:
-        """Slots no layer needs any more go back to the pool (after the last forward that
-        may have read them: they were read only by forwards before this call)."""
+        """Slots no layer needs any more go back to the pool."""
+        self._release_slots_beyond(self.device_copy.slots_needed())
+
+    def _release_slots_beyond(self, keep: int) -> None:
+        """The last slots past `keep` back to the pool (after the last forward that may have
+        read them: they were read only by forwards before this call)."""
         dc = self.device_copy
-        while self.own_slots and len(dc.slots) > dc.slots_needed():
+        while self.own_slots and len(dc.slots) > keep:
             slot = len(dc.slots) - 1
-            pages = dc.pop_slot()
             self.reclaim.release(
-                PageType.EXPERT, pages, _slot_owner(slot), self.reclaim.last_completed_step
+                PageType.EXPERT, dc.pop_slot(), _slot_owner(slot), self.reclaim.last_completed_step
             )
 
     def _take_slots(self) -> None:
@@ -248,12 +251,8 @@ class ExpertManager:
         for layer in range(self.num_layers):
             for expert in sorted(self.resident[layer]):
                 self._drop(layer, expert, last_step=self.reclaim.last_completed_step)
-        dc = self.device_copy
-        while dc is not None and self.own_slots and dc.slots:  # load_initial takes them again
-            slot = len(dc.slots) - 1
-            self.reclaim.release(
-                PageType.EXPERT, dc.pop_slot(), _slot_owner(slot), self.reclaim.last_completed_step
-            )
+        if self.device_copy is not None:  # load_initial takes them again
+            self._release_slots_beyond(0)
 
     # ------------------------------------------------------------------ MoE (ExpertBackend)
     def begin_step(self) -> None:
