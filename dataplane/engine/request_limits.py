@@ -108,16 +108,15 @@ class RequestLimits:
             )
         return ids
 
-    def check_progress(self, preempted_alone: Request | None, num_pad_pages: int) -> None:
-        """A request that lacked pages alone in a pool whose residency never moves while
-        serving (resident, fixed) would be re-admitted and preempted at the same point for
-        ever, holding up every request queued behind it. `validate` admits only what fits
+    def check_progress(self, request: Request, num_pad_pages: int) -> None:
+        """`request` lacked pages while it ran alone. In a pool whose residency never moves
+        while serving (resident, fixed) it would be re-admitted and preempted at the same
+        point for ever, holding up every request queued behind it. `validate` admits only what fits
         alone (max_kv_tokens), so this is a fault of that count: fail loudly rather than
         loop. (Elastic's boundary may still move for it: make_room, the adjuster.)"""
         mode = self.policy.tunables.mode
-        if preempted_alone is None or mode == "elastic":
+        if mode == "elastic":
             return
-        request = preempted_alone
         raise RuntimeError(
             f"request {request.request_id!r} ({len(request.prompt_token_ids)} prompt tokens, "
             f"max_tokens {request.params.max_tokens}) lacks KV pages though it runs alone in "
