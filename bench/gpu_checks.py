@@ -29,6 +29,10 @@ session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
 9. padded KV pages: a checkpoint whose KV page does not divide its expert page (KV slots
    padded, the kernels step pages by the slot) gives the CPU torch path's greedy tokens,
    resident and a tight elastic that evicts (CUDA only).
+10. async scheduling == synchronous: resident with decode and piecewise graphs, a pool
+   tight enough to preempt, greedy and seeded sampling: the same tokens, no page leaked, and
+   the async run's decode steps replayed graphs with their tokens taken on the device
+   (CUDA only).
 Prints a table last: check, result, detail. Exit status 1 if any check failed.
 """
 
@@ -373,6 +377,39 @@ def padded_kv_pages(device: str) -> str:
         return f"KV slot {slot} B for 4096 B pages; " + ", ".join(details) + "; tokens identical"
 
 
+def async_matches_sync(device: str) -> str:
+    probe = engine(device, "resident", kernels=True)
+    budget = probe.plan.budget_bytes - probe.plan.pool_bytes + 26 * MiB  # experts take 24
+    batch = prompts(24)
+    details = []
+    for params in (
+        SamplingParams(max_tokens=24, ignore_eos=True),
+        SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, seed=7),
+    ):
+        runs = {}
+        for mode in (False, True):
+            e = engine(device, "resident", kernels=True, memory_budget=budget,
+                       async_scheduling=mode)  # fmt: skip
+            runs[mode] = (e.generate(batch, params), e)
+            e.check_invariants()
+            if e.num_leaked_pages():
+                raise AssertionError(f"async={mode}: {e.num_leaked_pages()} pages leaked")
+        (want, s), (got, a) = runs[False], runs[True]
+        if got != want:
+            differ = sum(x != y for x, y in zip(got, want, strict=True))
+            raise AssertionError(f"{differ} of {len(want)} requests differ from synchronous")
+        decode = a.cuda_graphs.decode.replays if a.cuda_graphs.decode is not None else 0
+        pieces = a.cuda_graphs.piecewise.replays if a.cuda_graphs.piecewise is not None else 0
+        if not decode:
+            raise AssertionError("async: no decode graph was replayed")
+        kind = "sampled" if params.temperature else "greedy"
+        details.append(
+            f"{kind}: {decode} + {pieces} piecewise replays, preemptions "
+            f"{s.scheduler.num_preemptions} sync / {a.scheduler.num_preemptions} async"
+        )
+    return "; ".join(details) + "; tokens identical"
+
+
 CHECKS = {
     "one-block": ("one-block requests", one_block),
     "paths": ("triton == torch tokens", paths_agree),
@@ -383,6 +420,7 @@ CHECKS = {
     "graphs": ("CUDA graphs == eager", graphs_match_eager),
     "device-copy": ("device copy == host copy", device_copy_matches_host),
     "padded-kv": ("padded KV pages", padded_kv_pages),
+    "async": ("async == sync scheduling", async_matches_sync),
 }
 
 
@@ -407,6 +445,7 @@ def main() -> int:
         "graphs": cuda,
         "device-copy": cuda,
         "padded-kv": cuda,
+        "async": cuda,
     }
     checks = [CHECKS[n] for n in names if wanted[n]]
     rows = []

@@ -129,6 +129,8 @@ def measure_roofline(engine: Engine) -> dict:
     contexts it attended over give its roofline (bench/roofline.py)."""
     running = [r for r in engine.scheduler.running if r.num_tokens_to_compute == 1]
     contexts = [r.num_tokens for r in running]
+    if engine.device.type == "cuda":  # async: the step in flight routes before the reset
+        torch.cuda.synchronize(engine.device)
     engine.experts.reset_routing_counts()
     engine.step()
     distinct = int((engine.experts.routing_counts > 0).sum())
@@ -219,6 +221,8 @@ def main() -> int:
         help="each measured step also prefills one new N-token prompt (mixed step)",
     )
     ap.add_argument("--cudagraph-mode", default=CUDAGRAPH_MODES[0], choices=CUDAGRAPH_MODES)
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="schedule and launch each step before reading the last one back")  # fmt: skip
     ap.add_argument("--unfused-ops", action="store_true",
                     help="norms and RoPE in torch, not fused kernels (the before of model/ops.py)")  # fmt: skip
     args = ap.parse_args()
@@ -252,6 +256,7 @@ def main() -> int:
         enforce_eager=args.enforce_eager,
         cudagraph_mode=args.cudagraph_mode,
         fused_layer_ops=not args.unfused_ops,
+        async_scheduling=args.async_scheduling,
     )  # fmt: skip
     engine = Engine(config)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -263,6 +268,7 @@ def main() -> int:
             "step_profile" + "_eager" * args.enforce_eager + "_unfused" * args.unfused_ops
             + f"_prefill{args.prefill_tokens}" * bool(args.prefill_tokens)
             + "_decode_only" * (args.cudagraph_mode == "full_decode_only")
+            + "_async" * args.async_scheduling
             + f"_b{batch}" * (len(batches) > 1) + ".json"
         )  # fmt: skip
         (args.out / name).write_text(json.dumps(report, indent=1) + "\n")
@@ -272,6 +278,7 @@ def main() -> int:
         + (" + piecewise" if rows[0]["piecewise_graphs"] else "")
         + (", unfused ops" if args.unfused_ops else "")
         + (f", +1 prompt of {args.prefill_tokens} per step" if args.prefill_tokens else "")
+        + (", async scheduling" if args.async_scheduling else "")
     )
     print(f"\n{args.model} ({rows[0]['layers']} layers), {args.policy}, {mode}, "
           f"prompts of {args.prompt_len} tokens")  # fmt: skip

@@ -138,7 +138,10 @@ def run(args: argparse.Namespace) -> int:
     # bottleneck (the quick start); any other run says its own budget.
     if args.memory_budget is None and args.gpu_memory_utilization is None and args.device == "cpu":
         args.memory_budget = CPU_DEFAULT_BUDGET
-    base = engine_config_from_args(args)  # refused now, not after the first policies ran
+    # refused now, not after the first policies ran
+    base = engine_config_from_args(args, mode=policies[0])
+    for policy in policies[1:]:
+        base.with_mode(policy)
     trace = load_trace(args.trace)
     # Asked for more than the trace has: refused, not silently fewer (profile-hotness agrees).
     trace = trace.head(args.num_prompts or min(DEFAULT_NUM_PROMPTS, len(trace)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 from rimuru.policy import MODES, parse_modes
@@ -35,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
     policies = parse_modes(args.policies)
     if args.context_len < 1:
         raise ValueError("--context-len must be >= 1")
-    config = engine_config_from_args(args)
+    # async scheduling changes no memory and holds for the resident policy alone: read the
+    # flags as resident, then plan without it under each policy
+    config = replace(engine_config_from_args(args, mode="resident"), async_scheduling=False)
     cap = plan_capacity(config, policies)
     mc = cap.model_config
     if config.tensor_parallel_size > 1:

@@ -66,6 +66,11 @@ class EngineConfig:
     # Ranks of one host splitting every layer (dataplane/parallel/): the budget flags are
     # per GPU; device "cuda" puts rank r on cuda:r.
     tensor_parallel_size: int = 1
+    # Schedule and launch round n+1 before reading round n's tokens back (vLLM V1's async
+    # scheduling): the host's work between two steps overlaps the device's (in_flight.py).
+    # Resident policy on one device: fixed and elastic copy experts into the pool every
+    # step, which this one step of look-ahead does not order yet.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         check_device_name(self.device)
@@ -127,6 +132,18 @@ class EngineConfig:
             raise ValueError(
                 f"with tensor_parallel_size > 1 give device cpu or cuda (rank r takes cuda:r), "
                 f"not {self.device!r}; CUDA_VISIBLE_DEVICES chooses the GPUs"
+            )
+
+        if self.async_scheduling and self.tunables.mode != "resident":
+            raise ValueError(
+                f"async_scheduling needs the resident policy, not {self.tunables.mode!r}: "
+                f"fixed and elastic copy experts into the pool every step; drop "
+                f"--async-scheduling or run the resident policy alone"
+            )
+        if self.async_scheduling and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "async_scheduling runs on one device: drop --async-scheduling or give "
+                "--tensor-parallel-size 1"
             )
 
     @property

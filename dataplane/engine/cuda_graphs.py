@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
+from rimuru.dataplane.engine.in_flight import TokenFill
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
 from rimuru.dataplane.engine.paged_states import HybridStepMeta, StateMeta, StepPart
 from rimuru.dataplane.engine.pinned_upload import to_device
@@ -246,9 +247,11 @@ class DecodeGraphs:
         slices: list[SequenceSlice],
         tables: DeviceBlockTables,
         state_pages: Sequence[StatePages] = (),
+        fill: TokenFill | None = None,
     ):
         """The step's hidden states [len(slices), D] (the caller checked `serves`); `tables`:
-        the engine's block-table store; `state_pages`: a hybrid model's, one per slice."""
+        the engine's block-table store; `state_pages`: a hybrid model's, one per slice;
+        `fill`: tokens of pending rows, taken on the device (async scheduling)."""
         n, size = len(slices), self.size_for(len(slices))
         assert size is not None
         host = np.zeros((4, size), dtype=np.int32)  # padding rows: 0 everywhere
@@ -261,6 +264,8 @@ class DecodeGraphs:
         for dst, src in ((self.ids, ids), (self.pos, pos), (self.rows, real),
                          (self.seq_lens, pos + 1)):  # fmt: skip
             dst[:size].copy_(src)
+        if fill is not None:
+            fill.apply(self.ids)
         # Real rows: their blocks, gathered from the store; padding rows: the pad page in
         # column 0 (their context is 1). Past that, columns keep what an earlier step left:
         # no kernel reads past a sequence's length.

@@ -30,6 +30,7 @@ from rimuru.dataplane.engine.copy_budget import CopyControl
 from rimuru.dataplane.engine.cuda_graphs import DecodeGraphs
 from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
 from rimuru.dataplane.engine.graph_setup import NO_GRAPHS, CudaGraphs, GraphPlanner
+from rimuru.dataplane.engine.in_flight import InFlightStep, Readback, TokenFill
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.live_policy import LivePolicy
 from rimuru.dataplane.engine.loaded_model import load_model
@@ -51,8 +52,8 @@ from rimuru.dataplane.engine.setup import (
     warm_up_kernels,
 )
 from rimuru.dataplane.engine.step_cost import StepCostMeter
-from rimuru.dataplane.engine.step_forward import StepBatch, run_forward, wait_for_step
-from rimuru.dataplane.engine.step_outputs import append_sampled, token_output
+from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
+from rimuru.dataplane.engine.step_outputs import add_placeholder, take_sampled, token_output
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
@@ -159,6 +160,7 @@ class Engine:
             config.max_num_batched_tokens,
             make_room=self.boundary.make_room if elastic and config.evict_to_admit else None,
             admit_limit=self.boundary.admit_limit,
+            stream_ordered=config.async_scheduling,
         )
         self.live_policy = LivePolicy(
             self.policy, self.scheduler, self.experts, self.allocator, self.reclaim,
@@ -168,6 +170,7 @@ class Engine:
         self.sampler = Sampler(race=self.paths.use_kernels)
         self.requests: dict[str, Request] = {}
         self.step_id = 0
+        self._in_flight: InFlightStep | None = None  # async scheduling: launched, not read
         self.stats: list[StepStats] = []
         self.live_policy.check_buffer_fits(self.tunables)
         self.live_policy.load_initial_experts()
@@ -279,6 +282,7 @@ class Engine:
         are released after `step`, and the sampler drops its seeded draws."""
         self.scheduler.finish(request, status, step)
         request.finish_time = now
+        request.drop_pending()  # tokens of steps in flight are not read for it
         self.sampler.forget(request.request_id)
 
     def forget(self, request_id: str) -> None:
@@ -297,10 +301,15 @@ class Engine:
             del self.stats[:-keep]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests to run, or a step in flight still to read back (async scheduling)."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # ------------------------------------------------------------------ one round
     def step(self) -> list[RequestOutput]:
+        """One scheduling round: schedule, move the boundary, launch the forward and the
+        sampling, read a step back; returns the tokens read. Synchronous scheduling reads
+        back the step it launched; async scheduling the one launched by the call before
+        (in_flight.py), so the host schedules this round while that step runs."""
         # the current CUDA device is per thread: Triton launches and events follow it
         with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
             self.step_id += 1
@@ -315,41 +324,65 @@ class Engine:
             running = len(self.scheduler.running)  # before this step's finished leave
             if self.tunables.mode == "elastic":
                 self.boundary.move(out.kv_pages_short, self.scheduler.round_state(step))
-            outputs: list[RequestOutput] = []
-            if out.scheduled:
-                outputs = self._execute(out.scheduled, step)
+            prev, self._in_flight = self._in_flight, None
+            launched = self._launch(out.scheduled, step, prev)
+            outputs = self._read_back(prev) if prev is not None else []
+            if self.config.async_scheduling and out.scheduled:
+                self._in_flight = launched
             else:
-                wait_for_step(None, self.experts, self.device)
-            self.reclaim.complete(step)  # its forward has finished (the wait above)
+                outputs += self._read_back(launched)
             self._record(out, step, running, time.perf_counter() - started)
             return outputs
 
-    def _execute(self, scheduled, step: int) -> list[RequestOutput]:
+    def _launch(self, scheduled, step: int, prev: InFlightStep | None) -> InFlightStep:
+        """Queue the step's forward and sampling on the device and start its read-back;
+        each request it samples for holds a placeholder until then. `prev`: the step in
+        flight, whose sampled tokens the pending rows take (async scheduling)."""
+        if not scheduled:
+            return InFlightStep(step, [], None, Readback.start(None, self.experts, self.device))
         batch = StepBatch.of(scheduled)
+        fill = None
+        if batch.pending_rows:
+            assert prev is not None, "a placeholder without a step in flight"
+            fill = TokenFill.build(batch.pending_rows, batch.pending_requests, prev)
         sample_requests = batch.sample_requests
         if self.tp is not None:  # the other ranks' residency and batch, before the forward
             self.tp.send_step(step, scheduled, batch, self.experts)
         self.experts.begin_step()
         graphs = self.cuda_graphs
-        hidden = run_forward(batch, self.model, graphs.decode, graphs.piecewise, self.block_tables)
+        hidden = run_forward(
+            batch, self.model, graphs.decode, graphs.piecewise, self.block_tables, fill
+        )
         if self.tp is not None:
             self.tp.forward_done()
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
-        if not sample_requests:
-            wait_for_step(None, self.experts, self.device)
-            return []
-        logits = self.model.compute_logits(batch.sample_hidden(hidden))
-        sampled = self.sampler.sample_on_device(
-            logits, [r.request_id for r in sample_requests], [r.params for r in sample_requests]
-        )
-        tokens = wait_for_step(sampled, self.experts, self.device)
+        sampled = None
+        if sample_requests:
+            logits = self.model.compute_logits(batch.sample_hidden(hidden))
+            sampled = self.sampler.sample_on_device(
+                logits,
+                [r.request_id for r in sample_requests],
+                [r.params for r in sample_requests],
+            )
+            for r in sample_requests:
+                add_placeholder(r)
+        readback = Readback.start(sampled, self.experts, self.device)
+        return InFlightStep(step, sample_requests, sampled, readback)
+
+    def _read_back(self, launched: InFlightStep) -> list[RequestOutput]:
+        """Wait for a launched step, free what was released for it, and give its tokens to
+        the requests still running (one stopped or aborted since drops its token)."""
+        tokens = launched.readback.wait(self.experts)
+        self.reclaim.complete(launched.step)  # its forward has finished (the wait above)
         now = time.monotonic()
         outputs = []
-        for r, token in zip(sample_requests, tokens, strict=True):
-            status = append_sampled(r, token, now, self.model_config.eos_token_ids)
+        for r, token in zip(launched.sampled, tokens, strict=True):
+            if r.status.finished:
+                continue
+            status = take_sampled(r, token, now, self.model_config.eos_token_ids)
             if status is not None:
-                self._finish(r, status, step, now)
+                self._finish(r, status, self.step_id, now)
             outputs.append(token_output(r.request_id, token, status))
         return outputs
 

@@ -383,22 +383,27 @@ class ExpertManager:
         return self._moe_torch(layer, x, topk_ids, topk_weights, buffer, needed)
 
     def device_counters(self) -> torch.Tensor | None:
-        """Device mode: [1] int32, the experts copied in since the last `add_device_copies`,
+        """Device mode: [1] int32, the experts copied in since the last `restart_device_count`,
         counted on the device (read with the step's sampled tokens, in one wait)."""
         return self._device_copies if self.device_copy is not None else None
 
     def add_device_copies(self, copies: int) -> None:
-        """Count `copies` read from `device_counters()` on the host and restart the device
-        count (queued: the next step's kernels add after it)."""
-        self._device_copies.zero_()
+        """Count `copies`, read from `device_counters()` on the host (after
+        `restart_device_count` was queued behind that read)."""
         self.counters.buffer_copies += copies
         self.counters.bytes_h2d += copies * 3 * self._matrix_bytes(self.host[0].w1[0])
+
+    def restart_device_count(self) -> None:
+        """Zero the device's count, queued behind the read of it: the kernels of the next
+        step launched add after it."""
+        self._device_copies.zero_()
 
     def sync_counters(self) -> None:
         """Device mode: add the copies counted on the device to the host counters (a wait
         on the device; the engine folds it into its read of the tokens instead)."""
         if self.device_copy is not None:
             self.add_device_copies(int(self._device_copies.item()))
+            self.restart_device_count()
 
     def refresh_device_tables(self) -> None:
         """Bring every table a captured step reads up to date, in place (a replay runs no

@@ -114,6 +114,9 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
                "stacks first (ablation; needs --expert-copy host)", choices=("paged", "gather")),
     EngineFlag("tensor_parallel_size", "ranks splitting every layer, one process per GPU of "
                "this host (the budget flags are per GPU)", type=int, short="-tp"),
+    EngineFlag("async_scheduling", "on or off: schedule and launch the next step before "
+               "reading this one's tokens back, overlapping host and device (resident "
+               "policy, one GPU)", switch=True),
 )  # fmt: skip
 
 ENGINE_DESTS = frozenset(f.dest for f in ENGINE_FLAGS)
@@ -163,12 +166,13 @@ def add_engine_arguments(
         parser.add_argument(*names, dest=flag.dest, help=flag.help + shown + env_note, **kwargs)
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+def engine_config_from_args(args: argparse.Namespace, mode: str | None = None) -> EngineConfig:
     """The EngineConfig the engine flags in `args` (parsed by a parser that
     add_engine_arguments set up) mean; a flag the command skipped keeps the default.
+    `mode`: the memory policy, where the command chooses it (bench's --policies).
     ValueError names the flag or field that is wrong."""
     config: dict[str, Any] = {}
-    tunables: dict[str, Any] = {}
+    tunables: dict[str, Any] = {} if mode is None else {"mode": mode}
     for flag in ENGINE_FLAGS:
         if flag.dest not in args.engine_flags:
             continue

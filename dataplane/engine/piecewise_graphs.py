@@ -58,6 +58,7 @@ from rimuru.dataplane.engine.cuda_graphs import (
     capture_sizes,
     decode_driver_bytes,
 )
+from rimuru.dataplane.engine.in_flight import TokenFill
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta
 from rimuru.dataplane.engine.pinned_upload import to_device
 from rimuru.dataplane.model import MoETransformer
@@ -158,8 +159,15 @@ class PiecewiseGraphs:
         torch.cuda.synchronize(device)
         self.experts.reset_routing_counts()  # capture routed padding only; keep no trace
 
-    def run(self, input_ids: list[int], positions: list[int], meta: PagedAttentionMeta):
-        """The step's hidden states [len(input_ids), D] (the caller checked `serves`)."""
+    def run(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        meta: PagedAttentionMeta,
+        fill: TokenFill | None = None,
+    ):
+        """The step's hidden states [len(input_ids), D] (the caller checked `serves`);
+        `fill`: tokens of pending rows, taken on the device (async scheduling)."""
         n, size = len(input_ids), self.size_for(len(input_ids))
         assert size is not None
         inputs = torch.zeros_like(self._inputs, device="cpu")  # padding: id 0, position 0
@@ -167,6 +175,8 @@ class PiecewiseGraphs:
         inputs[1, :n] = torch.tensor(positions, dtype=torch.int64)
         inputs[2, :n] = 1
         self._inputs.copy_(to_device(inputs, self._inputs.device))  # not a pageable copy
+        if fill is not None:
+            fill.apply(self._inputs[0])
         # as for the decode graphs: only an eager MoE call refreshes the expert tables
         self.experts.refresh_device_tables()
         self.steps += 1

@@ -14,6 +14,11 @@ from rimuru.dataplane.memory.tables import BlockTable, StatePages
 # outgrow; 1024 is vLLM's limit on allowed_token_ids and logit_bias entries.
 MAX_STOP_TOKEN_IDS = 1024
 
+# Stands in a request's output for a token still being sampled on the device: with async
+# scheduling the next round is scheduled, and launched, before the step in flight is read
+# back. The forward takes the real token from the device (in_flight.py); it is never sampled.
+PLACEHOLDER = -1
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -74,6 +79,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_pending: int = 0  # PLACEHOLDERs that end output_token_ids (async scheduling)
     num_preemptions: int = 0
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -105,6 +111,22 @@ class Request:
     def num_tokens_to_compute(self) -> int:
         """Tokens not yet in the KV cache: a prompt (chunk), or the last sampled token."""
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Output tokens sampled and read back (placeholders not counted)."""
+        return len(self.output_token_ids) - self.num_pending
+
+    @property
+    def awaits_last_token(self) -> bool:
+        """Its max_tokens-th token is being sampled: there is nothing left to schedule."""
+        return self.num_pending > 0 and len(self.output_token_ids) >= self.params.max_tokens
+
+    def drop_pending(self) -> None:
+        """Forget the placeholders of tokens that will not be read (it finished first)."""
+        if self.num_pending:
+            del self.output_token_ids[-self.num_pending :]
+            self.num_pending = 0
 
     @property
     def is_prefill(self) -> bool:

@@ -1,18 +1,18 @@
 """One step's forward: the scheduled requests flattened into one batch (vLLM style), and the
 path that runs it. A decode-only step the decode graphs can take replays one (cuda_graphs.py);
 any other step the piecewise graphs can take replays those (piecewise_graphs.py); the rest
-run the model eagerly. All three give the same math (the GPU checks compare tokens). Then
-the step's one wait on the device, for what its forward produced (wait_for_step)."""
+run the model eagerly. All three give the same math (the GPU checks compare tokens). What
+the forward produced is read back by in_flight.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.cuda_graphs import DecodeGraphs
-from rimuru.dataplane.engine.expert_manager import ExpertManager
+from rimuru.dataplane.engine.in_flight import TokenFill
 from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
 from rimuru.dataplane.engine.paged_states import HybridStepMeta, StateMeta
 from rimuru.dataplane.engine.piecewise_graphs import PiecewiseGraphs
@@ -31,6 +31,9 @@ class StepBatch:
     sample_rows: list[int]  # the row of each request's last token, where it samples
     sample_requests: list[Request]  # the requests whose step completes their tokens
     state_pages: list[StatePages]  # a hybrid model's, one per scheduled request; else empty
+    # async scheduling: rows whose input id is a PLACEHOLDER, and whose token it stands for
+    pending_rows: list[int] = field(default_factory=list)
+    pending_requests: list[Request] = field(default_factory=list)
 
     @classmethod
     def of(cls, scheduled) -> StepBatch:
@@ -38,6 +41,7 @@ class StepBatch:
         ids: list[int] = []
         positions: list[int] = []
         slices, rows, sampled, states = [], [], [], []
+        pending_rows, pending = [], []
         for s in scheduled:
             r, n, done = s.request, s.num_new_tokens, s.request.num_computed_tokens
             start = len(ids)
@@ -49,7 +53,12 @@ class StepBatch:
                 sampled.append(r)
             if r.state_pages is not None:
                 states.append(r.state_pages)
-        return cls(ids, positions, slices, rows, sampled, states)
+            if r.num_pending:  # its last token is being sampled by the step in flight
+                if r.num_pending > 1 or done + n != r.num_tokens:
+                    raise RuntimeError(f"request {r.request_id!r} is scheduled past its tokens")
+                pending_rows.append(len(ids) - 1)
+                pending.append(r)
+        return cls(ids, positions, slices, rows, sampled, states, pending_rows, pending)
 
     def sample_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T', D] (T' >= T: a graph may pad) -> the rows that sample [R, D], without
@@ -78,39 +87,24 @@ def run_forward(
     graphs: DecodeGraphs | None,
     piecewise: PiecewiseGraphs | None,
     tables: DeviceBlockTables,
+    fill: TokenFill | None = None,
 ) -> torch.Tensor:
     """The batch's final hidden states [T, D], by the first path that serves it; `tables`:
-    the block-table store the batch's tables are written to and gathered from."""
+    the block-table store the batch's tables are written to and gathered from; `fill`: the
+    tokens of the batch's pending rows, on the device (async scheduling)."""
     if graphs is not None and graphs.serves(batch.slices):
-        return graphs.run(batch.input_ids, batch.positions, batch.slices, tables, batch.state_pages)
+        return graphs.run(
+            batch.input_ids, batch.positions, batch.slices, tables, batch.state_pages, fill
+        )
     meta = PagedAttentionMeta.build(batch.slices, tables)
     if batch.state_pages:  # a hybrid model: its GDN layers' states too
         states = batch.state_meta(model.device)
         model.states.begin_step(states)
         meta = HybridStepMeta(meta, states)
     if piecewise is not None and piecewise.serves(len(batch.input_ids)):
-        return piecewise.run(batch.input_ids, batch.positions, meta)
+        return piecewise.run(batch.input_ids, batch.positions, meta, fill)
     # staged through pinned memory: torch.tensor(..., device=cuda) would wait for the device
     ids = to_device(torch.tensor([batch.input_ids, batch.positions]), model.device)
+    if fill is not None:
+        fill.apply(ids[0])
     return model.forward(ids[0], ids[1], meta)
-
-
-def wait_for_step(
-    tokens: torch.Tensor | None, experts: ExpertManager, device: torch.device
-) -> list[int]:
-    """The step's one wait on the device: its sampled tokens [B] (if any) and the expert
-    copies the device counted (device copy-in), in one copy to the host; returns the
-    tokens. After it the step's forward has finished, so the pages released for this step
-    may be reused. With nothing to read, an event is waited for (at once on the CPU)."""
-    counter = experts.device_counters()
-    parts = [t.to(torch.int64) for t in (tokens, counter) if t is not None]
-    if not parts:
-        if device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-            done.synchronize()
-        return []
-    values = torch.cat(parts).tolist()
-    if counter is not None:
-        experts.add_device_copies(values.pop())
-    return values

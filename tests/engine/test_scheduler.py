@@ -1,5 +1,7 @@
 """Scheduler unit tests on the real allocator: exact preemption order and shortfall."""
 
+import pytest
+
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.request import Request, SamplingParams
 from rimuru.dataplane.engine.scheduler import Scheduler
@@ -8,13 +10,14 @@ from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry
 from rimuru.dataplane.memory.reclaim import DeferredReclaim
 
 
-def make(num_huge: int, max_tokens: int = 512) -> Scheduler:
+def make(num_huge: int, max_tokens: int = 512, stream_ordered: bool = False) -> Scheduler:
     g = PageGeometry.from_shape(MemoryShape(1, 4, 16, 16, 1, 2, 4))  # 4 KV pages per huge page
     a = PageAllocator(g, num_huge)
     return Scheduler(
         KVCacheManager(a, DeferredReclaim(a), 1, 16),
         max_num_seqs=8,
         max_num_batched_tokens=max_tokens,
+        stream_ordered=stream_ordered,
     )
 
 
@@ -122,3 +125,24 @@ def test_a_steps_running_gauge_counts_the_batch_before_it_finishes(make_engine):
     engine.step()
     assert not engine.has_unfinished_requests()
     assert engine.stats[-1].num_running == 4
+
+
+@pytest.mark.parametrize(
+    ("stream_ordered", "preempted", "scheduled"),
+    [(True, ("r3",), ["r0", "r1", "r2"]), (False, ("r3", "r2", "r1", "r0"), [])],
+)
+def test_preempted_pages_while_a_step_is_in_flight(stream_ordered, preempted, scheduled):
+    """Async scheduling schedules round 2 while step 1, which read every page, still runs.
+    In stream order r3's page serves r0 in the same round; parked until step 1 completes,
+    it serves no one, and r0 preempts everyone down to itself."""
+    s = make(1, stream_ordered=stream_ordered)  # 4 KV pages
+    for i in range(4):
+        s.add(req(i, 16))
+    s.schedule(1)  # step 1 is launched and not complete: nothing marks it so
+    for r in s.running:
+        r.num_computed_tokens = 16
+    s.running[0].prompt_token_ids += [1] * 16  # r0 needs one more page; none is free
+    out = s.schedule(2)
+    assert out.preempted == preempted
+    assert [x.request.request_id for x in out.scheduled] == scheduled
+    assert s.kv.reclaim.num_pending() == (0 if stream_ordered else 4)  # parked for step 1
