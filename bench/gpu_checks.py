@@ -29,10 +29,9 @@ session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
 9. padded KV pages: a checkpoint whose KV page does not divide its expert page (KV slots
    padded, the kernels step pages by the slot) gives the CPU torch path's greedy tokens,
    resident and a tight elastic that evicts (CUDA only).
-10. async scheduling == synchronous: resident with decode and piecewise graphs, a pool
-   tight enough to preempt, greedy and seeded sampling: the same tokens, no page leaked, and
-   the async run's decode steps replayed graphs with their tokens taken on the device
-   (CUDA only).
+10. async scheduling == synchronous: resident, greedy and seeded sampling, in a roomy pool
+   (decode and piecewise graphs replayed, their decodes' tokens taken on the device) and a
+   tight one (preemptions): the same tokens, no page leaked (CUDA only).
 Prints a table last: check, result, detail. Exit status 1 if any check failed.
 """
 
@@ -378,35 +377,46 @@ def padded_kv_pages(device: str) -> str:
 
 
 def async_matches_sync(device: str) -> str:
-    probe = engine(device, "resident", kernels=True)
-    budget = probe.plan.budget_bytes - probe.plan.pool_bytes + 26 * MiB  # experts take 24
-    batch = prompts(24)
+    """Two pools: a roomy one (decode and piecewise graphs: mixed steps take their decodes'
+    tokens in the pieces' inputs) and a tight one (resident preempts)."""
+    roomy = 200 * MiB + graph_driver_allowance()
+    probe = engine(device, "resident", kernels=True, memory_budget=roomy)
+    tight = probe.plan.budget_bytes - probe.plan.pool_bytes + 26 * MiB  # experts take 24
+    batch = prompts(40)
     details = []
-    for params in (
-        SamplingParams(max_tokens=24, ignore_eos=True),
-        SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, seed=7),
-    ):
-        runs = {}
-        for mode in (False, True):
-            e = engine(device, "resident", kernels=True, memory_budget=budget,
-                       async_scheduling=mode)  # fmt: skip
-            runs[mode] = (e.generate(batch, params), e)
-            e.check_invariants()
-            if e.num_leaked_pages():
-                raise AssertionError(f"async={mode}: {e.num_leaked_pages()} pages leaked")
-        (want, s), (got, a) = runs[False], runs[True]
-        if got != want:
-            differ = sum(x != y for x, y in zip(got, want, strict=True))
-            raise AssertionError(f"{differ} of {len(want)} requests differ from synchronous")
-        decode = a.cuda_graphs.decode.replays if a.cuda_graphs.decode is not None else 0
-        pieces = a.cuda_graphs.piecewise.replays if a.cuda_graphs.piecewise is not None else 0
-        if not decode:
-            raise AssertionError("async: no decode graph was replayed")
-        kind = "sampled" if params.temperature else "greedy"
-        details.append(
-            f"{kind}: {decode} + {pieces} piecewise replays, preemptions "
-            f"{s.scheduler.num_preemptions} sync / {a.scheduler.num_preemptions} async"
-        )
+    for pool, budget in (("roomy", roomy), ("tight", tight)):
+        for params in (
+            SamplingParams(max_tokens=32, ignore_eos=True),
+            SamplingParams(max_tokens=32, ignore_eos=True, temperature=0.8, seed=7),
+        ):
+            runs = {}
+            for mode in (False, True):
+                e = engine(device, "resident", kernels=True, memory_budget=budget,
+                           async_scheduling=mode)  # fmt: skip
+                runs[mode] = (e.generate(batch, params), e)
+                e.check_invariants()
+                if e.num_leaked_pages():
+                    raise AssertionError(f"async={mode}: {e.num_leaked_pages()} pages leaked")
+            (want, s), (got, a) = runs[False], runs[True]
+            if got != want:
+                differ = sum(x != y for x, y in zip(got, want, strict=True))
+                raise AssertionError(f"{pool}: {differ} of {len(want)} requests differ")
+            graphs = a.cuda_graphs
+            decode = graphs.decode.replays if graphs.decode is not None else 0
+            pieces = graphs.piecewise.replays if graphs.piecewise is not None else 0
+            if not decode:
+                raise AssertionError(f"{pool}: async replayed no decode graph")
+            if pool == "roomy" and not pieces:
+                raise AssertionError("roomy: async replayed no piecewise graph")
+            if pool == "tight" and not s.scheduler.num_preemptions:
+                raise AssertionError(
+                    f"tight: a {a.plan.pool_bytes / MiB:.1f} MiB pool never preempted"
+                )
+            kind = "sampled" if params.temperature else "greedy"
+            details.append(
+                f"{pool} {kind}: {decode} + {pieces} piecewise replays, preemptions "
+                f"{s.scheduler.num_preemptions} sync / {a.scheduler.num_preemptions} async"
+            )
     return "; ".join(details) + "; tokens identical"
 
 
