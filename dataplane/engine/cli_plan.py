@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 from rimuru.policy import MODES, parse_modes
@@ -36,9 +35,7 @@ def run(args: argparse.Namespace) -> int:
     policies = parse_modes(args.policies)
     if args.context_len < 1:
         raise ValueError("--context-len must be >= 1")
-    # async scheduling changes no memory and holds for the resident policy alone: read the
-    # flags as resident, then plan without it under each policy
-    config = replace(engine_config_from_args(args, mode="resident"), async_scheduling=False)
+    config = engine_config_from_args(args)
     cap = plan_capacity(config, policies)
     mc = cap.model_config
     if config.tensor_parallel_size > 1:

@@ -68,8 +68,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     # Schedule and launch round n+1 before reading round n's tokens back (vLLM V1's async
     # scheduling): the host's work between two steps overlaps the device's (in_flight.py).
-    # Resident policy on one device: fixed and elastic copy experts into the pool every
-    # step, which this one step of look-ahead does not order yet.
+    # One device; fixed and elastic with device copy-in (host copies sync mid-step).
     async_scheduling: bool = False
 
     def __post_init__(self) -> None:
@@ -134,11 +133,15 @@ class EngineConfig:
                 f"not {self.device!r}; CUDA_VISIBLE_DEVICES chooses the GPUs"
             )
 
-        if self.async_scheduling and self.tunables.mode != "resident":
+        if (
+            self.async_scheduling
+            and self.tunables.mode != "resident"
+            and self.expert_copy == "host"
+        ):
             raise ValueError(
-                f"async_scheduling needs the resident policy, not {self.tunables.mode!r}: "
-                f"fixed and elastic copy experts into the pool every step; drop "
-                f"--async-scheduling or run the resident policy alone"
+                f"async_scheduling needs device copy-in under {self.tunables.mode!r}: host "
+                f"copies read each layer's routing on the host mid-step; drop "
+                f"--async-scheduling or give --expert-copy device"
             )
         if self.async_scheduling and self.tensor_parallel_size > 1:
             raise ValueError(

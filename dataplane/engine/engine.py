@@ -109,7 +109,8 @@ class Engine:
         # ---- the pool and the parts that own its pages
         self.pool = UnifiedPool(self.geometry, self.plan.num_huge_pages, self.dtype, self.device)
         self.allocator = PageAllocator(self.geometry, self.plan.num_huge_pages)
-        self.reclaim = DeferredReclaim(self.allocator)
+        # async scheduling reuses released pages in stream order (memory/reclaim.py)
+        self.reclaim = DeferredReclaim(self.allocator, stream_ordered=config.async_scheduling)
         self.experts = ExpertManager(
             self.pool,
             self.allocator,
@@ -160,7 +161,6 @@ class Engine:
             config.max_num_batched_tokens,
             make_room=self.boundary.make_room if elastic and config.evict_to_admit else None,
             admit_limit=self.boundary.admit_limit,
-            stream_ordered=config.async_scheduling,
         )
         self.live_policy = LivePolicy(
             self.policy, self.scheduler, self.experts, self.allocator, self.reclaim,

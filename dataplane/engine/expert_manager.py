@@ -151,6 +151,10 @@ class ExpertManager:
         w1, w3, w2 = self.host[layer].expert(expert)
         view = self.pool.view(PageType.EXPERT)
         stream = self._copy_stream
+        if stream is not None:
+            # The pages may have been released in stream order (async scheduling): the
+            # forward queued before may still read them, so the copy waits for it.
+            stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for page, matrix in zip(pages, (w1, w3, w2), strict=True):
                 view[page].copy_(matrix.reshape(-1), non_blocking=stream is not None)

@@ -64,7 +64,6 @@ class Scheduler:
         max_num_batched_tokens: int,
         make_room: Callable[[int, RoundState], int] | None = None,
         admit_limit: Callable[[RoundState], int] | None = None,
-        stream_ordered: bool = False,
     ):
         """`make_room(kv_pages_lacking, round)` frees pool pages for KV now and returns how
         many KV pages it gained (0: nothing more can go). When the request short of pages
@@ -74,12 +73,7 @@ class Scheduler:
         later). `admit_limit(round)`: running requests up to which waiting ones may be
         admitted this round (the elastic copy budget's cap); asked once per round that has
         requests waiting and preempted none. Requests it keeps waiting are not counted as
-        short of pages.
-
-        `stream_ordered`: every reader and writer of requests' pages runs in the order of
-        one device stream (async scheduling, resident policy), so pages a preemption or a
-        finish releases are free at once: any step that reuses them is launched after the
-        step in flight that may still read them. Otherwise they wait for that step."""
+        short of pages."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.kv = kv
@@ -90,7 +84,6 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
-        self.stream_ordered = stream_ordered
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -155,14 +148,11 @@ class Scheduler:
                 budget -= num_new
         return SchedulerOutput(tuple(scheduled), tuple(preempted), max(short, 0), alone)
 
-    def _released_after(self, last_step: int) -> int:
-        """The step after which pages last read by `last_step` are free (__init__)."""
-        return self.kv.reclaim.last_completed_step if self.stream_ordered else last_step
-
     def _preempt(self, request: Request, step: int) -> None:
         # The previous forward is the last that read these pages: synchronous scheduling
-        # has read it back (it completed); async scheduling reuses them in stream order.
-        self.kv.free(request, last_step=self._released_after(step - 1))
+        # has read it back (it completed); async scheduling reuses them in stream order
+        # (memory/reclaim.py), or the round would preempt everyone behind them.
+        self.kv.free(request, last_step=step - 1)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
@@ -176,4 +166,4 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         request.status = status
-        self.kv.free(request, last_step=self._released_after(step))
+        self.kv.free(request, last_step=step)

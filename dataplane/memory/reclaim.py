@@ -5,6 +5,10 @@ forward pass that is in flight (on CUDA the host runs ahead of the device). They
 handed to a pending owner tagged with the step that last used them, and become free only
 once that step is marked complete — on CUDA when the event recorded after its forward
 has fired, on CPU right after the forward returns (same code path, just synchronous).
+
+Stream-ordered (async scheduling): every reader and writer of pool pages is queued on one
+device stream, or, the expert copies, waits for it first; a page released is then free at
+once, since whatever reuses it is queued after the forward that may still read it.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ class Pending:
 
 
 class DeferredReclaim:
-    def __init__(self, allocator: PageAllocator):
+    def __init__(self, allocator: PageAllocator, *, stream_ordered: bool = False):
         self.allocator = allocator
+        self.stream_ordered = stream_ordered
         self._pending: dict[int, list[tuple[PageType, list[int]]]] = {}
         self.last_completed_step = -1
 
@@ -36,8 +41,8 @@ class DeferredReclaim:
         ids = list(page_ids)
         if not ids:
             return
-        if step <= self.last_completed_step:
-            # Nothing in flight can read them any more.
+        if self.stream_ordered or step <= self.last_completed_step:
+            # Nothing in flight can read them any more, or reuse is queued after it.
             self.allocator.free(page_type, ids, owner)
             return
         self.allocator.transfer(page_type, ids, owner, Pending(step))

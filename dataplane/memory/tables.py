@@ -44,7 +44,11 @@ class DeviceMirror:
             if self._device_copy is None:
                 self._device_copy = self.host.to(self.device)
             elif self._dirty:
-                self._device_copy.copy_(self.host)  # queued after every kernel that read it
+                # queued after every kernel that read it; from a pinned snapshot, so the host
+                # neither waits for the device (a pageable copy would) nor races the copy
+                cuda = self.device.type == "cuda"
+                snapshot = self.host.pin_memory() if cuda else self.host
+                self._device_copy.copy_(snapshot, non_blocking=cuda)
         self._dirty = False
         return self._device_copy
 

@@ -29,16 +29,24 @@ def small_engine(async_scheduling: bool, **overrides) -> Engine:
     ],
     ids=["greedy", "seeded-sampling"],
 )
-def test_same_tokens_as_synchronous_scheduling_under_preemption(prompts, params):
-    """Prompts cut into chunks (128-token steps), a pool so tight that resident preempts:
-    every request's tokens are synchronous scheduling's, and no page leaks."""
-    engines = {mode: tight_engine("resident", async_scheduling=mode) for mode in (False, True)}
+@pytest.mark.parametrize("policy", ["resident", "fixed", "elastic"])
+def test_same_tokens_as_synchronous_scheduling_in_a_tight_pool(prompts, params, policy):
+    """Prompts cut into chunks (128-token steps), a pool so tight that resident preempts,
+    fixed copies experts in every step and elastic evicts inside rounds (its pages reused in
+    stream order): every request's tokens are synchronous scheduling's, no page leaks."""
+    engines = {mode: tight_engine(policy, async_scheduling=mode) for mode in (False, True)}
     outputs = {mode: e.generate(prompts, params) for mode, e in engines.items()}
     assert outputs[True] == outputs[False]
     for engine in engines.values():
         engine.check_invariants()
         assert engine.num_leaked_pages() == 0
-        assert engine.scheduler.num_preemptions > 0  # the pool really was tight
+        counters = engine.experts.counters
+        busy = {
+            "resident": engine.scheduler.num_preemptions,
+            "fixed": counters.buffer_copies,
+            "elastic": counters.evictions,
+        }
+        assert busy[policy] > 0  # the pool really was tight
     assert all(len(out) == 20 for out in outputs[True])
 
 
@@ -106,10 +114,10 @@ def test_aborting_a_request_while_its_step_is_in_flight(prompts):
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
-        (dict(tunables=Tunables(mode="elastic")), "the resident policy alone"),
+        (dict(tunables=Tunables(mode="elastic"), expert_copy="host"), "--expert-copy device"),
         (dict(tensor_parallel_size=2), "--tensor-parallel-size 1"),
     ],
 )
-def test_refused_where_it_would_reorder_copies(overrides, says):
+def test_refused_where_the_host_must_wait_mid_step(overrides, says):
     with pytest.raises(ValueError, match=says):
         EngineConfig(async_scheduling=True, **{"tunables": RESIDENT, **overrides})

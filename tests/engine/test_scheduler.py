@@ -14,10 +14,9 @@ def make(num_huge: int, max_tokens: int = 512, stream_ordered: bool = False) -> 
     g = PageGeometry.from_shape(MemoryShape(1, 4, 16, 16, 1, 2, 4))  # 4 KV pages per huge page
     a = PageAllocator(g, num_huge)
     return Scheduler(
-        KVCacheManager(a, DeferredReclaim(a), 1, 16),
+        KVCacheManager(a, DeferredReclaim(a, stream_ordered=stream_ordered), 1, 16),
         max_num_seqs=8,
         max_num_batched_tokens=max_tokens,
-        stream_ordered=stream_ordered,
     )
 
 
