@@ -42,7 +42,8 @@ counts the larger figure.
 
 Cost rule (`tunables.elastic_rule = "cost"`, the default; "paper" is the rules above alone):
 each eviction the rules ask for must also pay for itself, from measured costs (payoff.py):
-the batch its pages buy against the copies it adds. The first that does not pay ends the
+the batch its pages buy against the copies it adds, priced over the steps the engine runs
+(decode-only and mixed: the same sum, each term averaged over `StepShape.mix`). The first that does not pay ends the
 round, so `expert_offload_limit` becomes a ceiling the rule stays under by itself.
 
 `reserve` then turns a decision into a ChangeList with page ids from the allocator.
@@ -55,7 +56,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from rimuru.dataplane.adjust.payoff import CostView, eviction_pays
+from rimuru.dataplane.adjust.payoff import DECODE_ONLY, CostView, StepMix, eviction_pays
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.policy import HotnessRanking, Tunables
@@ -65,15 +66,25 @@ ExpertKey = tuple[int, int]  # (layer, expert)
 
 @dataclass(frozen=True)
 class StepShape:
-    """What a decode step looks like now, for the copy budget."""
+    """What a step looks like now: for the copy budget a decode step; for the cost rule the
+    steps the engine runs, mixed ones included (`mix`, payoff.py)."""
 
-    tokens: int  # B: tokens per step (the running requests' decodes)
+    tokens: int  # B: tokens per decode step (the running requests' decodes)
     top_k: int  # K
+    mix: StepMix = DECODE_ONLY
 
 
 def route_probability(p: float, step: StepShape) -> float:
-    """Probability that an expert with routing share p gets at least one of B tokens."""
-    return 1.0 - (1.0 - min(1.0, step.top_k * p)) ** max(1, step.tokens)
+    """Probability that a step routes at least one token to an expert with routing share p,
+    i.e. the expected copies per step it costs offloaded: 1 - (1 - min(1, K p))^B for a
+    decode step; over a mix, that weighed against the same at B + extra_tokens by the mixed
+    share (payoff.py says why not at the mean tokens)."""
+    keep = 1.0 - min(1.0, step.top_k * p)
+    decode = 1.0 - keep ** max(1, step.tokens)
+    if not step.mix.mixed_share:
+        return decode
+    mixed = 1.0 - keep ** (max(1, step.tokens) + step.mix.extra_tokens)
+    return decode + step.mix.mixed_share * (mixed - decode)
 
 
 Residency = Sequence[frozenset[int] | set[int]]  # per layer: the experts in pool pages
@@ -241,7 +252,7 @@ def _paying(view: CostView, top_k: int) -> Check:
         if view.prices is not None:
             share = view.prices.share(*key)
         batch_after = view.batch + (done + 1) * view.batch_per_eviction
-        dc = route_probability(share, StepShape(math.ceil(batch_after), top_k))
+        dc = route_probability(share, StepShape(math.ceil(batch_after), top_k, view.mix))
         if not eviction_pays(view, done, added, dc):
             return False
         done, added = done + 1, added + dc

@@ -2,10 +2,10 @@
 
 The paper's rule evicts whenever KV pages run short, up to `expert_offload_limit` per
 layer; where routing is near uniform every offloaded expert is copied in nearly every
-decode step, and elastic then serves slower than keeping every expert (docs/benchmarks.md).
+step, and elastic then serves slower than keeping every expert (docs/benchmarks.md).
 This rule prices each eviction first, from measured costs:
 
-    a decode step of B sequences that copies c experts in takes
+    a step of B running requests that copies c experts in takes
         T(B, c) = fixed + per_seq * B + per_copy * c                   (StepCost)
     output rate = B / T(B, c)
 
@@ -14,24 +14,45 @@ Offloading one more expert frees `pages_per_expert` expert pages: room for
     dB = pages_per_expert / pages_per_request
 
 more running requests (`CostView.pages_per_request`: what a running request holds, in expert
-pages), and it adds dc = route_probability(p, B + dB) expected copies per step (p: the
-expert's routing share). Only where requests wait, or a running one would be preempted
-(`CostView.demand`), do the pages buy batch; otherwise an eviction buys nothing. It pays iff
+pages). Only where requests wait, or a running one would be preempted (`CostView.demand`),
+do the pages buy batch; otherwise an eviction buys nothing. It pays iff
 
     (B + dB) / T(B + dB, c + dc) > B / T(B, c)
     <=>  dB * (fixed + per_copy * c) > B * per_copy * dc            (per_seq cancels)
 
-and, with a TPOT SLO, T(B + dB, c + dc) stays within it and the decode steps measured
-lately do too (past it, nothing more is evicted and the engine admits no one more while
-experts are offloaded, so pages return to them). Evictions are priced coldest first,
-each on the batch and copies the ones before it left, so the first that does not pay stops
-the round: the ones after it are hotter. Worked example (qwen3-30b-a3b's shapes): an expert
-copy of 9.4 MB at ~50 GB/s is per_copy ~0.19 ms; take a 25 ms step; a request of ~500
-tokens holds ~15 expert pages, so one eviction (3 pages) buys dB = 0.2. At B = 100 and
-uniform routing (dc ~ 1) it does not pay (0.2 * 25 < 100 * 0.19); at B = 10 it does
-(0.2 * 25 > 10 * 0.19), which is where the paper's gains come from: weights that just fit.
+c and dc are copies per step over the steps the engine runs (`StepMix`): a decode-only step
+routes one token per running request, a mixed one also the prompt chunks scheduled with
+them, which route to nearly every expert. The eviction adds (p: the expert's routing share,
+K: top-k, w: the share of steps that carry prompt tokens, X: the prompt tokens such a step
+carries beyond one per request, both measured by engine/step_cost.py)
 
-Pure: no torch, no clock. The engine measures the StepCost (engine/step_cost.py).
+    dc = (1 - w) * q(B + dB) + w * q(B + dB + X),   q(N) = 1 - (1 - min(1, K p))^N
+
+(adjuster.route_probability). Not q at the mean tokens per step: q is concave in N, so one
+step of 500 tokens and one of 20 cost less than two of 260. T is fitted to decode-only
+steps and leaves the prompts' time out on purpose: with requests waiting, every request
+admitted is prefilled once, so the prompt tokens per step grow with the output rate, B
+times prompt over output length; their time is a per-sequence term and cancels like per_seq
+(counted in `fixed` it would make a larger batch look cheaper than it is). Copies do not
+scale so: a prompt chunk copies in almost every offloaded expert whatever B is. (That a
+larger batch also brings more mixed steps is left out: w and X are taken as measured.)
+
+With a TPOT SLO, T(B + dB, c + dc) stays within it and the decode steps measured lately do
+too (past it, nothing more is evicted and the engine admits no one more while experts are
+offloaded, so pages return to them). Evictions are priced coldest first, each on the batch
+and copies the ones before it left, so the first that does not pay stops the round: the
+ones after it are hotter. Worked example (qwen3-30b-a3b's shapes, K = 8, uniform routing so
+K p = 1/16): an expert copy of 9.4 MB at ~50 GB/s is per_copy ~0.19 ms; take
+fixed + per_copy * c = 25 ms; a request of ~500 tokens holds ~15 expert pages, so one
+eviction (3 pages) buys dB = 0.2, worth 0.2 * 25 = 5 ms. At B = 10, decode-only
+(q(11) = 0.51), it pays (5 > 10 * 0.19 * 0.51 = 0.97 ms), as it still does with every step
+mixed (dc = 1: 1.9 ms): weights that just fit, where the paper's gains come from. At
+B = 30 a decode-only load prices the copy at q(31) = 0.86 and it pays (4.9 ms), but if half
+the steps carry a prompt chunk of 500 tokens (q ~ 1) dc = 0.93 and it does not (5.3 ms). At
+B = 100 it never does (19 ms).
+
+Pure: no torch, no clock. The engine measures the StepCost and the StepMix
+(engine/step_cost.py).
 """
 
 from __future__ import annotations
@@ -58,12 +79,31 @@ class StepCost:
 
 
 @dataclass(frozen=True)
+class StepMix:
+    """The steps the engine runs, as their copies see them: a share of them (`mixed_share`)
+    carry prompt chunks, `extra_tokens` tokens on average beyond one per running request;
+    the rest are decode-only."""
+
+    mixed_share: float = 0.0  # w
+    extra_tokens: float = 0.0  # X
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.mixed_share <= 1.0 and self.extra_tokens >= 0.0):
+            raise ValueError(
+                f"a step mix needs mixed_share in [0, 1], extra_tokens >= 0; got {self}"
+            )
+
+
+DECODE_ONLY = StepMix()  # no step seen with prompt tokens
+
+
+@dataclass(frozen=True)
 class CostView:
     """What the cost rule sees of the engine now."""
 
     cost: StepCost
-    batch: int  # B: the decode batch the evictions are for (running, plus one admitting)
-    copies: float  # c: copies per decode step now (the larger of expected and measured)
+    batch: int  # B: the running batch the evictions are for (running, plus one admitting)
+    copies: float  # c: copies per step now (the larger of expected and measured)
     batch_per_eviction: float  # dB: pages_per_expert / what a running request holds
     demand: bool  # requests wait or a running one lacks pages: more pages buy batch
     tpot_slo_s: float | None = None  # a decode step may take at most this long
@@ -71,6 +111,7 @@ class CostView:
     # ranking's that orders the evictions.
     prices: HotnessRanking | None = None
     recent_step_s: float = 0.0  # decode steps' measured time lately (0: none seen)
+    mix: StepMix = DECODE_ONLY  # the steps copies are priced over (module docstring)
 
     @property
     def over_slo(self) -> bool:

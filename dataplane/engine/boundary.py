@@ -130,14 +130,16 @@ class ElasticBoundary:
 
     def costs(self, batch: int, num_running: int, demand: bool, step: int) -> CostView | None:
         """What the cost rule prices an eviction with now (None under the paper rule):
-        the measured step cost, the copies per step (expected from recent routing, else the
-        ranking, over every offloaded expert, or measured, the larger) and the batch one
-        eviction's pages buy (pages_per_expert over what a running request holds)."""
+        the measured step cost and step mix, the copies per step (expected from recent
+        routing, else the ranking, over every offloaded expert and the mix, or measured, the
+        larger) and the batch one eviction's pages buy (pages_per_expert over what a running
+        request holds)."""
         t = self.policy.tunables
         if t.mode != "elastic" or t.elastic_rule != "cost":
             return None
         prices = self.live.ranking(self.experts, step)
-        shape = StepShape(max(batch, 1), self.top_k)
+        mix = self.step_cost.mix()
+        shape = StepShape(max(batch, 1), self.top_k, mix)
         resident = self.experts.resident_sets()
         expected = expected_copies(prices or self.policy.ranking, resident, shape)
         copies = max(expected, self.copy_control.measured)
@@ -151,6 +153,7 @@ class ElasticBoundary:
             tpot_slo_s=t.tpot_slo_ms / 1e3 if t.tpot_slo_ms else None,
             prices=prices,
             recent_step_s=self.step_cost.recent_step_s,
+            mix=mix,
         )
 
     def admit_limit(self, round: RoundState) -> int:
@@ -178,7 +181,7 @@ class ElasticBoundary:
             return True
         view = self.costs(batch, batch - 1, demand=True, step=step)
         # (past the TPOT SLO nothing pays: with experts offloaded, pages go back to them)
-        dc = route_probability(hottest, StepShape(batch, self.top_k))
+        dc = route_probability(hottest, StepShape(batch, self.top_k, view.mix))
         return eviction_pays(view, 0, 0.0, dc)
 
     def _hottest_offloaded_share(self, ranking: HotnessRanking) -> float | None:

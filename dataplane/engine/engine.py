@@ -390,7 +390,7 @@ class Engine:
         idle = not self.scheduler.running
         decode_only = bool(out.scheduled) and all(s.num_new_tokens == 1 for s in out.scheduled)
         copies = self.copy_control.end_step(self.experts, decode_only, idle, self.tunables)
-        self.step_cost.record(len(out.scheduled), copies, seconds, decode_only)
+        self.step_cost.record(len(out.scheduled), out.num_tokens, copies, seconds)
         self.stats.append(
             StepStats.capture(
                 step,

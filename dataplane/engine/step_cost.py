@@ -5,10 +5,15 @@
     per_seq    what each decode sequence adds
 
 fixed and per_seq are fitted to the engine's own decode steps (exponentially weighted least
-squares of T - per_copy * copies on B, so the fit follows the load); mixed steps, whose
-prompt tokens cost more than a decode, are left out. Until enough decode steps were seen,
-fixed is the time to read the resident weights once at the device's measured copy
-bandwidth (a decode step reads at least that) and per_seq is 0.
+squares of T - per_copy * copies on B, so the fit follows the load); mixed steps are left
+out: their prompt tokens' time grows with the output rate and cancels in the rule, as
+per_seq does (payoff.py). Until enough decode steps were seen, fixed is the time to read
+the resident weights once at the device's measured copy bandwidth (a decode step reads at
+least that) and per_seq is 0.
+
+Copies, unlike time, are priced over every step (payoff.StepMix): the meter also keeps, with
+the same decay, the share of steps that carry prompt tokens and how many tokens those carry
+beyond one per sequence. Until a step was seen the mix is decode-only.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 
 import torch
 
-from rimuru.dataplane.adjust.payoff import StepCost
+from rimuru.dataplane.adjust.payoff import DECODE_ONLY, StepCost, StepMix
 
 MIN_DECODE_STEPS = 8  # before this many, the seed stands
 
@@ -69,6 +74,7 @@ class StepCostMeter:
         self.num_steps = 0
         self.recent_step_s = 0.0  # decode steps' time, a moving average over ~10 steps
         self._w = self._x = self._y = self._xx = self._xy = 0.0  # weighted sums
+        self._steps = self._mixed = self._extra = 0.0  # weighted sums over every step
 
     @classmethod
     def measured(
@@ -80,21 +86,35 @@ class StepCostMeter:
             seed_fixed=measure_read_seconds(device, all_weight_bytes),
         )
 
-    def record(self, batch: int, copies: int, seconds: float, decode_only: bool) -> None:
-        if not decode_only or batch < 1 or seconds <= 0:
+    def record(self, batch: int, num_tokens: int, copies: int, seconds: float) -> None:
+        """One step of `batch` sequences that routed `num_tokens` tokens through the MoE
+        layers (as many as sequences: a decode-only step) and copied `copies` experts in."""
+        if batch < 1:
+            return
+        extra = max(num_tokens - batch, 0)
+        d = self.decay
+        self._steps = d * self._steps + 1.0
+        self._mixed = d * self._mixed + (extra > 0)
+        self._extra = d * self._extra + extra
+        if extra or seconds <= 0:  # the fit is of decode-only steps
             return
         first = self.num_steps == 0
         self.recent_step_s = (
             seconds if first else self.recent_step_s + 0.1 * (seconds - self.recent_step_s)
         )
         y = max(seconds - self.per_copy * copies, 0.0)
-        d = self.decay
         self._w = d * self._w + 1.0
         self._x = d * self._x + batch
         self._y = d * self._y + y
         self._xx = d * self._xx + batch * batch
         self._xy = d * self._xy + batch * y
         self.num_steps += 1
+
+    def mix(self) -> StepMix:
+        """The steps seen lately: the share with prompt tokens, and their extra tokens."""
+        if not self._mixed:
+            return DECODE_ONLY
+        return StepMix(min(self._mixed / self._steps, 1.0), self._extra / self._mixed)
 
     def cost(self) -> StepCost:
         if self.num_steps < MIN_DECODE_STEPS:

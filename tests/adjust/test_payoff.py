@@ -2,8 +2,8 @@
 
 import pytest
 
-from rimuru.dataplane.adjust.adjuster import StepShape, decide
-from rimuru.dataplane.adjust.payoff import CostView, StepCost, eviction_pays
+from rimuru.dataplane.adjust.adjuster import StepShape, decide, route_probability
+from rimuru.dataplane.adjust.payoff import DECODE_ONLY, CostView, StepCost, StepMix, eviction_pays
 from rimuru.policy import HotnessRanking, InvalidPolicy, Tunables
 
 # layer 0: expert 2 hottest ... expert 1 coldest; layer 1: expert 0 hottest ... expert 3 coldest
@@ -15,8 +15,10 @@ PAPER = Tunables(expert_offload_limit=4, elastic_rule="paper")
 STEP = StepShape(tokens=2, top_k=1)  # only top_k is read by the cost rule
 
 
-def view(batch: int, per_copy: float, *, demand=True, slo=None, per_seq=0.0) -> CostView:
-    return CostView(StepCost(0.020, per_seq, per_copy), batch, 0.0, 0.5, demand, slo)
+def view(
+    batch: int, per_copy: float, *, demand=True, slo=None, per_seq=0.0, mix=DECODE_ONLY
+) -> CostView:
+    return CostView(StepCost(0.020, per_seq, per_copy), batch, 0.0, 0.5, demand, slo, mix=mix)
 
 
 def test_offloading_pays_while_the_batch_is_small_against_its_copies():
@@ -123,3 +125,61 @@ def test_past_the_slo_by_measurement_nothing_more_is_evicted():
     assert decide(8, 0, RANKING, ALL, COST, STEP, costs=costs).evict == ()
     within = CostView(StepCost(0.020, 0.0001, 0.001), 2, 0.0, 0.5, True, 0.0204, None, 0.019)
     assert decide(8, 0, RANKING, ALL, COST, STEP, costs=within).evict == ((0, 1),)
+
+
+# Half the steps carry a prompt chunk of 40 tokens beyond their decodes.
+HALF_MIXED = StepMix(mixed_share=0.5, extra_tokens=40)
+
+
+def test_prompt_chunks_make_an_eviction_that_pays_for_decodes_alone_not_pay():
+    # B = 10, 2 ms a copy: decode-only, L0 e1 pays (dc .4312, 8.6 ms < 10 ms: above). With
+    # half the steps routing 11 + 40 tokens it is copied in 1 - .95^51 = .9270 of those:
+    # dc = (.4312 + .9270) / 2 = .6791, and 10 x 2 ms x .6791 = 13.6 ms > 10 ms
+    assert decide(8, 0, RANKING, ALL, COST, STEP, costs=view(10, 0.002)).evict == ((0, 1),)
+    mixed = view(10, 0.002, mix=HALF_MIXED)
+    assert decide(8, 0, RANKING, ALL, COST, STEP, costs=mixed).evict == ()
+
+
+def test_with_few_requests_evictions_pay_even_when_every_step_copies_them():
+    # weights that just fit: B = 2, 1 ms a copy, every step a prompt chunk of 500 tokens
+    # (dc = 1 each): half a request buys 10, 10.5, 11 ms of step time against 2, 2.5, 3 ms
+    every = view(2, 0.001, mix=StepMix(mixed_share=1.0, extra_tokens=500))
+    assert decide(8, 0, RANKING, ALL, COST, STEP, costs=every).evict == ((0, 1), (1, 3), (1, 2))
+
+
+@pytest.mark.parametrize(
+    ("mix", "slo", "evicted"),
+    [
+        (DECODE_ONLY, 0.0204, ((0, 1),)),  # decode-only: 20.39 ms (above)
+        (StepMix(1.0, 500), 0.0204, ()),  # every step copies it: 20.25 + 1 ms
+        (StepMix(1.0, 500), 0.0213, ((0, 1),)),  # 21.25 ms in; the second, 22.3 ms, not
+        (StepMix(1.0, 500), 0.0212, ()),
+    ],
+)
+def test_the_tpot_slo_prices_the_copies_the_mixed_steps_make(mix, slo, evicted):
+    costs = view(2, 0.001, slo=slo, per_seq=0.0001, mix=mix)
+    assert decide(8, 0, RANKING, ALL, COST, STEP, costs=costs).evict == evicted
+
+
+def test_the_paper_rule_ignores_the_step_mix():
+    costs = view(50, 0.1, mix=HALF_MIXED)
+    assert (
+        decide(8, 0, RANKING, ALL, PAPER, STEP, costs=costs).evict
+        == decide(8, 0, RANKING, ALL, PAPER, STEP).evict
+        == ((0, 1), (1, 3), (1, 2))
+    )
+
+
+def test_a_mix_prices_each_kind_of_step_not_the_mean_tokens():
+    p, step = 0.05, StepShape(11, 1, HALF_MIXED)
+    decode, mixed = 1 - 0.95**11, 1 - 0.95**51
+    assert route_probability(p, step) == pytest.approx((decode + mixed) / 2)
+    # q is concave in the tokens: the mean step (31 tokens) would overprice the copy
+    assert route_probability(p, step) < route_probability(p, StepShape(31, 1))
+    assert route_probability(p, StepShape(11, 1, DECODE_ONLY)) == decode
+
+
+@pytest.mark.parametrize(("share", "extra"), [(-0.1, 0), (1.5, 0), (0.5, -1)])
+def test_a_step_mix_out_of_range_is_refused(share, extra):
+    with pytest.raises(ValueError, match="step mix"):
+        StepMix(share, extra)

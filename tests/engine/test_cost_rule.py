@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from rimuru.dataplane.adjust.payoff import DECODE_ONLY
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.engine.step_cost import MIN_DECODE_STEPS, StepCostMeter
 from rimuru.policy import Tunables
@@ -51,15 +52,61 @@ def test_where_copies_are_cheap_elastic_offloads_and_runs_a_larger_batch(make_en
 def test_the_step_cost_is_seeded_then_fitted_to_decode_steps():
     meter = StepCostMeter(per_copy=0.002, seed_fixed=0.010)
     assert (meter.cost().fixed, meter.cost().per_seq) == (0.010, 0.0)
-    meter.record(batch=64, copies=0, seconds=9.0, decode_only=False)  # a prompt step: left out
+    meter.record(batch=64, num_tokens=300, copies=0, seconds=9.0)  # a prompt step: left out
     for i in range(MIN_DECODE_STEPS):
         batch = 8 + 8 * i
         copies = i % 3
         # a device with 5 ms fixed and 0.1 ms per sequence, plus 2 ms per copy
-        meter.record(batch, copies, 0.005 + 0.0001 * batch + 0.002 * copies, decode_only=True)
+        meter.record(batch, batch, copies, 0.005 + 0.0001 * batch + 0.002 * copies)
     cost = meter.cost()
     assert cost.fixed == pytest.approx(0.005) and cost.per_seq == pytest.approx(0.0001)
     assert cost.per_copy == 0.002
+
+
+def test_the_step_mix_weighs_every_step_and_averages_the_mixed_ones_extra_tokens():
+    meter = StepCostMeter(per_copy=0.002, seed_fixed=0.010, decay=0.5)
+    assert meter.mix() == DECODE_ONLY  # nothing seen: decode-only
+    meter.record(batch=4, num_tokens=104, copies=3, seconds=0.05)  # 100 prompt tokens
+    meter.record(batch=4, num_tokens=4, copies=1, seconds=0.01)
+    meter.record(batch=4, num_tokens=24, copies=2, seconds=0.02)  # 20 prompt tokens
+    # weights 1/4, 1/2, 1: mixed 1/4 + 1 of 1.75 steps; extra (25 + 20) / 1.25 = 36
+    assert meter.mix().mixed_share == pytest.approx(1.25 / 1.75)
+    assert meter.mix().extra_tokens == pytest.approx(36.0)
+    assert meter.num_steps == 1  # the fit saw the decode step alone
+
+
+def test_the_engine_tells_the_meter_the_tokens_its_steps_route(make_engine):
+    """One request of 100 prompt tokens and 8 output tokens: a step of 100 tokens (one
+    sequence: 99 extra), then 7 decode steps."""
+    engine = make_engine("elastic")
+    prompt = burst(1)[0][:1] * 100
+    engine.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True))
+    assert len(engine.stats) == 8
+    d = engine.step_cost.decay
+    mix = engine.step_cost.mix()
+    assert mix.mixed_share == pytest.approx(d**7 / sum(d**i for i in range(8)))
+    assert mix.extra_tokens == pytest.approx(99.0)
+
+
+def test_the_boundary_prices_the_offloaded_experts_over_the_step_mix(make_engine):
+    engine = make_engine("elastic")
+    engine.step_cost.per_copy = 0.0  # copies free: experts go
+    for i, prompt in enumerate(burst()):
+        engine.add_request(prompt, SamplingParams(max_tokens=16, ignore_eos=True), f"r{i}")
+    while engine.experts.counters.evictions == 0:
+        engine.step()
+    for _ in range(200):  # lately only decode steps of 2: the offloaded are seldom routed
+        engine.step_cost.record(batch=2, num_tokens=2, copies=0, seconds=0.01)
+    decode = engine.boundary.costs(2, 2, demand=True, step=engine.step_id + 1)
+    assert decode.mix.mixed_share < 1e-2
+    for _ in range(200):  # now every step also carries a prompt chunk of 120 tokens
+        engine.step_cost.record(batch=2, num_tokens=122, copies=0, seconds=0.01)
+    mixed = engine.boundary.costs(2, 2, demand=True, step=engine.step_id + 1)
+    assert mixed.mix.mixed_share > 0.99 and mixed.mix.extra_tokens == pytest.approx(120)
+    assert mixed.copies > decode.copies
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.check_invariants()
 
 
 def test_the_engine_measures_its_copy_and_read_costs_at_start(make_engine):
