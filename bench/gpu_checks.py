@@ -29,9 +29,10 @@ session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
 9. padded KV pages: a checkpoint whose KV page does not divide its expert page (KV slots
    padded, the kernels step pages by the slot) gives the CPU torch path's greedy tokens,
    resident and a tight elastic that evicts (CUDA only).
-10. async scheduling == synchronous: resident, greedy and seeded sampling, in a roomy pool
+10. async scheduling == synchronous: greedy and seeded sampling; resident in a roomy pool
    (decode and piecewise graphs replayed, their decodes' tokens taken on the device) and a
-   tight one (preemptions): the same tokens, no page leaked (CUDA only).
+   tight one (preemptions), elastic with device copy-in evicting: the same tokens, no page
+   leaked (CUDA only).
 Prints a table last: check, result, detail. Exit status 1 if any check failed.
 """
 
@@ -377,45 +378,56 @@ def padded_kv_pages(device: str) -> str:
 
 
 def async_matches_sync(device: str) -> str:
-    """Two pools: a roomy one (decode and piecewise graphs: mixed steps take their decodes'
-    tokens in the pieces' inputs) and a tight one (resident preempts)."""
+    """Resident in a roomy pool (decode and piecewise graphs: mixed steps take their decodes'
+    tokens in the pieces' inputs) and a tight one (preemptions); elastic with device copy-in
+    in a pool of its experts alone (evictions inside rounds, pages reused in stream order)."""
     roomy = 200 * MiB + graph_driver_allowance()
     probe = engine(device, "resident", kernels=True, memory_budget=roomy)
     tight = probe.plan.budget_bytes - probe.plan.pool_bytes + 26 * MiB  # experts take 24
+    probe = engine(device, "elastic", kernels=True, expert_copy="device", memory_budget=roomy)
+    evicting = probe.plan.budget_bytes - probe.plan.pool_bytes + 24 * MiB
     batch = prompts(40)
     details = []
-    for pool, budget in (("roomy", roomy), ("tight", tight)):
+    cases = (
+        ("resident roomy", "resident", roomy, {}),
+        ("resident tight", "resident", tight, {}),
+        ("elastic tight", "elastic", evicting, {"expert_copy": "device"}),
+    )
+    for name, policy, budget, extra in cases:
         for params in (
             SamplingParams(max_tokens=32, ignore_eos=True),
             SamplingParams(max_tokens=32, ignore_eos=True, temperature=0.8, seed=7),
         ):
             runs = {}
             for mode in (False, True):
-                e = engine(device, "resident", kernels=True, memory_budget=budget,
-                           async_scheduling=mode)  # fmt: skip
+                e = engine(device, policy, kernels=True, memory_budget=budget,
+                           async_scheduling=mode, **extra)  # fmt: skip
                 runs[mode] = (e.generate(batch, params), e)
                 e.check_invariants()
                 if e.num_leaked_pages():
-                    raise AssertionError(f"async={mode}: {e.num_leaked_pages()} pages leaked")
+                    raise AssertionError(f"{name} async={mode}: {e.num_leaked_pages()} leaked")
             (want, s), (got, a) = runs[False], runs[True]
             if got != want:
                 differ = sum(x != y for x, y in zip(got, want, strict=True))
-                raise AssertionError(f"{pool}: {differ} of {len(want)} requests differ")
+                raise AssertionError(f"{name}: {differ} of {len(want)} requests differ")
             graphs = a.cuda_graphs
             decode = graphs.decode.replays if graphs.decode is not None else 0
             pieces = graphs.piecewise.replays if graphs.piecewise is not None else 0
             if not decode:
-                raise AssertionError(f"{pool}: async replayed no decode graph")
-            if pool == "roomy" and not pieces:
-                raise AssertionError("roomy: async replayed no piecewise graph")
-            if pool == "tight" and not s.scheduler.num_preemptions:
+                raise AssertionError(f"{name}: async replayed no decode graph")
+            if name == "resident roomy" and not pieces:
+                raise AssertionError(f"{name}: async replayed no piecewise graph")
+            if name == "resident tight" and not s.scheduler.num_preemptions:
                 raise AssertionError(
-                    f"tight: a {a.plan.pool_bytes / MiB:.1f} MiB pool never preempted"
+                    f"{name}: a {a.plan.pool_bytes / MiB:.1f} MiB pool never preempted"
                 )
+            if policy == "elastic" and not a.experts.counters.evictions:
+                raise AssertionError(f"{name}: async evicted nothing")
             kind = "sampled" if params.temperature else "greedy"
             details.append(
-                f"{pool} {kind}: {decode} + {pieces} piecewise replays, preemptions "
-                f"{s.scheduler.num_preemptions} sync / {a.scheduler.num_preemptions} async"
+                f"{name} {kind}: {decode} + {pieces} piecewise replays, preemptions "
+                f"{s.scheduler.num_preemptions} / {a.scheduler.num_preemptions}, evictions "
+                f"{s.experts.counters.evictions} / {a.experts.counters.evictions} (sync / async)"
             )
     return "; ".join(details) + "; tokens identical"
 
