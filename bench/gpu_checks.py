@@ -377,15 +377,25 @@ def padded_kv_pages(device: str) -> str:
         return f"KV slot {slot} B for 4096 B pages; " + ", ".join(details) + "; tokens identical"
 
 
+def budget_for_pool(device: str, policy: str, pool: int, **overrides) -> int:
+    """A budget whose plan gives the pool at most `pool` bytes: a smaller budget plans fewer
+    graphs, which gives memory back to the pool, so the budget is cut until it fits."""
+    budget = 200 * MiB + graph_driver_allowance()
+    for _ in range(6):
+        plan = engine(device, policy, kernels=True, memory_budget=budget, **overrides).plan
+        if plan.pool_bytes <= pool + MiB:
+            return budget
+        budget -= plan.pool_bytes - pool
+    raise AssertionError(f"no budget gives {policy} a pool of {pool / MiB:.0f} MiB")
+
+
 def async_matches_sync(device: str) -> str:
     """Resident in a roomy pool (decode and piecewise graphs: mixed steps take their decodes'
     tokens in the pieces' inputs) and a tight one (preemptions); elastic with device copy-in
     in a pool of its experts alone (evictions inside rounds, pages reused in stream order)."""
     roomy = 200 * MiB + graph_driver_allowance()
-    probe = engine(device, "resident", kernels=True, memory_budget=roomy)
-    tight = probe.plan.budget_bytes - probe.plan.pool_bytes + 26 * MiB  # experts take 24
-    probe = engine(device, "elastic", kernels=True, expert_copy="device", memory_budget=roomy)
-    evicting = probe.plan.budget_bytes - probe.plan.pool_bytes + 24 * MiB
+    tight = budget_for_pool(device, "resident", 26 * MiB)  # the experts take 24 MiB
+    evicting = budget_for_pool(device, "elastic", 24 * MiB, expert_copy="device")
     batch = prompts(40)
     details = []
     cases = (
@@ -425,7 +435,7 @@ def async_matches_sync(device: str) -> str:
                 raise AssertionError(f"{name}: async evicted nothing")
             kind = "sampled" if params.temperature else "greedy"
             details.append(
-                f"{name} {kind}: {decode} + {pieces} piecewise replays, preemptions "
+                f"{name} ({a.plan.pool_bytes / MiB:.0f} MiB pool) {kind}: {decode} + {pieces} piecewise replays, preemptions "
                 f"{s.scheduler.num_preemptions} / {a.scheduler.num_preemptions}, evictions "
                 f"{s.experts.counters.evictions} / {a.experts.counters.evictions} (sync / async)"
             )
