@@ -3,23 +3,23 @@
 Shape key: B = requests sampled this step, R = rows drawn at random (temperature > 0),
 F = rows whose top-k or top-p limits the support, V = vocab.
 
-A random row is an exponential race (the Gumbel-max trick): argmax(logits / T - log E), with
-E = -log U ~ Exp(1) drawn per token, picks token i with probability softmax(logits / T)[i]
-without a sort or a normalisation. Only the rows whose top-k or top-p limits the support pay
-for a sort (or, for top-k alone, a top-k). Each draw of noise belongs to a vocabulary index,
-not to a rank, so a tiny change of the logits (another batch, another policy) moves the pick
-only where two perturbed scores nearly tie.
-
-Two paths draw the noise. The torch path keeps a generator per seeded request. With Triton
-kernels (`race=True`), the whole batch is one launch (kernels/exponential_race.py): Philox
-noise keyed per row, greedy rows included, so a step pays no per-request launch. Either way
-a seeded request's n-th draw depends only on its seed and n, never on its batch; the two
-paths' streams differ, as CPU and CUDA generators do.
+Two exact ways to draw token i with probability softmax(logits / T)[i], neither with a sort;
+only the rows whose top-k or top-p limits the support pay for one (or, for top-k alone, a
+top-k). With Triton kernels (`race=True`, CUDA) the whole batch is one launch of an
+exponential race (the Gumbel-max trick, kernels/exponential_race.py): argmax(logits / T -
+log E) with E ~ Exp(1) per token from Philox noise keyed per row, greedy rows included, so a
+step pays no per-request launch. The torch path (the CPU's) draws by inverse transform: one
+uniform per row from a generator per seeded request, against the running sum of
+exp(logits / T): an exp and an add a token where the race takes two logs and a uniform.
+Either way a seeded request's n-th draw depends only on its seed and n, never on its batch,
+and a tiny change of the logits (another batch, another policy) moves the pick only where the
+draw lies at a boundary; the two paths' streams differ, as CPU and CUDA generators do.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from rimuru.dataplane.engine.pinned_upload import to_device
 from rimuru.dataplane.engine.request import SamplingParams
@@ -34,6 +34,7 @@ class Sampler:
         self._race = race  # one Triton launch per step (CUDA), or the torch path
         self._generators: dict[str, torch.Generator] = {}  # torch path, seeded requests
         self._draws: dict[str, int] = {}  # race path: draws each request has made
+        self._buffer = torch.empty(0)  # the torch path's CPU work buffer
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
@@ -72,27 +73,40 @@ class Sampler:
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
     ) -> torch.Tensor:
         """logits [R, V] -> [R] token ids, each drawn from softmax(logits / T) restricted
-        to the row's top-k and top-p."""
-        device, vocab = logits.device, logits.shape[-1]
+        to the row's top-k and top-p, by inverse transform: one uniform per row against the
+        running sum of exp(logits / T - max) (inverse_transform). On a CPU that is an exp
+        and an add a token, against the race's two logs and a uniform. The work buffer
+        persists on the CPU: a fresh [R, V] buffer is fresh pages from the OS, which cost
+        more than the math."""
+        device, (rows, vocab) = logits.device, logits.shape
         temperature = _to_device([p.temperature for p in params], torch.float32, device)
-        scores = logits.float() / temperature[:, None]  # [R, V]
+        scores = self._work(rows, vocab, device).copy_(logits)
+        scores.div_(temperature[:, None])  # [R, V]
         limited = [j for j, p in enumerate(params) if 0 < p.top_k < vocab or p.top_p < 1.0]
         if len(limited) == len(params):
             scores = limit_support(scores, params)
         elif limited:
             index = _to_device(limited, torch.int64, device)
             scores[index] = limit_support(scores[index], [params[j] for j in limited])
-        # E = -log U, U in [tiny, 1): E is finite and > 0, so log E is finite and a token
-        # outside the support (-inf) can never win the race
-        noise = torch.empty_like(scores)  # [R, V] U, then log E
-        low = torch.finfo(noise.dtype).tiny
+        # exp(-inf) = 0: a token outside the support adds nothing to the running sum, so no
+        # uniform lands on it
+        weights = scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+        uniform = torch.empty((rows, 1), dtype=torch.float32, device=device)
         seeded = [j for j, p in enumerate(params) if p.seed is not None]
         if len(seeded) < len(params):
-            noise.uniform_(low, 1.0)  # unseeded rows share the global generator
+            uniform.uniform_()  # unseeded rows share the global generator
         for j in seeded:  # each seeded request draws from its own generator, batch or not
-            generator = self._generator(request_ids[j], params[j], device)
-            noise[j].uniform_(low, 1.0, generator=generator)
-        return torch.argmax(scores.sub_(noise.log_().neg_().log_()), dim=-1)
+            uniform[j].uniform_(generator=self._generator(request_ids[j], params[j], device))
+        return inverse_transform(weights, uniform)
+
+    def _work(self, rows: int, vocab: int, device: torch.device) -> torch.Tensor:
+        """A [rows, vocab] fp32 work buffer: kept and grown on the CPU, fresh elsewhere (a
+        device's allocator caches its blocks, and the memory plan keeps nothing for it)."""
+        if device.type != "cpu":
+            return torch.empty((rows, vocab), dtype=torch.float32, device=device)
+        if self._buffer.numel() < rows * vocab:
+            self._buffer = torch.empty(rows * vocab, dtype=torch.float32)
+        return self._buffer[: rows * vocab].view(rows, vocab)
 
     def _race_rows(
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
@@ -144,6 +158,38 @@ class Sampler:
         if request_id not in self._generators:
             self._generators[request_id] = torch.Generator(device=device).manual_seed(p.seed)
         return self._generators[request_id]
+
+
+INVERSE_BLOCK = 1024  # tokens per block of the two-level running sum
+
+
+def inverse_transform(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """weights [R, V] >= 0 (each row's sum > 0), uniform [R, 1] in [0, 1) -> [R] token ids,
+    token i of a row with probability weights[i] / sum: the first token whose running sum
+    passes uniform * sum. Two levels, so the running sum is never taken over the whole
+    vocabulary: the blocks' sums find the block, then one block's running sum the token. A
+    zero weight is never picked; a draw that rounds past the last running sum takes the last
+    token (or block) of positive weight."""
+    vocab = weights.shape[1]
+    b = INVERSE_BLOCK
+    whole = vocab // b * b
+    sums = [weights[:, :whole].unflatten(1, (whole // b, b)).sum(-1)] if whole else []
+    if whole < vocab:
+        sums.append(weights[:, whole:].sum(-1, keepdim=True))
+    block_running = torch.cumsum(torch.cat(sums, dim=1), dim=-1)  # [R, blocks]
+    target = uniform * block_running[:, -1:]
+    block = _first_past(block_running, target)  # [R, 1]
+    before = F.pad(block_running, (1, 0)).gather(1, block)  # the sum of the blocks before
+    columns = block * b + torch.arange(b, device=weights.device)  # [R, b]
+    inside = weights.gather(1, columns.clamp(max=vocab - 1)) * (columns < vocab)
+    return (block * b + _first_past(torch.cumsum(inside, dim=-1), target - before)).squeeze(1)
+
+
+def _first_past(running: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[R, 1] index of the first entry of each running sum [R, n] above target [R, 1],
+    at most the last entry that added weight."""
+    last = torch.searchsorted(running, running[:, -1:].contiguous(), right=False)
+    return torch.minimum(torch.searchsorted(running, target.contiguous(), right=True), last)
 
 
 def mix_key(seed: int, n: int) -> int:

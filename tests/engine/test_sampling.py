@@ -204,3 +204,16 @@ def test_greedy_rows_are_the_argmax_whatever_else_is_drawn(race):
         Sampler(race=race).sample(logits, [f"r{i}" for i in range(8)], [SamplingParams()] * 8)
         == argmax
     )
+
+
+def test_inverse_transform_picks_by_the_running_sum_across_blocks():
+    """Weight only at 5 (block 0), 1030 (block 1) and 2400 (the partial block 2): the draw
+    picks the token whose share of the running sum holds it; zero weights never win, even
+    for a draw at the very end (which a rounded product can reach)."""
+    from rimuru.dataplane.engine.sampling import INVERSE_BLOCK, inverse_transform
+
+    assert INVERSE_BLOCK < 1030 < 2 * INVERSE_BLOCK < 2400 < 2500
+    weights = torch.zeros(5, 2500)
+    weights[:, [5, 1030, 2400]] = torch.tensor([1.0, 2.0, 1.0])
+    uniform = torch.tensor([[0.0], [0.2499], [0.25], [0.7501], [1.0]])
+    assert inverse_transform(weights, uniform).tolist() == [5, 5, 1030, 2400, 2400]
