@@ -130,6 +130,22 @@ def test_tokens_match_transformers_when_pages_run_short(
     assert engine.num_leaked_pages() == 0
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mode", ["resident", "elastic"])
+def test_async_scheduling_gives_the_reference_tokens_when_pages_run_short(
+    hybrid_engine, hybrid_checkpoints, expected, family, mode
+):
+    """Round n+1 scheduled while round n is in flight: state pages freed by a preemption
+    (or pages by an eviction) are reused in stream order, decodes take their token from the
+    step in flight; the tokens are still the reference's."""
+    _, path = hybrid_checkpoints[family]
+    engine = hybrid_engine(path, mode, async_scheduling=True, **TIGHT[mode])
+    assert run_checked(engine, PROMPTS) == expected[family]
+    counters, scheduler = engine.experts.counters, engine.scheduler
+    assert (counters.evictions if mode == "elastic" else scheduler.num_preemptions) > 0
+    assert engine.num_leaked_pages() == 0
+
+
 def states_by_bytes_engine(hybrid_engine, path) -> Engine:
     """Resident, a pool of every expert + 5 blocks + one request's state pages counted by
     their bytes: a page short of the 70-token prompt's 80 tokens alone, since a request's
