@@ -343,7 +343,8 @@ class Engine:
         batch = StepBatch.of(scheduled)
         fill = None
         if batch.pending_rows:
-            assert prev is not None, "a placeholder without a step in flight"
+            if prev is None:
+                raise RuntimeError("a request waits for a token that no step in flight samples")
             fill = TokenFill.build(batch.pending_rows, batch.pending_requests, prev)
         sample_requests = batch.sample_requests
         if self.tp is not None:  # the other ranks' residency and batch, before the forward
