@@ -3,23 +3,23 @@
 Shape key: B = requests sampled this step, R = rows drawn at random (temperature > 0),
 F = rows whose top-k or top-p limits the support, V = vocab.
 
-Two exact ways to draw token i with probability softmax(logits / T)[i], neither with a sort;
-only the rows whose top-k or top-p limits the support pay for one (or, for top-k alone, a
-top-k). With Triton kernels (`race=True`, CUDA) the whole batch is one launch of an
-exponential race (the Gumbel-max trick, kernels/exponential_race.py): argmax(logits / T -
-log E) with E ~ Exp(1) per token from Philox noise keyed per row, greedy rows included, so a
-step pays no per-request launch. The torch path (the CPU's) draws by inverse transform: one
-uniform per row from a generator per seeded request, against the running sum of
-exp(logits / T): an exp and an add a token where the race takes two logs and a uniform.
-Either way a seeded request's n-th draw depends only on its seed and n, never on its batch,
-and a tiny change of the logits (another batch, another policy) moves the pick only where the
-draw lies at a boundary; the two paths' streams differ, as CPU and CUDA generators do.
+Both paths draw token i with probability softmax(logits / T)[i] by an exponential race (the
+Gumbel-max trick): argmax(logits / T - log E) with E ~ Exp(1), without a sort; only the rows
+whose top-k or top-p limits the support pay for one (or, for top-k alone, a top-k). With
+Triton kernels (`race=True`, CUDA) the whole batch is one launch (kernels/exponential_race.py):
+noise per token from Philox keyed per row, greedy rows included, so a step pays no
+per-request launch. The torch path (the CPU's) races in two levels (two_level_race): among
+blocks of tokens, then inside the winning block, so it draws a uniform per block and per
+token of one block, not per token of the vocabulary. Either way a seeded request's n-th draw
+depends only on its seed and n, never on its batch; every draw of noise belongs to a token
+(or a block), not to a rank or a place in a running sum, so a tiny change of the logits
+(another batch, another policy) moves the pick only where two raced scores nearly tie. The
+two paths' streams differ, as CPU and CUDA generators do.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from rimuru.dataplane.engine.pinned_upload import to_device
 from rimuru.dataplane.engine.request import SamplingParams
@@ -73,11 +73,10 @@ class Sampler:
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
     ) -> torch.Tensor:
         """logits [R, V] -> [R] token ids, each drawn from softmax(logits / T) restricted
-        to the row's top-k and top-p, by inverse transform: one uniform per row against the
-        running sum of exp(logits / T - max) (inverse_transform). On a CPU that is an exp
-        and an add a token, against the race's two logs and a uniform. The work buffer
-        persists on the CPU: a fresh [R, V] buffer is fresh pages from the OS, which cost
-        more than the math."""
+        to the row's top-k and top-p, by a race in two levels (two_level_race): an exp and
+        an add a token, where a race over the whole vocabulary takes two logs and a uniform.
+        The work buffer persists on the CPU: a fresh [R, V] buffer is fresh pages from the
+        OS, which cost more than the math."""
         device, (rows, vocab) = logits.device, logits.shape
         temperature = _to_device([p.temperature for p in params], torch.float32, device)
         scores = self._work(rows, vocab, device).copy_(logits)
@@ -88,16 +87,16 @@ class Sampler:
         elif limited:
             index = _to_device(limited, torch.int64, device)
             scores[index] = limit_support(scores[index], [params[j] for j in limited])
-        # exp(-inf) = 0: a token outside the support adds nothing to the running sum, so no
-        # uniform lands on it
+        # exp(-inf) = 0: a token outside the support has no weight, and log 0 never wins
         weights = scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
-        uniform = torch.empty((rows, 1), dtype=torch.float32, device=device)
+        noise = torch.empty((rows, num_race_draws(vocab)), dtype=torch.float32, device=device)
         seeded = [j for j, p in enumerate(params) if p.seed is not None]
         if len(seeded) < len(params):
-            uniform.uniform_()  # unseeded rows share the global generator
+            noise.uniform_(_TINY, 1.0)  # unseeded rows share the global generator
         for j in seeded:  # each seeded request draws from its own generator, batch or not
-            uniform[j].uniform_(generator=self._generator(request_ids[j], params[j], device))
-        return inverse_transform(weights, uniform)
+            generator = self._generator(request_ids[j], params[j], device)
+            noise[j].uniform_(_TINY, 1.0, generator=generator)
+        return two_level_race(weights, noise)
 
     def _work(self, rows: int, vocab: int, device: torch.device) -> torch.Tensor:
         """A [rows, vocab] fp32 work buffer: kept and grown on the CPU, fresh elsewhere (a
@@ -160,36 +159,39 @@ class Sampler:
         return self._generators[request_id]
 
 
-INVERSE_BLOCK = 1024  # tokens per block of the two-level running sum
+RACE_BLOCK = 1024  # tokens per block of the two-level race
+_TINY = torch.finfo(torch.float32).tiny  # U in [tiny, 1): -log U is finite and > 0
 
 
-def inverse_transform(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """weights [R, V] >= 0 (each row's sum > 0), uniform [R, 1] in [0, 1) -> [R] token ids,
-    token i of a row with probability weights[i] / sum: the first token whose running sum
-    passes uniform * sum. Two levels, so the running sum is never taken over the whole
-    vocabulary: the blocks' sums find the block, then one block's running sum the token. A
-    zero weight is never picked; a draw that rounds past the last running sum takes the last
-    token (or block) of positive weight."""
+def num_race_draws(vocab: int) -> int:
+    """Uniforms one row of two_level_race takes: one per block, then one per token of a block."""
+    return -(-vocab // RACE_BLOCK) + RACE_BLOCK
+
+
+def two_level_race(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """weights [R, V] >= 0 (each row's sum > 0), uniform [R, num_race_draws(V)] in (0, 1)
+    -> [R] token ids, token i of a row with probability weights[i] / sum.
+
+    An exponential race (Gumbel-max) in two levels: first among the blocks of RACE_BLOCK
+    tokens, each entered at log of its weight (the best of a block's raced tokens is
+    Gumbel-distributed at that location), then among the chosen block's tokens, so P(i) =
+    P(block) P(i | block) = weights[i] / sum. Every draw belongs to a block or a position,
+    never to a place in a running sum, so a tiny change of the weights (another batch's
+    rounding) moves the pick only where two raced scores nearly tie: the policies stay
+    token-identical. A zero weight (log 0 = -inf) never wins."""
     vocab = weights.shape[1]
-    b = INVERSE_BLOCK
+    b = RACE_BLOCK
     whole = vocab // b * b
     sums = [weights[:, :whole].unflatten(1, (whole // b, b)).sum(-1)] if whole else []
     if whole < vocab:
         sums.append(weights[:, whole:].sum(-1, keepdim=True))
-    block_running = torch.cumsum(torch.cat(sums, dim=1), dim=-1)  # [R, blocks]
-    target = uniform * block_running[:, -1:]
-    block = _first_past(block_running, target)  # [R, 1]
-    before = F.pad(block_running, (1, 0)).gather(1, block)  # the sum of the blocks before
+    block_weights = torch.cat(sums, dim=1)  # [R, blocks]
+    blocks = block_weights.shape[1]
+    gumbel = uniform.log().neg_().log_().neg_()  # [R, blocks + b]
+    block = torch.argmax(block_weights.log() + gumbel[:, :blocks], dim=-1, keepdim=True)
     columns = block * b + torch.arange(b, device=weights.device)  # [R, b]
     inside = weights.gather(1, columns.clamp(max=vocab - 1)) * (columns < vocab)
-    return (block * b + _first_past(torch.cumsum(inside, dim=-1), target - before)).squeeze(1)
-
-
-def _first_past(running: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """[R, 1] index of the first entry of each running sum [R, n] above target [R, 1],
-    at most the last entry that added weight."""
-    last = torch.searchsorted(running, running[:, -1:].contiguous(), right=False)
-    return torch.minimum(torch.searchsorted(running, target.contiguous(), right=True), last)
+    return block.squeeze(1) * b + torch.argmax(inside.log() + gumbel[:, blocks:], dim=-1)
 
 
 def mix_key(seed: int, n: int) -> int:

@@ -206,14 +206,18 @@ def test_greedy_rows_are_the_argmax_whatever_else_is_drawn(race):
     )
 
 
-def test_inverse_transform_picks_by_the_running_sum_across_blocks():
-    """Weight only at 5 (block 0), 1030 (block 1) and 2400 (the partial block 2): the draw
-    picks the token whose share of the running sum holds it; zero weights never win, even
-    for a draw at the very end (which a rounded product can reach)."""
-    from rimuru.dataplane.engine.sampling import INVERSE_BLOCK, inverse_transform
+def test_two_level_race_follows_the_weights_across_blocks():
+    """Weight only at 5 (block 0), 1030 (block 1) and 2400 (the partial block 2), 1 : 2 : 1:
+    the race picks them at those frequencies and never a token of zero weight."""
+    from rimuru.dataplane.engine.sampling import RACE_BLOCK, num_race_draws, two_level_race
 
-    assert INVERSE_BLOCK < 1030 < 2 * INVERSE_BLOCK < 2400 < 2500
-    weights = torch.zeros(5, 2500)
+    assert RACE_BLOCK < 1030 < 2 * RACE_BLOCK < 2400 < 2500
+    n = 8000  # standard error of each frequency <= 0.0056
+    weights = torch.zeros(n, 2500)
     weights[:, [5, 1030, 2400]] = torch.tensor([1.0, 2.0, 1.0])
-    uniform = torch.tensor([[0.0], [0.2499], [0.25], [0.7501], [1.0]])
-    assert inverse_transform(weights, uniform).tolist() == [5, 5, 1030, 2400, 2400]
+    generator = torch.Generator().manual_seed(0)
+    uniform = torch.empty(n, num_race_draws(2500)).uniform_(1e-30, 1.0, generator=generator)
+    picks = two_level_race(weights, uniform)
+    counts = torch.bincount(picks, minlength=2500)
+    assert counts.sum() == counts[[5, 1030, 2400]].sum() == n
+    assert torch.allclose(counts[[5, 1030, 2400]] / n, torch.tensor([0.25, 0.5, 0.25]), atol=0.03)
