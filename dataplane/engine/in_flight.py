@@ -16,7 +16,7 @@ step's reads; and a step is read back before the one after it (tokens in order).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -79,10 +79,6 @@ class InFlightStep:
     sampled: list[Request]
     tokens: torch.Tensor | None  # [R] on the device: what the next step's decodes read
     readback: Readback
-    rows: dict[str, int] = field(init=False)  # request id -> its row in `tokens`
-
-    def __post_init__(self) -> None:
-        self.rows = {r.request_id: i for i, r in enumerate(self.sampled)}
 
 
 @dataclass(frozen=True)
@@ -100,7 +96,9 @@ class TokenFill:
         """`rows[i]` takes the token `prev` sampled for `requests[i]`."""
         if prev.tokens is None:
             raise RuntimeError("a placeholder refers to a step that sampled nothing")
-        index = torch.tensor([list(rows), [prev.rows[r.request_id] for r in requests]])
+        # built here, not per launched step: synchronous scheduling never asks
+        row_of = {r.request_id: i for i, r in enumerate(prev.sampled)}
+        index = torch.tensor([list(rows), [row_of[r.request_id] for r in requests]])
         index = to_device(index, prev.tokens.device)  # one staged copy, no wait
         return cls(index[0], prev.tokens.index_select(0, index[1]))
 
