@@ -117,11 +117,27 @@ class ElasticBoundary:
                 demand = evict_only or kv_pages_short > 0 or round.num_waiting > 0
                 costs = self.costs(batch, round.num_running, demand, round.step)
         return move_boundary(
-            kv_pages_short, self.allocator, self.kv, self.experts, self.policy.ranking,
+            kv_pages_short, self.allocator, self.kv, self.experts, self.order(round.step),
             self.policy.tunables, round.step - 1, evict_only=evict_only, step=step,
             counted=self.copy_control.start_resident, measured=self.copy_control.measured,
             costs=costs,
         )  # fmt: skip
+
+    def order(self, step: int) -> HotnessRanking:
+        """The ranking that orders evictions (coldest first) and loads (hottest first): the
+        policy's, except under the cost rule once live routing has a full window. The cost
+        rule prices each expert by recent routing; ordered by a ranking that routing has
+        since left, it would reach an expert that is hot now while colder ones stay, refuse
+        it, and end the round there (the first refusal ends it), and admission would stop
+        at the hottest offloaded expert's price. On the H200 (qwen3-30b-a3b, weights just
+        fit, ranking profiled on 32 prompts) that held admission in ~9 of 10 rounds that
+        asked (docs/benchmarks.md). The offline ranking seeds the order until then."""
+        t = self.policy.tunables
+        if t.mode == "elastic" and t.elastic_rule == "cost":
+            live = self.live.ranking(self.experts, step)
+            if live is not None:
+                return live
+        return self.policy.ranking
 
     def _asks_to_evict(self, kv_pages_short: int) -> bool:
         free = self.allocator.num_free(PageType.EXPERT)

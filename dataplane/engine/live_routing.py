@@ -15,6 +15,9 @@ from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.policy import HotnessRanking
 
 
+UNSEEN_PAIRS = 1.0  # added to every expert's window count (observe says why)
+
+
 class LiveRouting:
     def __init__(self, refresh_steps: int = 32, decay: float = 0.5, min_tokens: int = 256):
         if refresh_steps < 1 or not 0 <= decay < 1 or min_tokens < 1:
@@ -50,4 +53,10 @@ class LiveRouting:
         ]
         self._last = [list(row) for row in counts]
         thin = min(sum(row) for row in self.window) < self.min_tokens
-        self.ranking_now = None if thin else HotnessRanking.from_counts(self.window, "live")
+        if thin:
+            self.ranking_now = None
+            return
+        # One pair more for every expert: an expert unseen in the window is rare, not never
+        # routed, and priced at 0 its eviction would pay whatever a copy costs.
+        seen = [[w + UNSEEN_PAIRS for w in row] for row in self.window]
+        self.ranking_now = HotnessRanking.from_counts(seen, "live")

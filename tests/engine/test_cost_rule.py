@@ -3,13 +3,14 @@ it keeps every expert (and serves like resident); where they are cheap it offloa
 same tokens. And the measured step cost it prices with (step_cost.py)."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from rimuru.dataplane.adjust.payoff import DECODE_ONLY
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.engine.step_cost import MIN_DECODE_STEPS, StepCostMeter
-from rimuru.policy import Tunables
+from rimuru.policy import HotnessRanking, Tunables
 
 
 def burst(n: int = 24) -> list[list[int]]:
@@ -132,6 +133,48 @@ def test_past_the_tpot_slo_elastic_admits_no_one_more_while_experts_are_offloade
     assert engine.boundary.admit_limit(round_now) == engine.config.max_num_seqs
     engine.step_cost.recent_step_s = 2e3  # steps of 2,000 s: past the 1,000 s SLO
     assert engine.boundary.admit_limit(round_now) == running
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.check_invariants()
+
+
+def test_the_cost_rule_evicts_the_coldest_of_recent_routing_not_of_a_stale_ranking(make_engine):
+    """Evictions follow live routing once its window is full (boundary.order): a ranking
+    that routing has left would offer hot experts first."""
+    from rimuru.dataplane.adjust.adjuster import num_to_evict
+    from rimuru.dataplane.engine.scheduler import RoundState
+    from rimuru.dataplane.memory.geometry import PageType
+
+    engine = make_engine("elastic")
+    engine.step_cost.per_copy = 0.0  # copies free: every eviction asked for pays
+    assert engine.boundary.order(step=1) is engine.ranking  # no window yet: the seed
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    engine.generate(burst(8), params)
+    live = engine.boundary.live.ranking(engine.experts, engine.step_id + 10**6)  # read now
+    assert live is not None
+    num_experts = live.num_experts
+    # a stale ranking: live routing's order reversed (its hottest are live's coldest)
+    stale = HotnessRanking.from_counts(
+        [[float(order.index(e)) for e in range(num_experts)] for order in live.order], "stale"
+    )
+    engine.set_ranking(stale)
+    assert engine.boundary.order(engine.step_id + 1) is live
+    for i, prompt in enumerate(burst(6)):
+        engine.add_request(prompt, params, f"r{i}")
+    engine.step()
+    round_now = RoundState(engine.step_id + 1, len(engine.scheduler.running), 0)
+    short = engine.kv.shortfall_in_expert_pages(200)
+    want = num_to_evict(short, engine.allocator.num_free(PageType.EXPERT), engine.tunables)
+    changes = engine.boundary.move(kv_pages_short=200, round=round_now)
+    assert len(changes.evict) == want >= 4
+    by_layer: dict[int, list[int]] = {}
+    for layer, expert in changes.evict:
+        by_layer.setdefault(layer, []).append(expert)
+    for layer, experts in by_layer.items():  # each layer gave its live-coldest, coldest first
+        assert experts == list(reversed(live.order[layer]))[: len(experts)]
+    # the paper's rule keeps the policy's order
+    engine.set_tunables(replace(engine.tunables, elastic_rule="paper"))
+    assert engine.boundary.order(engine.step_id + 1) is stale
     while engine.has_unfinished_requests():
         engine.step()
     engine.check_invariants()

@@ -12,8 +12,16 @@ def test_the_window_decays_old_routing_and_adds_the_new():
     assert live.ranking_now is None  # layer 1 routed 2 pairs: too thin to price by
     live.observe([[10, 5], [20, 1]])
     assert live.window == [[7.5, 2.5], [19.5, 0.5]]
-    assert live.ranking_now.share(0, 0) == pytest.approx(0.75)
-    assert live.ranking_now.share(1, 1) == pytest.approx(0.5 / 20)
+    # each expert counts one pair more than routed (UNSEEN_PAIRS)
+    assert live.ranking_now.share(0, 0) == pytest.approx(8.5 / 12)
+    assert live.ranking_now.share(1, 1) == pytest.approx(1.5 / 22)
+
+
+def test_an_expert_unseen_in_the_window_is_priced_as_rare_not_free():
+    live = LiveRouting(decay=0.5, min_tokens=10)
+    live.observe([[0, 30, 10]])
+    assert live.ranking_now.order[0] == (1, 2, 0)
+    assert live.ranking_now.share(0, 0) == pytest.approx(1 / 43)
 
 
 def test_counts_that_went_down_were_reset_and_count_whole():
