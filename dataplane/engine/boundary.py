@@ -131,9 +131,11 @@ class ElasticBoundary:
         it, and end the round there (the first refusal ends it), and admission would stop
         at the hottest offloaded expert's price. On the H200 (qwen3-30b-a3b, weights just
         fit, ranking profiled on 32 prompts) that held admission in ~9 of 10 rounds that
-        asked (docs/benchmarks.md). The offline ranking seeds the order until then."""
+        asked (docs/benchmarks.md). The offline ranking seeds the order until then. With a
+        copy budget the order stays the ranking's: the budget's sum and its admission cap
+        price by the ranking, and must count the experts the adjuster offloads."""
         t = self.policy.tunables
-        if t.mode == "elastic" and t.elastic_rule == "cost":
+        if t.mode == "elastic" and t.elastic_rule == "cost" and t.copy_budget <= 0:
             live = self.live.ranking(self.experts, step)
             if live is not None:
                 return live

@@ -149,6 +149,9 @@ class Engine:
             self.device, 3 * self.geometry.expert_page_bytes,
             all_weight_bytes=self.plan.non_pool_weight_bytes
             + mc.num_moe_layers * mc.num_experts * 3 * self.geometry.expert_page_bytes,
+            copy_in=(self.experts.copy_kernel, self.host_experts[0])
+            if self.experts.device_copy is not None
+            else None,
         )  # fmt: skip
         self.boundary = ElasticBoundary(
             self.policy, self.allocator, self.kv, self.experts, self.copy_control,

@@ -1,6 +1,7 @@
 """The measured StepCost the cost-aware elastic rule prices evictions with (adjust/payoff.py).
 
-    per_copy   one expert's bytes over the host-to-device bandwidth, timed at start-up
+    per_copy   one expert's copy to the device, timed at start-up as the engine copies it
+               (device copy-in's kernel, else a memcpy from pinned memory)
     fixed      a decode step's time that does not grow with the batch
     per_seq    what each decode sequence adds
 
@@ -19,31 +20,38 @@ beyond one per sequence. Until a step was seen the mix is decode-only.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
 from rimuru.dataplane.adjust.payoff import DECODE_ONLY, StepCost, StepMix
+from rimuru.dataplane.model.weights import ExpertWeights
 
 MIN_DECODE_STEPS = 8  # before this many, the seed stands
 
 
-def _timed_copy(dst: torch.Tensor, src: torch.Tensor, repeats: int) -> float:
-    """Seconds per copy of src into dst (the fastest of `repeats`, after one warm copy)."""
-    dst.copy_(src, non_blocking=True)
+def _timed(work: Callable[[], None], device: torch.device, repeats: int) -> float:
+    """Seconds per call of `work` on `device` (the fastest of `repeats`, after one warm call)."""
+    work()
     best = float("inf")
     for _ in range(repeats):
-        if dst.device.type == "cuda":
+        if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            dst.copy_(src, non_blocking=True)
+            work()
             end.record()
             end.synchronize()
             best = min(best, start.elapsed_time(end) / 1e3)
         else:
             began = time.perf_counter()
-            dst.copy_(src)
+            work()
             best = min(best, time.perf_counter() - began)
     return best
+
+
+def _timed_copy(dst: torch.Tensor, src: torch.Tensor, repeats: int) -> float:
+    """Seconds per copy of src into dst."""
+    return _timed(lambda: dst.copy_(src, non_blocking=True), dst.device, repeats)
 
 
 def measure_copy_seconds(device: torch.device, expert_bytes: int, repeats: int = 5) -> float:
@@ -52,6 +60,31 @@ def measure_copy_seconds(device: torch.device, expert_bytes: int, repeats: int =
     src = torch.empty(expert_bytes, dtype=torch.uint8, pin_memory=pin)
     dst = torch.empty(expert_bytes, dtype=torch.uint8, device=device)
     return _timed_copy(dst, src, repeats)
+
+
+def measure_copy_in_seconds(
+    copy_kernel: Callable[..., None], host: ExpertWeights, device: torch.device
+) -> float:
+    """Seconds for device copy-in (`copy_kernel`, device_copy.py) to copy one routed expert of
+    `host` (a layer's pinned experts) into pages on `device`. One, not several side by side:
+    a step copies an offloaded expert into its layer's slot right before that layer's MoE,
+    and a layer seldom has more than one to copy. The kernel reads host memory through
+    unified addressing, slower than the copy engines' memcpy (on the H200, Fig. 4's
+    decode steps at router skew 0 grew by ~0.4-0.5 ms per copy, where a memcpy of the
+    expert takes ~0.32 ms: docs/benchmarks.md); priced by the memcpy, copies look cheaper
+    than they are."""
+    num_experts, inter, hidden = host.w1.shape
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts[0] = 1
+    offloaded = torch.tensor([0], dtype=torch.int32, device=device)
+    pages = torch.empty(3, inter * hidden, dtype=host.w1.dtype, device=device)
+    rows = torch.arange(3, dtype=torch.int32, device=device)
+    copied = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def copy() -> None:
+        copy_kernel(counts, offloaded, host.w1, host.w3, host.w2, pages, rows, copied)
+
+    return _timed(copy, device, repeats=5)
 
 
 def measure_read_seconds(device: torch.device, nbytes: int) -> float:
@@ -78,13 +111,21 @@ class StepCostMeter:
 
     @classmethod
     def measured(
-        cls, device: torch.device, expert_bytes: int, *, all_weight_bytes: int
+        cls,
+        device: torch.device,
+        expert_bytes: int,
+        *,
+        all_weight_bytes: int,
+        copy_in: tuple[Callable[..., None], ExpertWeights] | None = None,
     ) -> StepCostMeter:
-        """Priced on `device`: one expert's copy timed, the seed one read of every weight."""
-        return cls(
-            per_copy=measure_copy_seconds(device, expert_bytes),
-            seed_fixed=measure_read_seconds(device, all_weight_bytes),
+        """Priced on `device`: one expert's copy timed (`copy_in`: device copy-in's kernel
+        and a layer's host experts, else a memcpy), the seed one read of every weight."""
+        per_copy = (
+            measure_copy_in_seconds(*copy_in, device)
+            if copy_in is not None
+            else measure_copy_seconds(device, expert_bytes)
         )
+        return cls(per_copy=per_copy, seed_fixed=measure_read_seconds(device, all_weight_bytes))
 
     def record(self, batch: int, num_tokens: int, copies: int, seconds: float) -> None:
         """One step of `batch` sequences that routed `num_tokens` tokens through the MoE
