@@ -44,7 +44,9 @@ Cost rule (`tunables.elastic_rule = "cost"`, the default; "paper" is the rules a
 each eviction the rules ask for must also pay for itself, from measured costs (payoff.py):
 the batch its pages buy against the copies it adds, priced over the steps the engine runs
 (decode-only and mixed: the same sum, each term averaged over `StepShape.mix`). The first that does not pay ends the
-round, so `expert_offload_limit` becomes a ceiling the rule stays under by itself.
+round, so `expert_offload_limit` becomes a ceiling the rule stays under by itself. The
+engine then hands `decide` recent routing as the ranking, so that evictions go coldest first
+by the routing that prices them (engine/boundary.py, ElasticBoundary.order).
 
 `reserve` then turns a decision into a ChangeList with page ids from the allocator.
 """

@@ -14,7 +14,6 @@ from __future__ import annotations
 from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.policy import HotnessRanking
 
-
 UNSEEN_PAIRS = 1.0  # added to every expert's window count (observe says why)
 
 
