@@ -51,6 +51,14 @@ B = 30 a decode-only load prices the copy at q(31) = 0.86 and it pays (4.9 ms), 
 the steps carry a prompt chunk of 500 tokens (q ~ 1) dc = 0.93 and it does not (5.3 ms). At
 B = 100 it never does (19 ms).
 
+Shares lie low for the experts they pick: the coldest of a window of recent routing are
+partly the ones that drew low by chance and will be routed more, and where routing is near
+uniform that is all of them (on the H200, Fig. 4 at router skew 0, the decode steps made
+1.3-1.45x the copies the shares expected: docs/benchmarks.md). So the engine scales every
+copy it prices by what the decode steps measured over what the shares expected at the same
+batch (`CostView.copy_scale`), never below 1: after an eviction round the measured average
+lags the new residency, and a scale below 1 would then price the next round's copies low.
+
 Pure: no torch, no clock. The engine measures the StepCost and the StepMix
 (engine/step_cost.py).
 """
@@ -112,6 +120,9 @@ class CostView:
     prices: HotnessRanking | None = None
     recent_step_s: float = 0.0  # decode steps' measured time lately (0: none seen)
     mix: StepMix = DECODE_ONLY  # the steps copies are priced over (module docstring)
+    # The copies decode steps made lately over those the shares expect at that batch, at
+    # least 1: every copy an eviction adds is priced this much higher (module docstring).
+    copy_scale: float = 1.0
 
     @property
     def over_slo(self) -> bool:
@@ -121,6 +132,8 @@ class CostView:
     def __post_init__(self) -> None:
         if self.batch < 0 or self.copies < 0 or self.batch_per_eviction < 0:
             raise ValueError(f"batch, copies and batch_per_eviction must be >= 0; got {self}")
+        if not self.copy_scale >= 1.0:
+            raise ValueError(f"copy_scale must be >= 1; got {self.copy_scale}")
 
 
 def eviction_pays(view: CostView, done: int, extra_copies: float, dc: float) -> bool:
@@ -130,7 +143,8 @@ def eviction_pays(view: CostView, done: int, extra_copies: float, dc: float) -> 
         return False
     cost, db = view.cost, view.batch_per_eviction
     b = view.batch + done * db
-    c = view.copies + extra_copies
+    c = view.copies + view.copy_scale * extra_copies
+    dc = view.copy_scale * dc
     if view.tpot_slo_s is not None and cost.seconds(b + db, c + dc) > view.tpot_slo_s:
         return False
     return db * (cost.fixed + cost.per_copy * c) > max(b, 1.0) * cost.per_copy * dc

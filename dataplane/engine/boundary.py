@@ -33,6 +33,10 @@ from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.policy import HotnessRanking, Tunables
 
+# The most copy_scale prices copies up by: a meter that still counts copies of experts just
+# brought back (its average lags ~10 steps) must not freeze the boundary.
+MAX_COPY_SCALE = 3.0
+
 
 def move_boundary(
     kv_pages_short: int,
@@ -149,18 +153,19 @@ class ElasticBoundary:
     def costs(self, batch: int, num_running: int, demand: bool, step: int) -> CostView | None:
         """What the cost rule prices an eviction with now (None under the paper rule):
         the measured step cost and step mix, the copies per step (expected from recent
-        routing, else the ranking, over every offloaded expert and the mix, or measured, the
-        larger) and the batch one eviction's pages buy (pages_per_expert over what a running
+        routing, else the ranking, over every offloaded expert and the mix, scaled by
+        copy_scale, or measured, the larger) and the batch one eviction's pages buy (pages_per_expert over what a running
         request holds)."""
         t = self.policy.tunables
         if t.mode != "elastic" or t.elastic_rule != "cost":
             return None
         prices = self.live.ranking(self.experts, step)
+        shares = prices or self.policy.ranking
         mix = self.step_cost.mix()
-        shape = StepShape(max(batch, 1), self.top_k, mix)
         resident = self.experts.resident_sets()
-        expected = expected_copies(prices or self.policy.ranking, resident, shape)
-        copies = max(expected, self.copy_control.measured)
+        scale = self.copy_scale(shares, resident, num_running)
+        expected = expected_copies(shares, resident, StepShape(max(batch, 1), self.top_k, mix))
+        copies = max(scale * expected, self.copy_control.measured)
         per_request = self.kv.held_in_expert_pages() / num_running if num_running else 0.0
         return CostView(
             cost=self.step_cost.cost(),
@@ -172,7 +177,20 @@ class ElasticBoundary:
             prices=prices,
             recent_step_s=self.step_cost.recent_step_s,
             mix=mix,
+            copy_scale=scale,
         )
+
+    def copy_scale(self, shares: HotnessRanking, resident: Residency, num_running: int) -> float:
+        """The copies decode steps made lately over those `shares` expect of the experts
+        offloaded now at the running batch, within [1, MAX_COPY_SCALE] (payoff.py says why
+        not below 1); 1 until a decode step with experts offloaded was measured."""
+        measured = self.copy_control.measured
+        if measured <= 0 or num_running < 1:
+            return 1.0
+        expected = expected_copies(shares, resident, StepShape(num_running, self.top_k))
+        if expected <= 0:  # nothing offloaded is expected to be routed: nothing to scale
+            return 1.0
+        return min(max(measured / expected, 1.0), MAX_COPY_SCALE)
 
     def admit_limit(self, round: RoundState) -> int:
         """Elastic with a copy budget: the batch up to which the experts offloaded now stay

@@ -1,5 +1,7 @@
 """The cost rule's decisions (payoff.py through adjuster.decide) on constructed cases."""
 
+from dataclasses import replace
+
 import pytest
 
 from rimuru.dataplane.adjust.adjuster import StepShape, decide, route_probability
@@ -183,3 +185,18 @@ def test_a_mix_prices_each_kind_of_step_not_the_mean_tokens():
 def test_a_step_mix_out_of_range_is_refused(share, extra):
     with pytest.raises(ValueError, match="step mix"):
         StepMix(share, extra)
+
+
+def test_copies_priced_up_by_what_decode_steps_measured_stop_an_eviction():
+    # B = 10, 2 ms a copy: L0 e1 pays at the shares' dc (.4312: 8.6 ms < 10 ms). Measured
+    # steps made 1.5x the copies the shares expect: 1.5 x 8.6 = 12.9 ms > 10 ms
+    scaled = replace(view(10, 0.002), copy_scale=1.5)
+    assert decide(8, 0, RANKING, ALL, COST, STEP, costs=scaled).evict == ()
+    # one eviction, dc .45: .5 x 20 ms = 10 ms against 10 x 2 ms x .45 = 9 ms, x 1.2 = 10.8
+    assert eviction_pays(view(10, 0.002), 0, 0.0, 0.45)
+    assert not eviction_pays(replace(view(10, 0.002), copy_scale=1.2), 0, 0.0, 0.45)
+
+
+def test_a_copy_scale_below_one_is_refused():
+    with pytest.raises(ValueError, match="copy_scale"):
+        replace(view(10, 0.002), copy_scale=0.9)

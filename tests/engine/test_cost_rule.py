@@ -89,13 +89,20 @@ def test_the_engine_tells_the_meter_the_tokens_its_steps_route(make_engine):
     assert mix.extra_tokens == pytest.approx(99.0)
 
 
-def test_the_boundary_prices_the_offloaded_experts_over_the_step_mix(make_engine):
+def offloading(make_engine):
+    """An elastic engine with copies priced free, stepped through a burst until its first
+    eviction."""
     engine = make_engine("elastic")
     engine.step_cost.per_copy = 0.0  # copies free: experts go
     for i, prompt in enumerate(burst()):
         engine.add_request(prompt, SamplingParams(max_tokens=16, ignore_eos=True), f"r{i}")
     while engine.experts.counters.evictions == 0:
         engine.step()
+    return engine
+
+
+def test_the_boundary_prices_the_offloaded_experts_over_the_step_mix(make_engine):
+    engine = offloading(make_engine)
     for _ in range(200):  # lately only decode steps of 2: the offloaded are seldom routed
         engine.step_cost.record(batch=2, num_tokens=2, copies=0, seconds=0.01)
     decode = engine.boundary.costs(2, 2, demand=True, step=engine.step_id + 1)
@@ -175,6 +182,27 @@ def test_the_cost_rule_evicts_the_coldest_of_recent_routing_not_of_a_stale_ranki
     # the paper's rule keeps the policy's order
     engine.set_tunables(replace(engine.tunables, elastic_rule="paper"))
     assert engine.boundary.order(engine.step_id + 1) is stale
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.check_invariants()
+
+
+def test_the_boundary_scales_copies_by_what_decode_steps_measured_over_the_shares(make_engine):
+    from rimuru.dataplane.adjust.adjuster import StepShape, expected_copies
+    from rimuru.dataplane.engine.boundary import MAX_COPY_SCALE
+
+    engine = offloading(make_engine)
+    boundary, meter = engine.boundary, engine.copy_control.meter
+    resident = engine.experts.resident_sets()
+    shares = boundary.live.ranking(engine.experts, engine.step_id + 1) or engine.ranking
+    expected = expected_copies(shares, resident, StepShape(4, boundary.top_k))
+    assert expected > 0
+    for measured, scale in [(0.0, 1.0), (0.5, 1.0), (1.7, 1.7), (10.0, MAX_COPY_SCALE)]:
+        meter.value = measured * expected
+        assert boundary.copy_scale(shares, resident, 4) == pytest.approx(scale)
+    meter.value = 1.7 * expected
+    costs = boundary.costs(4, 4, demand=True, step=engine.step_id + 1)
+    assert costs.copy_scale == pytest.approx(1.7)
     while engine.has_unfinished_requests():
         engine.step()
     engine.check_invariants()
