@@ -16,7 +16,7 @@ def test_bench_runs_three_policies_and_writes_results(tmp_path, capsys):
         [
             "bench",
             "--num-prompts",
-            "60",
+            "40",
             "--output-dir",
             str(out),
             "--no-progress",
@@ -31,7 +31,7 @@ def test_bench_runs_three_policies_and_writes_results(tmp_path, capsys):
     runs = {r["policy"]: r for r in data["results"]}
     assert set(runs) == {"resident", "fixed", "elastic"}
     for run in runs.values():
-        assert run["request_metrics"]["num_completed"] == 60
+        assert run["request_metrics"]["num_completed"] == 40
     assert (out / "fig4_memory_split.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "hotness.json").exists()
     peak = {p: r["step_metrics"]["peak_running"] for p, r in runs.items()}
