@@ -298,8 +298,13 @@ def _coldest(
 
 
 def hottest(n: int, ranking: HotnessRanking, resident: Residency) -> tuple[ExpertKey, ...]:
+    # A layer with every expert resident is skipped whole: the grow rule asks every round
+    # that has free pages, most of them with nothing offloaded.
+    everyone = ranking.num_experts
     queues = [
         [e for e in ranking.order[layer] if e not in resident[layer]]
+        if len(resident[layer]) < everyone
+        else []
         for layer in range(ranking.num_layers)
     ]
     heap = [(-ranking.probability(layer, q[0]), layer, 0) for layer, q in enumerate(queues) if q]

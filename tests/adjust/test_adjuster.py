@@ -251,3 +251,13 @@ def test_measured_copies_count_when_they_exceed_the_expectation():
     # e3 free, e2 1 - .9^4 = .34; e1 (.87) would pass .5
     assert decide(8, 0, cold, full, t, StepShape(4, 1)).evict == ((0, 3), (0, 2))
     assert decide(8, 0, cold, full, t, StepShape(4, 1), measured=0.6).evict == ()
+
+
+def test_loads_skip_layers_with_every_expert_resident_and_take_the_hottest_missing():
+    from rimuru.dataplane.adjust.adjuster import hottest
+
+    ranking = HotnessRanking.from_counts([[30, 5, 40, 25], [50, 20, 20, 10], [1, 2, 3, 4]])
+    resident = [frozenset(range(4)), frozenset({0, 1}), frozenset({0, 1, 2})]
+    # missing: L1 e2 (.20), L1 e3 (.10), L2 e3 (.40): hottest first across layers
+    assert hottest(5, ranking, resident) == ((2, 3), (1, 2), (1, 3))
+    assert hottest(5, ranking, [frozenset(range(4))] * 3) == ()
