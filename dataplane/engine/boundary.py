@@ -115,13 +115,20 @@ class ElasticBoundary:
         step = costs = None
         admitting = not evict_only and round.num_waiting > 0
         batch = min(round.num_running + admitting, self.max_num_seqs)
+        asks = self._asks_to_evict(kv_pages_short)
+        demand = evict_only or kv_pages_short > 0 or round.num_waiting > 0
         if apply_copy_budget and round.num_running:
             step = StepShape(batch, self.top_k)
-            if self._asks_to_evict(kv_pages_short):  # priced only when the rules would evict
-                demand = evict_only or kv_pages_short > 0 or round.num_waiting > 0
+            if asks:  # priced only when the rules would evict
                 costs = self.costs(batch, round.num_running, demand, round.step)
+        # With every expert resident and no pages wanted (the cost rule then evicts none,
+        # not even for headroom), no order is read: live routing is not refreshed (a read
+        # and a ranking of every layer's experts, a few ms at 48 x 128 on the host) in
+        # rounds where the boundary cannot move.
+        still = self.experts.fully_resident() and not (asks and demand)
+        ranking = self.policy.ranking if still else self.order(round.step)
         return move_boundary(
-            kv_pages_short, self.allocator, self.kv, self.experts, self.order(round.step),
+            kv_pages_short, self.allocator, self.kv, self.experts, ranking,
             self.policy.tunables, round.step - 1, evict_only=evict_only, step=step,
             counted=self.copy_control.start_resident, measured=self.copy_control.measured,
             costs=costs,
@@ -209,8 +216,8 @@ class ElasticBoundary:
 
     def _hottest_offloaded_pays(self, batch: int, step: int) -> bool:
         t = self.policy.tunables
-        if t.mode != "elastic" or t.elastic_rule != "cost":
-            return True
+        if t.mode != "elastic" or t.elastic_rule != "cost" or self.experts.fully_resident():
+            return True  # (fully resident: nothing to bring back, live routing left unread)
         prices = self.live.ranking(self.experts, step)
         hottest = self._hottest_offloaded_share(prices or self.policy.ranking)
         if hottest is None:  # every expert resident: nothing to bring back

@@ -32,7 +32,11 @@ def two_long_then_a_burst(engine, prompts) -> None:
 def test_a_copy_budget_trades_evictions_for_preemptions_and_keeps_the_tokens(prompts, make_engine):
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     want = make_engine("resident").generate(prompts, params)
-    free = make_engine("elastic")
+    # without a budget, under the paper's rule: evictions in the same (ranking's) order as
+    # the budget's, where the cost rule's live-routing order would pick other experts
+    free = make_engine(
+        "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, elastic_rule="paper")
+    )
     assert free.generate(prompts, params) == want
     # tiny: 32 experts, top-4, no ranking set (uniform): an offloaded expert is routed by a
     # step of B tokens with probability 1 - (1 - 4/32)^B, most of a copy per step

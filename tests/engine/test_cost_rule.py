@@ -206,3 +206,15 @@ def test_the_boundary_scales_copies_by_what_decode_steps_measured_over_the_share
     while engine.has_unfinished_requests():
         engine.step()
     engine.check_invariants()
+
+
+def test_live_routing_is_read_only_in_rounds_where_the_boundary_can_move(make_engine):
+    roomy = make_engine("elastic", pool_mib=200)  # every request fits: nothing to evict
+    roomy.generate(burst(4), SamplingParams(max_tokens=40, ignore_eos=True))
+    assert roomy.experts.counters.evictions == 0
+    assert roomy.boundary.live.window is None  # 40+ rounds, no read
+    tight = offloading(make_engine)  # KV ran short: the rule asked for evictions
+    assert tight.boundary.live.window is not None
+    while tight.has_unfinished_requests():
+        tight.step()
+    tight.check_invariants()
