@@ -90,7 +90,7 @@ class ElasticBoundary:
         self.step_cost = step_cost
         self.live = LiveRouting()  # recent routing, the cost rule's prices
         self._hottest_key: tuple | None = None  # (residency version, ranking) of _hottest
-        self._hottest: float | None = None
+        self._hottest = 0.0
         self.allocator = allocator
         self.kv = kv
         self.experts = experts
@@ -161,8 +161,8 @@ class ElasticBoundary:
         """What the cost rule prices an eviction with now (None under the paper rule):
         the measured step cost and step mix, the copies per step (expected from recent
         routing, else the ranking, over every offloaded expert and the mix, scaled by
-        copy_scale, or measured, the larger) and the batch one eviction's pages buy (pages_per_expert over what a running
-        request holds)."""
+        copy_scale, or measured, the larger) and the batch one eviction's pages buy
+        (pages_per_expert over what a running request holds)."""
         t = self.policy.tunables
         if t.mode != "elastic" or t.elastic_rule != "cost":
             return None
@@ -220,15 +220,13 @@ class ElasticBoundary:
             return True  # (fully resident: nothing to bring back, live routing left unread)
         prices = self.live.ranking(self.experts, step)
         hottest = self._hottest_offloaded_share(prices or self.policy.ranking)
-        if hottest is None:  # every expert resident: nothing to bring back
-            return True
         view = self.costs(batch, batch - 1, demand=True, step=step)
         # (past the TPOT SLO nothing pays: with experts offloaded, pages go back to them)
         dc = route_probability(hottest, StepShape(batch, self.top_k, view.mix))
         return eviction_pays(view, 0, 0.0, dc)
 
-    def _hottest_offloaded_share(self, ranking: HotnessRanking) -> float | None:
-        """The largest routing share among offloaded experts (None: none is); asked every
+    def _hottest_offloaded_share(self, ranking: HotnessRanking) -> float:
+        """The largest routing share among offloaded experts (at least one is); asked every
         round that has requests waiting, so kept until the residency or ranking changes."""
         key = (self.experts.residency_version, ranking)
         if (
@@ -242,7 +240,7 @@ class ElasticBoundary:
                 for e in range(ranking.num_experts)
                 if e not in here
             ]
-            self._hottest = max(shares) if shares else None
+            self._hottest = max(shares)
             self._hottest_key = key
         return self._hottest
 
