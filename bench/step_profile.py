@@ -221,8 +221,10 @@ def main() -> int:
         help="each measured step also prefills one new N-token prompt (mixed step)",
     )
     ap.add_argument("--cudagraph-mode", default=CUDAGRAPH_MODES[0], choices=CUDAGRAPH_MODES)
-    ap.add_argument("--async-scheduling", action="store_true",
-                    help="schedule and launch each step before reading the last one back")  # fmt: skip
+    ap.add_argument("--async-scheduling", nargs="?", const="on", default="auto",
+                    choices=("on", "off", "auto"),
+                    help="schedule and launch each step before reading the last one back "
+                         "(auto, the engine's default: on with CUDA)")  # fmt: skip
     ap.add_argument("--unfused-ops", action="store_true",
                     help="norms and RoPE in torch, not fused kernels (the before of model/ops.py)")  # fmt: skip
     args = ap.parse_args()
@@ -256,9 +258,10 @@ def main() -> int:
         enforce_eager=args.enforce_eager,
         cudagraph_mode=args.cudagraph_mode,
         fused_layer_ops=not args.unfused_ops,
-        async_scheduling=args.async_scheduling,
+        async_scheduling={"on": True, "off": False, "auto": None}[args.async_scheduling],
     )  # fmt: skip
     engine = Engine(config)
+    scheduled_async = config.schedules_async
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for batch in batches:
@@ -268,7 +271,7 @@ def main() -> int:
             "step_profile" + "_eager" * args.enforce_eager + "_unfused" * args.unfused_ops
             + f"_prefill{args.prefill_tokens}" * bool(args.prefill_tokens)
             + "_decode_only" * (args.cudagraph_mode == "full_decode_only")
-            + "_async" * args.async_scheduling
+            + "_async" * scheduled_async
             + f"_b{batch}" * (len(batches) > 1) + ".json"
         )  # fmt: skip
         (args.out / name).write_text(json.dumps(report, indent=1) + "\n")
@@ -278,7 +281,7 @@ def main() -> int:
         + (" + piecewise" if rows[0]["piecewise_graphs"] else "")
         + (", unfused ops" if args.unfused_ops else "")
         + (f", +1 prompt of {args.prefill_tokens} per step" if args.prefill_tokens else "")
-        + (", async scheduling" if args.async_scheduling else "")
+        + (", async scheduling" if scheduled_async else ", synchronous scheduling")
     )
     print(f"\n{args.model} ({rows[0]['layers']} layers), {args.policy}, {mode}, "
           f"prompts of {args.prompt_len} tokens")  # fmt: skip

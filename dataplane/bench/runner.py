@@ -69,6 +69,7 @@ def run_trace(
         for k, v in asdict(engine.config).items()
     }
     config["memory_plan"] = asdict(engine.plan)
+    config["schedules_async"] = engine.config.schedules_async  # async_scheduling resolved
     config["experts_resident_at_start"] = resident_at_start
     return BenchResult.build(engine.tunables.mode, request_rate, config, requests, steps, duration)
 

@@ -69,7 +69,9 @@ class EngineConfig:
     # Schedule and launch round n+1 before reading round n's tokens back (vLLM V1's async
     # scheduling): the host's work between two steps overlaps the device's (in_flight.py).
     # One device; fixed and elastic with device copy-in (host copies sync mid-step).
-    async_scheduling: bool = False
+    # None = on wherever it can overlap anything (`schedules_async`): a CUDA device, one
+    # rank, and device copy-in or the resident policy. On the CPU the host is the device.
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         check_device_name(self.device)
@@ -133,11 +135,7 @@ class EngineConfig:
                 f"not {self.device!r}; CUDA_VISIBLE_DEVICES chooses the GPUs"
             )
 
-        if (
-            self.async_scheduling
-            and self.tunables.mode != "resident"
-            and self.expert_copy == "host"
-        ):
+        if self.async_scheduling and not self._copies_on_the_device and self.expert_copy == "host":
             raise ValueError(
                 f"async_scheduling needs device copy-in under {self.tunables.mode!r}: host "
                 f"copies read each layer's routing on the host mid-step; drop "
@@ -148,6 +146,23 @@ class EngineConfig:
                 "async_scheduling runs on one device: drop --async-scheduling or give "
                 "--tensor-parallel-size 1"
             )
+
+    @property
+    def _copies_on_the_device(self) -> bool:
+        """No step reads routing on the host mid-forward (what async scheduling needs)."""
+        return self.tunables.mode == "resident" or self.expert_copy == "device"
+
+    @property
+    def schedules_async(self) -> bool:
+        """Whether the engine schedules round n+1 while round n runs (async_scheduling,
+        or where that is None, a CUDA device with one rank and device copy-in)."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return (
+            self.device.startswith("cuda")
+            and self.tensor_parallel_size == 1
+            and self._copies_on_the_device
+        )
 
     @property
     def policy(self) -> str:

@@ -110,7 +110,7 @@ class Engine:
         self.pool = UnifiedPool(self.geometry, self.plan.num_huge_pages, self.dtype, self.device)
         self.allocator = PageAllocator(self.geometry, self.plan.num_huge_pages)
         # async scheduling reuses released pages in stream order (memory/reclaim.py)
-        self.reclaim = DeferredReclaim(self.allocator, stream_ordered=config.async_scheduling)
+        self.reclaim = DeferredReclaim(self.allocator, stream_ordered=config.schedules_async)
         self.experts = ExpertManager(
             self.pool,
             self.allocator,
@@ -330,7 +330,7 @@ class Engine:
             prev, self._in_flight = self._in_flight, None
             launched = self._launch(out.scheduled, step, prev)
             outputs = self._read_back(prev) if prev is not None else []
-            if self.config.async_scheduling and out.scheduled:
+            if self.config.schedules_async and out.scheduled:
                 self._in_flight = launched
             else:
                 outputs += self._read_back(launched)

@@ -54,8 +54,13 @@ class EngineFlag:
         owner = Tunables if self.tunable else EngineConfig
         value = {f.name: f.default for f in dataclasses.fields(owner)}[self.field_name]
         if self.switch:
-            return "on" if value else "off"
+            return "auto" if value is None else "on" if value else "off"
         return value
+
+    @property
+    def has_auto(self) -> bool:
+        """A switch whose default (None) lets the engine choose: it also takes "auto"."""
+        return self.switch and self.default == "auto"
 
 
 ENGINE_FLAGS: tuple[EngineFlag, ...] = (
@@ -114,9 +119,10 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
                "stacks first (ablation; needs --expert-copy host)", choices=("paged", "gather")),
     EngineFlag("tensor_parallel_size", "ranks splitting every layer, one process per GPU of "
                "this host (the budget flags are per GPU)", type=int, short="-tp"),
-    EngineFlag("async_scheduling", "on or off: schedule and launch the next step before "
-               "reading this one's tokens back, overlapping host and device (resident "
-               "policy, one GPU)", switch=True),
+    EngineFlag("async_scheduling", "on, off or auto: schedule and launch the next step "
+               "before reading this one's tokens back, overlapping host and device (one "
+               "GPU; fixed and elastic need --expert-copy device); auto = on where it "
+               "overlaps anything (CUDA, one rank)", switch=True),
 )  # fmt: skip
 
 ENGINE_DESTS = frozenset(f.dest for f in ENGINE_FLAGS)
@@ -156,7 +162,8 @@ def add_engine_arguments(
         if flag.switch:
             # on/off is checked by the builder: argparse does not check an environment
             # default against choices. A bare switch means on.
-            kwargs = {"nargs": "?", "const": "on", "metavar": "on|off"}
+            metavar = "on|off|auto" if flag.has_auto else "on|off"
+            kwargs = {"nargs": "?", "const": "on", "metavar": metavar}
         if flag.dest in required:
             kwargs["required"] = True
         else:
@@ -178,7 +185,7 @@ def engine_config_from_args(args: argparse.Namespace, mode: str | None = None) -
             continue
         value = getattr(args, flag.dest)
         if flag.switch:
-            value = on_off(flag.flag, value)
+            value = on_off(flag.flag, value, auto=flag.has_auto)
         elif flag.bytes and value is not None:
             value = parse_bytes(str(value))
         elif flag.dest == "dtype" and value in ("", "auto"):
@@ -187,9 +194,13 @@ def engine_config_from_args(args: argparse.Namespace, mode: str | None = None) -
     return EngineConfig(**config, tunables=Tunables(**tunables))
 
 
-def on_off(flag: str, value: object) -> bool:
-    """A switch from the command line or the environment."""
+def on_off(flag: str, value: object, auto: bool = False) -> bool | None:
+    """A switch from the command line or the environment; None for "auto" where the
+    switch takes it (`auto`: the engine chooses)."""
     text = str(value).strip().lower()
     if text in ON or text in OFF:
         return text in ON
-    raise ValueError(f"{flag} must be on or off (or true/false, 1/0, yes/no); got {value!r}")
+    if auto and text == "auto":
+        return None
+    choices = "on, off or auto" if auto else "on or off"
+    raise ValueError(f"{flag} must be {choices} (or true/false, 1/0, yes/no); got {value!r}")

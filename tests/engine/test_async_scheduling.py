@@ -123,3 +123,20 @@ def test_aborting_a_request_while_its_step_is_in_flight(prompts):
 def test_refused_where_the_host_must_wait_mid_step(overrides, says):
     with pytest.raises(ValueError, match=says):
         EngineConfig(async_scheduling=True, **{"tunables": RESIDENT, **overrides})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "schedules_async"),
+    [
+        (dict(), False),  # the CPU: the host is the device, nothing to overlap
+        (dict(device="cuda"), True),
+        (dict(device="cuda:1", tunables=Tunables(mode="elastic")), True),  # device copy-in
+        (dict(device="cuda", tunables=Tunables(mode="elastic"), expert_copy="host"), False),
+        (dict(device="cuda", tunables=RESIDENT, expert_copy="host"), True),  # nothing copied
+        (dict(device="cuda", tensor_parallel_size=2), False),
+        (dict(device="cuda", async_scheduling=False), False),
+        (dict(async_scheduling=True), True),  # asked for on the CPU (the tests' path)
+    ],
+)
+def test_by_default_on_wherever_it_can_overlap_host_and_device(overrides, schedules_async):
+    assert EngineConfig(**overrides).schedules_async is schedules_async

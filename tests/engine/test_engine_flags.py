@@ -126,3 +126,14 @@ def test_a_bad_value_names_its_flag_or_field():
         config_of("plan", ["--memory-budget", "1GiB", "--grow-threshold", "2"])
     # a bare switch means on, as bench's --enforce-eager always did
     assert config_of("bench", ["--enforce-eager"]).enforce_eager is True
+
+
+def test_async_scheduling_also_takes_auto_its_default():
+    assert config_of("serve", []).async_scheduling is None
+    assert config_of("bench", ["--async-scheduling", "auto"]).async_scheduling is None
+    assert config_of("generate", ["--async-scheduling", "off"]).async_scheduling is False
+    assert config_of("bench", ["--async-scheduling"]).async_scheduling is True
+    with pytest.raises(ValueError, match="--async-scheduling must be on, off or auto"):
+        config_of("bench", ["--async-scheduling", "sometimes"])
+    with pytest.raises(ValueError, match=r"--enforce-eager must be on or off \("):
+        config_of("bench", ["--enforce-eager", "auto"])  # no auto where the default is a bool
