@@ -10,7 +10,8 @@ checks: (1) the state kernels at Qwen3.5-35B-A3B's shapes (16 key / 32 value hea
   and prefill kernels, states read from and written to padded pool pages; (2) greedy tokens
   of the fp32 `tiny-hybrid` preset under resident, fixed and a tight elastic, with the Triton
   kernels and with the torch path on the same device (the presets' random weights differ
-  between CPU and CUDA generators, so both paths run on CUDA).
+  between CPU and CUDA generators, so both paths run on CUDA), synchronously, and resident
+  and elastic with async scheduling.
 full-memory: resident at --gpu-memory-utilization 0.9, --max-num-seqs 512, the first 1,000
   requests of the bundled ShareGPT trace all at once (vLLM's anchor on the same model and
   GPU: docs/benchmarks.md).
@@ -156,26 +157,28 @@ def token_checks() -> list[tuple[str, str]]:
     experts = mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes
     budget = plan.budget_bytes - plan.pool_bytes + experts + 2**20
     del probe
-    for mode in ("resident", "fixed", "elastic"):
-        for kernels in (True, False):
-            config = replace(
-                base, use_kernels=kernels, memory_budget=budget,
-                tunables=Tunables(mode=mode, expert_offload_limit=12),
-            )  # fmt: skip
-            engine = Engine(config, log_plan=False)
-            tokens = engine.generate(prompts, params)
-            engine.check_invariants()
-            first = first or tokens
-            same = sum(a == b for a, b in zip(tokens, first, strict=True))
-            c = engine.experts.counters
-            rows.append((
-                f"tiny-hybrid {mode} {'triton' if kernels else 'torch'}",
-                f"{same}/{len(prompts)} sequences equal; preemptions "
-                f"{engine.scheduler.num_preemptions}, evictions {c.evictions}, copies "
-                f"{c.buffer_copies}, leaked {engine.num_leaked_pages()}",
-            ))  # fmt: skip
-            del engine
-            torch.cuda.empty_cache()
+    runs = [(m, k, False) for m in ("resident", "fixed", "elastic") for k in (True, False)]
+    runs += [(m, True, True) for m in ("resident", "elastic")]  # async scheduling, kernels
+    for mode, kernels, scheduled_async in runs:
+        config = replace(
+            base, use_kernels=kernels, memory_budget=budget, async_scheduling=scheduled_async,
+            tunables=Tunables(mode=mode, expert_offload_limit=12),
+        )  # fmt: skip
+        engine = Engine(config, log_plan=False)
+        tokens = engine.generate(prompts, params)
+        engine.check_invariants()
+        first = first or tokens
+        same = sum(a == b for a, b in zip(tokens, first, strict=True))
+        c = engine.experts.counters
+        rows.append((
+            f"tiny-hybrid {mode} {'triton' if kernels else 'torch'}"
+            + " async" * scheduled_async,
+            f"{same}/{len(prompts)} sequences equal; preemptions "
+            f"{engine.scheduler.num_preemptions}, evictions {c.evictions}, copies "
+            f"{c.buffer_copies}, leaked {engine.num_leaked_pages()}",
+        ))  # fmt: skip
+        del engine
+        torch.cuda.empty_cache()
     return rows
 
 
