@@ -11,6 +11,7 @@ import gc
 import logging
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rimuru.cli_args import positive_int
@@ -28,6 +29,7 @@ from rimuru.dataplane.bench.results import BenchResult, write_results
 from rimuru.dataplane.bench.sampling import bench_params
 from rimuru.dataplane.bench.slo import SLO, parse_slo
 from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
+from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 from rimuru.policy import MODES, parse_modes
 
@@ -139,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     if args.memory_budget is None and args.gpu_memory_utilization is None and args.device == "cpu":
         args.memory_budget = CPU_DEFAULT_BUDGET
     # refused now, not after the first policies ran
-    base = engine_config_from_args(args, mode=policies[0])
+    base = same_scheduling(engine_config_from_args(args, mode=policies[0]), policies)
     for policy in policies[1:]:
         base.with_mode(policy)
     trace = load_trace(args.trace)
@@ -157,6 +159,19 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     with engine_builder(base, threads=args.threads) as build:
         return _run_local(args, build, base, trace, rates, slo, policies)
+
+
+def same_scheduling(base: EngineConfig, policies: list[str]) -> EngineConfig:
+    """`base` with async scheduling resolved once for every policy compared: auto would
+    turn it on for resident and off for fixed and elastic with host copies, and the table
+    would compare scheduling, not policies. On only where every policy can have it."""
+    if base.async_scheduling is not None:
+        return base
+    each = {p: base.with_mode(p).schedules_async for p in policies}
+    if len(set(each.values())) > 1:
+        off = ", ".join(p for p, on in each.items() if not on)
+        logging.warning("async scheduling: off for every policy (%s cannot have it here)", off)
+    return replace(base, async_scheduling=all(each.values()))
 
 
 def _run_local(args, build, base, trace, rates, slo, policies) -> int:

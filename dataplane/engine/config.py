@@ -135,7 +135,7 @@ class EngineConfig:
                 f"not {self.device!r}; CUDA_VISIBLE_DEVICES chooses the GPUs"
             )
 
-        if self.async_scheduling and not self._copies_on_the_device and self.expert_copy == "host":
+        if self.async_scheduling and not self._copies_on_the_device:
             raise ValueError(
                 f"async_scheduling needs device copy-in under {self.tunables.mode!r}: host "
                 f"copies read each layer's routing on the host mid-step; drop "
@@ -155,7 +155,8 @@ class EngineConfig:
     @property
     def schedules_async(self) -> bool:
         """Whether the engine schedules round n+1 while round n runs (async_scheduling,
-        or where that is None, a CUDA device with one rank and device copy-in)."""
+        or where that is None, a CUDA device with one rank, and device copy-in or the
+        resident policy)."""
         if self.async_scheduling is not None:
             return self.async_scheduling
         return (

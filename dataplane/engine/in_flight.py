@@ -4,7 +4,7 @@ Every step starts its read-back as soon as it is launched: the sampled tokens (a
 device's count of expert copies) are copied to pinned host memory behind the step's
 kernels, with an event after the copy. Reading them waits for that event only, so a step
 launched after this one keeps the device busy meanwhile. Synchronous scheduling reads a
-step back at once; async scheduling (EngineConfig.async_scheduling) first schedules and
+step back at once; async scheduling (EngineConfig.schedules_async) first schedules and
 launches the next round, whose decodes take their last token from this step's sampled
 tokens on the device (TokenFill): the host never waits for a token to build a step.
 

@@ -61,7 +61,10 @@ class LivePolicy:
 
     def apply(self, tunables: Tunables, ranking: HotnessRanking | None, step: int) -> None:
         """Both halves of a policy push, or neither: raises ValueError with nothing changed.
-        `step`: the last step run (its forward has completed)."""
+        `step`: the last step launched. Under async scheduling its forward may still run
+        (an abort can leave the scheduler empty with a step in flight); a reload is then
+        safe as the adjuster's moves between rounds are: expert copies wait for the
+        device's queued work (ExpertManager.place) before they write freed pages."""
         self._check_tunables(tunables)
         current = self.policy.ranking
         if ranking is not None and (ranking.num_layers, ranking.num_experts) != (
@@ -119,7 +122,8 @@ class LivePolicy:
                 )
 
     def _reload_residency(self, step: int) -> None:
-        """Idle: start-up residency re-chosen from the tunables and ranking now in force."""
+        """Nothing scheduled: start-up residency re-chosen from the tunables and ranking now
+        in force."""
         # re-placing the start-up set is not serving traffic: the counters (exported as
         # metrics) stay as they were, also when the reload fails and is rolled back
         saved = dataclasses.replace(self.experts.counters)

@@ -85,13 +85,11 @@ class Sampler:
         scores = self._work(rows, vocab, device).copy_(logits)
         scores.mul_(scale[:, None])  # [R, V], base 2
         limited = [j for j, p in enumerate(params) if 0 < p.top_k < vocab or p.top_p < 1.0]
-        # top-p's masses are softmax's: cut in natural units, then back to base 2
-        if len(limited) == len(params):
-            scores = limit_support(scores.mul_(LN2), params).mul_(LOG2E)
+        if len(limited) == len(params):  # (top-p's masses: softmax of scores x ln 2)
+            scores = limit_support(scores, params, unit=LN2)
         elif limited:
             index = _to_device(limited, torch.int64, device)
-            cut = limit_support(scores[index].mul_(LN2), [params[j] for j in limited])
-            scores[index] = cut.mul_(LOG2E)
+            scores[index] = limit_support(scores[index], [params[j] for j in limited], unit=LN2)
         # 2**-inf = 0: a token outside the support has no weight, and log 0 never wins
         weights = scores.sub_(scores.amax(dim=-1, keepdim=True)).exp2_()
         noise = torch.empty((rows, num_race_draws(vocab)), dtype=torch.float32, device=device)
@@ -210,8 +208,12 @@ def mix_key(seed: int, n: int) -> int:
     return (z ^ (z >> 31)) >> 1
 
 
-def limit_support(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def limit_support(
+    scaled: torch.Tensor, params: list[SamplingParams], unit: float = 1.0
+) -> torch.Tensor:
     """[F, V] scaled logits -> the same with -inf outside each row's top-k and top-p.
+    `unit`: what the scores are in, in natural log units (ln 2 for base-2 scores): the
+    probabilities are softmax(scaled x unit). Top-k needs only their order.
 
     top-k keeps every logit >= the k-th largest (ties at the k-th are kept); top-p keeps the
     smallest prefix of the sorted probabilities whose mass reaches top_p (the first token
@@ -226,7 +228,7 @@ def limit_support(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.T
     top_p = _to_device([p.top_p for p in params], torch.float32, device)
     ranked, order = torch.sort(scaled, dim=-1, descending=True)  # [F, V]
     keep = ranked >= ranked.gather(1, kth_index)
-    sorted_probs = torch.softmax(ranked.masked_fill(~keep, float("-inf")), dim=-1)
+    sorted_probs = torch.softmax(ranked.masked_fill(~keep, float("-inf")) * unit, dim=-1)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
     keep &= (mass_before < top_p[:, None]) | (top_p >= 1.0)[:, None]
     keep = torch.zeros_like(keep).scatter_(1, order, keep)  # back to vocabulary order

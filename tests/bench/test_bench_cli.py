@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -281,3 +282,18 @@ def test_a_sampled_run_draws_each_request_from_its_own_seed():
     sampled = outputs(0.7)
     assert [len(o) for o in sampled] == [r.output_len for r in trace.requests]
     assert outputs(0.7) == sampled and outputs(0.0) != sampled
+
+
+def test_policies_compared_on_cuda_share_one_scheduling():
+    from rimuru.dataplane.bench.cli import same_scheduling
+    from rimuru.dataplane.engine.config import EngineConfig
+
+    host = EngineConfig(device="cuda", expert_copy="host").with_mode("resident")
+    # auto would schedule resident async and elastic (host copies) synchronously
+    assert host.schedules_async and not host.with_mode("elastic").schedules_async
+    assert same_scheduling(host, ["resident", "elastic"]).async_scheduling is False
+    assert same_scheduling(host, ["resident"]).async_scheduling is True
+    device = EngineConfig(device="cuda").with_mode("resident")
+    assert same_scheduling(device, ["resident", "elastic"]).async_scheduling is True
+    asked = replace(device, async_scheduling=False)
+    assert same_scheduling(asked, ["resident"]) is asked  # what was asked for stands

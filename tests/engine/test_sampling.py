@@ -221,3 +221,22 @@ def test_two_level_race_follows_the_weights_across_blocks():
     counts = torch.bincount(picks, minlength=2500)
     assert counts.sum() == counts[[5, 1030, 2400]].sum() == n
     assert torch.allclose(counts[[5, 1030, 2400]] / n, torch.tensor([0.25, 0.5, 0.25]), atol=0.03)
+
+
+def test_base_2_scores_keep_the_same_support_given_their_unit():
+    from rimuru.dataplane.engine.sampling import LN2, LOG2E
+
+    natural = torch.randn(6, 300, generator=torch.Generator().manual_seed(3)) * 2
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.8),
+        SamplingParams(temperature=1.0, top_k=5),
+        SamplingParams(temperature=1.0, top_k=40, top_p=0.6),
+        SamplingParams(temperature=1.0, top_p=0.3),
+        SamplingParams(temperature=1.0, top_k=1),
+        SamplingParams(temperature=1.0, top_p=0.95),
+    ]
+    want = limit_support(natural, params).isfinite()
+    got = limit_support(natural * LOG2E, params, unit=LN2).isfinite()
+    assert torch.equal(got, want)
+    # without the unit, top-p reads base-2 scores as natural ones, too peaked: fewer kept
+    assert limit_support(natural * LOG2E, params).isfinite().sum() < want.sum()
