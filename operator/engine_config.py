@@ -47,6 +47,8 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
         config["RIMURU_EXPERT_COPY"] = engine.expert_copy
     if engine.cudagraph_mode is not None:
         config["RIMURU_CUDAGRAPH_MODE"] = engine.cudagraph_mode
+    if engine.async_scheduling is not None:
+        config["RIMURU_ASYNC_SCHEDULING"] = "on" if engine.async_scheduling else "off"
     if engine.max_model_len is not None:
         config["RIMURU_MAX_MODEL_LEN"] = str(engine.max_model_len)
     if engine.max_waiting is not None:

@@ -74,6 +74,7 @@ class EngineSpec:
     expert_copy: str | None = None  # "host" | "device"; None = the engine's default (device)
     # "full_and_piecewise" | "full_decode_only"; None = the engine's default (full_and_piecewise)
     cudagraph_mode: str | None = None
+    async_scheduling: bool | None = None  # None = the engine's auto (on with one CUDA GPU)
     max_model_len: int | None = None  # None = the model's context length
     max_waiting: int | None = None  # 0 = unbounded; None = the server's default (1024)
     fixed_expert_share: float | None = None  # `fixed` policy; None = the engine's (0.5)
@@ -233,11 +234,30 @@ def _parse_engine(
         cudagraph_mode=_optional_choice(
             engine, "cudagraphMode", ("full_and_piecewise", "full_decode_only"), path
         ),
+        async_scheduling=_optional_bool(engine, "asyncScheduling", path),
         max_model_len=_optional_number(engine, "maxModelLen", int, 1, None, path),
         max_waiting=_optional_number(engine, "maxWaiting", int, 0, None, path),
         fixed_expert_share=_optional_number(engine, "fixedExpertShare", float, 0.0, 1.0, path),
         tensor_parallel_size=tensor_parallel_size,
     )
+
+
+def _check_async_scheduling(engine: EngineSpec, policy: PolicySpec) -> None:
+    """asyncScheduling true where the engine would refuse it at start-up (config.py): the
+    pods would only crash-loop."""
+    if not engine.async_scheduling:
+        return
+    if engine.tensor_parallel_size > 1:
+        raise SpecError(
+            "spec.engine.asyncScheduling",
+            "runs on one GPU: unset it (or false) with tensorParallelSize > 1",
+        )
+    if engine.expert_copy == "host" and policy.tunables.mode != "resident":
+        raise SpecError(
+            "spec.engine.asyncScheduling",
+            f"needs expertCopy device under mode {policy.tunables.mode}: host copies read "
+            f"each layer's routing mid-step; unset it or set expertCopy device",
+        )
 
 
 def _optional_bool(section: Mapping[str, Any], key: str, path: str) -> bool | None:
@@ -375,13 +395,16 @@ def parse_spec(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> DeploymentSp
         name = _require(ref, "name", "spec.authSecretRef")
         key = _require(ref, "key", "spec.authSecretRef")
         auth = AuthSpec(secret_name=name, key=key, generated=False)
+    engine_spec = _parse_engine(engine, data_plane, ranks)
+    policy = parse_policy(_require(spec, "policy", "spec"))
+    _check_async_scheduling(engine_spec, policy)
     return DeploymentSpec(
         owner=owner,
         model=_parse_model(_require(spec, "model", "spec")),
-        engine=_parse_engine(engine, data_plane, ranks),
+        engine=engine_spec,
         data_plane=data_plane,
         control_plane=_parse_control_plane(_require(spec, "controlPlane", "spec")),
-        policy=parse_policy(_require(spec, "policy", "spec")),
+        policy=policy,
         auth=auth,
         autoscaling=parse_autoscaling(spec.get("autoscaling")),
     )

@@ -442,6 +442,7 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
         ("engine.enforceEager", 1, "spec.engine.enforceEager"),
         ("engine.expertCopy", "gpu", "spec.engine.expertCopy"),
         ("engine.cudagraphMode", "piecewise", "spec.engine.cudagraphMode"),
+        ("engine.asyncScheduling", "on", "spec.engine.asyncScheduling"),
         ("policy.copyBudget", -1, "spec.policy.copyBudget"),
         ("policy.elasticRule", "greedy", "spec.policy.elasticRule"),
         ("policy.tpotSloMs", -5, "spec.policy.tpotSloMs"),
@@ -476,3 +477,23 @@ def test_long_name_is_refused(tiny_rd):
     rd["metadata"]["name"] = "n" * 51
     with pytest.raises(SpecError, match="at most 50 characters"):
         _parse(rd)
+
+
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        ({"engine.tensorParallelSize": 2}, "runs on one GPU"),
+        ({"engine.expertCopy": "host", "policy.mode": "elastic"}, "needs expertCopy device"),
+        ({"engine.expertCopy": "host", "policy.mode": "fixed"}, "needs expertCopy device"),
+    ],
+)
+def test_async_scheduling_is_refused_where_the_engine_would_refuse_it(tiny_rd, changes, says):
+    rd = _changed(tiny_rd, "engine.asyncScheduling", True)
+    for path, value in changes.items():
+        rd = _changed(rd, path, value)
+    with pytest.raises(SpecError, match=says) as info:
+        _parse(rd)
+    assert info.value.field == "spec.engine.asyncScheduling"
+    # unset (auto) the engine leaves it off there: the same spec is accepted
+    del rd["spec"]["engine"]["asyncScheduling"]
+    assert _parse(rd).engine.async_scheduling is None

@@ -119,6 +119,8 @@ def test_loading_buffer_slots_reach_the_engine_config(tiny_rd):
         ("engine.cudagraphMode", "full_decode_only", "RIMURU_CUDAGRAPH_MODE", "full_decode_only",
          "cudagraph_mode", "full_decode_only"),
         ("engine.maxModelLen", 96, "RIMURU_MAX_MODEL_LEN", "96", "max_model_len", 96),
+        ("engine.asyncScheduling", False, "RIMURU_ASYNC_SCHEDULING", "off",
+         "async_scheduling", False),
         ("engine.fixedExpertShare", 0.25, "RIMURU_FIXED_EXPERT_SHARE", "0.25",
          "fixed_expert_share", 0.25),
     ],
@@ -161,7 +163,7 @@ def test_the_pod_starts_the_engine_the_spec_means(rd_name, request, monkeypatch)
     optional = {
         name: getattr(eng, name)
         for name in ("loading_buffer_slots", "evict_to_admit", "enforce_eager", "expert_copy",
-                     "cudagraph_mode")
+                     "cudagraph_mode", "async_scheduling")
         if getattr(eng, name) is not None
     }  # fmt: skip
     assert engine == EngineConfig(
