@@ -234,6 +234,12 @@ INVALID = {
         "'In' is not one of",
     ),
     "bad dtype": (_with("model.dtype", "int8"), "'int8' is not one of"),
+    "async scheduling with tensor parallel": (
+        _with(
+            "engine", {**_valid_spec()["engine"], "asyncScheduling": True, "tensorParallelSize": 2}
+        ),
+        "spec.engine.asyncScheduling runs on one GPU",
+    ),
     "unknown field": (_with("engine.maxSeqs", 3), "'maxSeqs' was unexpected"),
     "ranking without a ConfigMap name": (
         _with("policy", {"ranking": {"key": "r.json"}}),
