@@ -80,9 +80,7 @@ def engine(device: str, mode: str, kernels: bool, **overrides) -> Engine:
         # warm-up compiles each batch shape's kernels on a GPU; under the CPU's interpreter
         # it would only run them all once more (warm-up has its own test)
         warmup=not device.startswith("cpu"),
-        # synchronous unless a check asks (check 10): auto would schedule a device-copy
-        # engine async and its host-copy twin not, and the checks compare such pairs
-        async_scheduling=False,
+        async_scheduling=False,  # but check 10: auto differs between device and host copies
     )
     return Engine(replace(config, **overrides), log_plan=False)
 
@@ -356,7 +354,6 @@ def padded_kv_pages(device: str) -> str:
                 model=tmp, device=dev, activation_reserve=0, max_num_batched_tokens=128,
                 loading_buffer_slots=8, use_kernels=kernels, enforce_eager=True,
                 tunables=Tunables(mode=mode, expert_offload_limit=6, elastic_rule="paper"),
-                async_scheduling=False,
             )  # fmt: skip  # eager: the budget below is exact (graphs are check 7's)
             if kv_blocks is not None:  # every expert + this many blocks of KV: evictions
                 probe = Engine(replace(config, device="cpu", use_kernels=False), log_plan=False)
@@ -467,18 +464,9 @@ def main() -> int:
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
         ap.error(f"unknown checks {unknown}: choose from {', '.join(CHECKS)}")
-    wanted = {
-        "one-block": True,
-        "paths": True,
-        "sync": cuda,
-        "reserve": cuda,
-        "gpu1": cuda and torch.cuda.device_count() > 1,
-        "compile": cuda,  # the interpreter compiles nothing
-        "graphs": cuda,
-        "device-copy": cuda,
-        "padded-kv": cuda,
-        "async": cuda,
-    }
+    # the rest need CUDA (the interpreter compiles nothing, captures no graph)
+    wanted = {name: cuda for name in CHECKS} | {"one-block": True, "paths": True}
+    wanted["gpu1"] = cuda and torch.cuda.device_count() > 1
     checks = [CHECKS[n] for n in names if wanted[n]]
     rows = []
     for name, check in checks:

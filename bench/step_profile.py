@@ -44,6 +44,7 @@ from torch.profiler import ProfilerActivity, profile
 from rimuru.dataplane.bench.trace import load_trace
 from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EngineConfig
 from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.flags import on_off
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.memory.units import parse_bytes
 from rimuru.policy import Tunables
@@ -258,7 +259,7 @@ def main() -> int:
         enforce_eager=args.enforce_eager,
         cudagraph_mode=args.cudagraph_mode,
         fused_layer_ops=not args.unfused_ops,
-        async_scheduling={"on": True, "off": False, "auto": None}[args.async_scheduling],
+        async_scheduling=on_off("--async-scheduling", args.async_scheduling, auto=True),
     )  # fmt: skip
     engine = Engine(config)
     scheduled_async = config.schedules_async

@@ -228,7 +228,8 @@ def limit_support(
     top_p = _to_device([p.top_p for p in params], torch.float32, device)
     ranked, order = torch.sort(scaled, dim=-1, descending=True)  # [F, V]
     keep = ranked >= ranked.gather(1, kth_index)
-    sorted_probs = torch.softmax(ranked.masked_fill(~keep, float("-inf")) * unit, dim=-1)
+    masked = ranked.masked_fill(~keep, float("-inf"))
+    sorted_probs = torch.softmax(masked if unit == 1.0 else masked * unit, dim=-1)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
     keep &= (mass_before < top_p[:, None]) | (top_p >= 1.0)[:, None]
     keep = torch.zeros_like(keep).scatter_(1, order, keep)  # back to vocabulary order
