@@ -14,6 +14,8 @@ profiles `--steps` decode steps with torch.profiler and reports per step:
   host-only ms     wall - device busy: time the GPU sat idle waiting for the host
   launches         kernels + copies launched
   top host ops     self CPU time of the heaviest operators / Python functions
+  top kernels      device time of the heaviest kernels (CUDA only; graph replays' kernels
+                   are counted one by one)
   roofline ms      the bytes a decode step must read over HBM bandwidth (bench/roofline.py):
                    the experts one more decode step routes to, counted, other weights, KV
 
@@ -111,6 +113,11 @@ def profile_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> dict:
     wall = sum(walls) / steps
     busy = busy_ms(intervals) / steps if cuda else None
     top = sorted(prof.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)[:12]
+    kernels: dict[str, list[float]] = {}  # name -> [launches, µs]
+    for e in device:
+        row = kernels.setdefault(e.name, [0, 0.0])
+        row[0] += 1
+        row[1] += e.time_range.end - e.time_range.start
     return {
         "steps": steps,
         "wall_ms_plain": sum(plain) / steps,
@@ -122,6 +129,10 @@ def profile_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> dict:
         "host_only_ms": None if busy is None else wall - busy,
         "device_launches_per_step": len(device) / steps if cuda else None,
         "top_host_ops": [_op_row(a, steps) for a in top],
+        "top_device_kernels": [
+            {"name": name, "calls_per_step": n / steps, "device_ms_per_step": us / 1e3 / steps}
+            for name, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:40]
+        ],
     }
 
 
@@ -197,6 +208,11 @@ def print_top_ops(report: dict) -> None:
         print(
             f"{op['name'][:60]:60s} {op['calls_per_step']:10.1f} {op['self_cpu_ms_per_step']:12.3f}"
         )
+    if report["top_device_kernels"]:
+        print(f"\n{'kernel (batch ' + str(report['batch']) + ')':60s} {'calls/step':>10s} "
+              f"{'device ms/step':>14s}")  # fmt: skip
+    for k in report["top_device_kernels"][:16]:  # the JSON holds 40
+        print(f"{k['name'][:60]:60s} {k['calls_per_step']:10.1f} {k['device_ms_per_step']:14.3f}")
 
 
 def main() -> int:
@@ -276,6 +292,8 @@ def main() -> int:
             + f"_b{batch}" * (len(batches) > 1) + ".json"
         )  # fmt: skip
         (args.out / name).write_text(json.dumps(report, indent=1) + "\n")
+    for row in rows[:-1]:  # the device kernels of every batch; the host ops of the last
+        print_top_ops({**row, "top_host_ops": []})
     print_top_ops(rows[-1])
     mode = (
         ("CUDA graphs" if rows[0]["cuda_graphs"] else "eager")

@@ -58,6 +58,15 @@ _SMALL_TILES = [  # (block_n, block_k, num_warps, num_stages): weight streaming,
     (32, 256, 4, 4),
     (128, 64, 4, 4),
     (64, 64, 4, 5),
+    # deeper pipelines and wider programs: more bytes in flight per SM while rows are few
+    (32, 128, 4, 6),
+    (64, 128, 4, 6),
+    (64, 128, 8, 5),
+    (128, 128, 8, 4),
+    (128, 64, 4, 6),
+    (256, 64, 8, 4),
+    (64, 256, 8, 4),
+    (32, 512, 4, 3),
 ]
 # Tensor-core bound tiles. The up GEMM keeps two accumulators (gate and up), so its
 # tiles are half as wide as the down GEMM's. The last four of each list fit two or more
@@ -135,11 +144,15 @@ def _bench(fn, rep_ms: float) -> float:
         return float("inf")
 
 
-def gemm_closures(experts: PagedExperts, shape: MoeShape, num_tokens: int, block_m: int, seed: int):
-    """up(tile), down(tile): launchers of the paged GEMMs on random routing; the tensors they
-    write (act_out: the up GEMM's sorted rows; y: the down GEMM's pairs); the alignment."""
+def gemm_closures(
+    experts: PagedExperts, shape: MoeShape, num_tokens: int, block_m: int, seed: int,
+    skew: float = 0.0,
+):  # fmt: skip
+    """up(tile), down(tile): launchers of the paged GEMMs on random routing (tilted by
+    ``skew``, moe_bench.random_routing); the tensors they write (act_out: the up GEMM's
+    sorted rows; y: the down GEMM's pairs); the alignment."""
     device = experts.pool_pages.device
-    ids, weights = random_routing(num_tokens, shape, device, seed)
+    ids, weights = random_routing(num_tokens, shape, device, seed, skew)
     x = torch.randn(num_tokens, shape.hidden_size, device=device).to(experts.pool_pages.dtype)
     align = moe_align_block_size(ids, shape.num_experts, block_m, experts.expert_table)
     P, inter = ids.numel(), shape.inter_size
@@ -160,13 +173,13 @@ def gemm_closures(experts: PagedExperts, shape: MoeShape, num_tokens: int, block
 
 
 def _all_block_configs(
-    shapes: list[MoeShape], tokens: list[int]
+    shapes: list[MoeShape], tokens: list[int], block_ms: list[int] | None
 ) -> list[tuple[int, GemmTile, bool]]:
     work = {
         (bm, tile, up)
         for s in shapes
         for n in tokens
-        for bm in block_ms_for(n, s)
+        for bm in block_ms or block_ms_for(n, s)
         for up in (True, False)
         for tile in tiles_for(bm, up)
     }
@@ -193,8 +206,11 @@ def _precompile_worker(args) -> int:
     return done
 
 
-def precompile(shapes: list[MoeShape], tokens: list[int], dtype: torch.dtype, workers: int) -> None:
-    configs = _all_block_configs(shapes, tokens)
+def precompile(
+    shapes: list[MoeShape], tokens: list[int], block_ms: list[int] | None, dtype: torch.dtype,
+    workers: int,
+) -> None:  # fmt: skip
+    configs = _all_block_configs(shapes, tokens, block_ms)
     chunks = [configs[i::workers] for i in range(workers)]
     ctx = multiprocessing.get_context("spawn")
     t0 = time.time()
@@ -248,16 +264,18 @@ def variant_ratios(times: dict[GemmTile, float]) -> dict[str, float]:
 
 
 def tune_shape(
-    shape: MoeShape, tokens: list[int], dtype: torch.dtype, rep_ms: float, log: list[dict]
-) -> dict:
+    shape: MoeShape, tokens: list[int], dtype: torch.dtype, rep_ms: float, log: list[dict],
+    *, skew: float = 0.0, block_ms: list[int] | None = None,
+) -> dict:  # fmt: skip
     """The best config per token count; every candidate's time is appended to ``log``."""
     device = torch.device("cuda")
     experts = make_experts(shape, dtype, device, seed=0)
     table = {}
     for n in tokens:
         best = None
-        for bm in block_ms_for(n, shape):
-            up, down, *_ = gemm_closures(experts, shape, n, bm, seed=n)
+        for bm in block_ms or block_ms_for(n, shape):
+            up, down, _, _, align = gemm_closures(experts, shape, n, bm, seed=n, skew=skew)
+            routed = int(align.block_expert_ids.unique().ge(0).sum())
             t_up = {tile: _bench(up(tile), rep_ms) for tile in tiles_for(bm, up=True)}
             t_down = {tile: _bench(down(tile), rep_ms) for tile in tiles_for(bm, up=False)}
             for gemm, launch, times in (("up", up, t_up), ("down", down, t_down)):
@@ -276,10 +294,14 @@ def tune_shape(
             tile1, tile2 = min(t_up, key=t_up.get), min(t_down, key=t_down.get)
             total = t_up[tile1] + t_down[tile2]
             if best is None or total < best[0]:
-                best = (total, MoeConfig(bm, tile1, tile2), t_up[tile1], t_down[tile2])
-        total, config, t1, t2 = best
+                best = (total, MoeConfig(bm, tile1, tile2), t_up[tile1], t_down[tile2], routed)
+        total, config, t1, t2, routed = best
+        # the weights each GEMM must read once: the routed experts' w1 and w3, then w2
+        matrix = shape.inter_size * shape.hidden_size * experts.pool_pages.element_size()
         print(f"  {shape.name:18s} T={n:5d} bm={config.block_m:3d} gemm1 {t1 * 1e3:8.1f} us "
-              f"{config.gemm1}  gemm2 {t2 * 1e3:8.1f} us {config.gemm2}", flush=True)  # fmt: skip
+              f"{config.gemm1}  gemm2 {t2 * 1e3:8.1f} us {config.gemm2}; {routed} experts "
+              f"routed: {2 * matrix * routed / t1 / 1e9:.2f} / {matrix * routed / t2 / 1e9:.2f} "
+              f"TB/s", flush=True)  # fmt: skip
         table[str(n)] = config.to_json()
     del experts
     torch.cuda.empty_cache()
@@ -295,6 +317,12 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=min(15, os.cpu_count() or 1))
     parser.add_argument("--out", type=Path, default=None, help="also copy the table here")
     parser.add_argument("--log", type=Path, default=None, help="every candidate's time, as JSON")
+    parser.add_argument("--router-skew", type=float, default=0.0,
+                        help="tilt the random routing as the presets do (1.0: the engine's "
+                             "default): decode batches then route to fewer experts")  # fmt: skip
+    parser.add_argument("--block-m", default=None,
+                        help="comma list of block_m to try at every token count (default: by "
+                             "mean rows per expert)")  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("tune_moe.py needs a CUDA GPU", file=sys.stderr)
@@ -306,20 +334,27 @@ def main() -> int:
         return 2
     shapes = [MODELS[n] for n in names]
     tokens = [int(t) for t in args.tokens.split(",")]
+    block_ms = [int(b) for b in args.block_m.split(",")] if args.block_m else None
+    if args.router_skew < 0 or any(b < 16 or b & (b - 1) for b in block_ms or []):
+        print("tune_moe.py: --router-skew must be >= 0 and --block-m powers of two >= 16",
+              file=sys.stderr)  # fmt: skip
+        return 2
     dtype = getattr(torch, args.dtype)
     device_name = torch.cuda.get_device_name()
     path = CONFIG_DIR / config_file_name(device_name)
     doc = json.loads(path.read_text()) if path.exists() else {"shapes": {}}
-    precompile(shapes, tokens, dtype, args.workers)
+    precompile(shapes, tokens, block_ms, dtype, args.workers)
     t0 = time.time()
     log: list[dict] = []
     for shape in shapes:
         key = shape_key(shape.num_experts, shape.inter_size, shape.hidden_size, dtype)
         # Buckets not tuned in this run keep their entries.
-        tuned = tune_shape(shape, tokens, dtype, args.rep_ms, log)
+        tuned = tune_shape(
+            shape, tokens, dtype, args.rep_ms, log, skew=args.router_skew, block_ms=block_ms
+        )
         doc["shapes"].setdefault(key, {}).update(tuned)
     run = {**run_info(), "tuned": datetime.date.today().isoformat(), "models": names,
-           "tokens": tokens}  # fmt: skip
+           "tokens": tokens, "router_skew": args.router_skew}  # fmt: skip
     # A partial run re-tunes some buckets and keeps the rest: every run is listed, so each
     # bucket's origin stays known (the top-level fields name the latest run).
     doc.setdefault("runs", []).append(run)

@@ -105,9 +105,17 @@ def make_experts(
     return PagedExperts(w1, w3, w2, w13, pool, buffer, table.to(device))
 
 
-def random_routing(num_tokens: int, shape: MoeShape, device: torch.device, seed: int):
+def random_routing(
+    num_tokens: int, shape: MoeShape, device: torch.device, seed: int, skew: float = 0.0
+):
+    """Top-k of random router logits; ``skew`` > 0 tilts them as the presets' routers are
+    tilted (a bias -skew * ln(1 + rank) over a seeded ranking of the experts), so a decode
+    batch routes to fewer experts with more rows each."""
     gen = torch.Generator(device=device).manual_seed(seed)
     logits = torch.randn(num_tokens, shape.num_experts, generator=gen, device=device)
+    if skew:
+        rank = torch.randperm(shape.num_experts, generator=gen, device=device)
+        logits = logits - skew * torch.log1p(rank.to(logits.dtype))
     weights, ids = torch.topk(logits.softmax(-1), shape.top_k, dim=-1)
     return ids.to(torch.int32), weights / weights.sum(-1, keepdim=True)
 

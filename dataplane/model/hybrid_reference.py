@@ -42,6 +42,7 @@ from rimuru.dataplane.model.hybrid_weights import (
 )
 from rimuru.dataplane.model.layers import rope_cos_sin, rope_inv_freq
 from rimuru.dataplane.model.moe_block import mlp_block
+from rimuru.dataplane.model.ops import TorchOps
 from rimuru.dataplane.model.reference import DenseExperts
 from rimuru.dataplane.model.weights import GlobalWeights, WeightSource
 
@@ -117,7 +118,7 @@ class HybridReference:
 
     def _mlp(self, layer: int, w: HybridLayerWeights, x: torch.Tensor) -> torch.Tensor:
         moe_layer = self.config.moe_layers.index(layer) if w.dense_mlp is None else None
-        return mlp_block(self.config, w, x, moe_layer, self._experts)
+        return mlp_block(self.config, w, x, moe_layer, self._experts, TorchOps())
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Zero-centred RMSNorm: scale by (1 + w), in fp32, then cast (transformers' order)."""

@@ -143,7 +143,7 @@ class HybridTransformer:
             else:
                 out = self._attention(self._kv_index[layer], w.mixer, x, rope, meta.attention)
             x, residual = self.ops.add_rms_norm(out, residual, w.post_attention_norm, eps)
-            out = mlp_block(cfg, w, x, self._moe_index.get(layer), self.experts)
+            out = mlp_block(cfg, w, x, self._moe_index.get(layer), self.experts, self.ops)
             last = layer + 1 == cfg.num_layers
             norm = self.weights.norm if last else self.layers[layer + 1].input_norm
             x, residual = self.ops.add_rms_norm(out, residual, norm, eps)

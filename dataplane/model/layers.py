@@ -46,3 +46,18 @@ def swiglu_mlp(
 ) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)): x [T, D], gate/up [S, D], down [D, S] -> [T, D]."""
     return F.linear(F.silu(F.linear(x, gate_proj)) * F.linear(x, up_proj), down_proj)
+
+
+def router_topk(
+    logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] (+ fp32 bias [E]) -> (topk_ids [T, K] int64, topk_weights [T, K]
+    fp32): softmax in fp32, the k most probable, optionally renormalized over them."""
+    scores = logits.float()
+    if bias is not None:
+        scores = scores + bias
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)  # [T, E]
+    weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, K]
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids, weights

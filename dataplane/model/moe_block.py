@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from rimuru.dataplane.model.backends import ExpertBackend
 from rimuru.dataplane.model.config import ModelConfig
-from rimuru.dataplane.model.layers import swiglu_mlp
+from rimuru.dataplane.model.layers import router_topk, swiglu_mlp
+from rimuru.dataplane.model.ops import LayerOps
 
 
 def router_logits(w, x: torch.Tensor) -> torch.Tensor:
@@ -30,22 +31,26 @@ def router_logits(w, x: torch.Tensor) -> torch.Tensor:
 
 def select_experts(cfg: ModelConfig, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 router logits [T, E] -> (topk_ids [T, K] int64, topk_weights [T, K] fp32)."""
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [T, E]
-    topk_weights, topk_ids = torch.topk(probs, cfg.top_k, dim=-1)  # [T, K]
-    if cfg.norm_topk_prob:
-        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-    return topk_ids, topk_weights
+    return router_topk(logits, None, cfg.top_k, cfg.norm_topk_prob)
 
 
 def mlp_block(
-    cfg: ModelConfig, w, x: torch.Tensor, moe_layer: int | None, experts: ExpertBackend
+    cfg: ModelConfig,
+    w,
+    x: torch.Tensor,
+    moe_layer: int | None,
+    experts: ExpertBackend,
+    ops: LayerOps,
 ) -> torch.Tensor:
     """x [T, D], post-attention-normed -> the MoE block's (or dense MLP's) output [T, D].
-    `moe_layer` is the layer's index among MoE layers (None for a dense layer)."""
+    `moe_layer` is the layer's index among MoE layers (None for a dense layer); `ops` routes
+    (the router's softmax and top-k: one kernel on CUDA)."""
     if w.dense_mlp is not None:
         m = w.dense_mlp
         return swiglu_mlp(x, m.gate_proj, m.up_proj, m.down_proj)
-    topk_ids, topk_weights = select_experts(cfg, router_logits(w, x))
+    topk_ids, topk_weights = ops.router_topk(
+        F.linear(x, w.router), w.router_bias, cfg.top_k, cfg.norm_topk_prob
+    )
     out = experts.moe(moe_layer, x, topk_ids, topk_weights)  # [T, D]
     shared = w.shared_expert
     if shared is not None:

@@ -196,7 +196,7 @@ class MoETransformer:
         """x [T, D], already post-attention-normed -> the MoE block's (or, in a dense layer,
         the MLP's) output [T, D]."""
         return mlp_block(
-            self.config, self.layers[layer], x, self._moe_index.get(layer), self.experts
+            self.config, self.layers[layer], x, self._moe_index.get(layer), self.experts, self.ops
         )
 
 

@@ -97,3 +97,13 @@ def test_an_unknown_path_is_refused():
 )
 def test_the_default_path_follows_the_measured_rule(pairs, experts, path):
     assert align_variant(pairs, experts, 16)[0] == path
+
+
+@pytest.mark.parametrize("path", ALIGN_PATHS)
+def test_every_path_copies_each_blocks_pages_from_the_table(path):
+    ids = _routing(40, 4, 12, seed=7)
+    table = torch.arange(36, dtype=torch.int32).view(12, 3) * 10 - 50  # loading slots < 0
+    got = moe_align_block_size(ids, 12, 16, table, path=path)
+    used = int(got.num_padded) // 16
+    experts = got.block_expert_ids[:used].long()
+    assert torch.equal(got.block_pages[:used], table[experts])
