@@ -9,7 +9,6 @@ Imports only torch and triton. Launchers (signatures in each module's docstring)
 - moe_gemm.py / moe_sum.py: the fused MoE's two grouped GEMMs and its top-k sum.
 - expert_copy.py: copy_routed_experts (routed, offloaded experts from pinned host memory into
   loading-buffer slots, decided on the device), torch reference.
-- route_counts.py: count_routes (a layer's routing added into [E] statistics, in place).
 - router_topk.py: router_topk (softmax, top-k and renormalisation of router logits).
 - exponential_race.py: exponential_race (one token per row, greedy or drawn by the Gumbel-max
   trick from Philox noise keyed per row: a batch's sampling in one launch).
@@ -52,7 +51,6 @@ from rimuru.kernels.paged_decode import (
 from rimuru.kernels.paged_prefill import paged_prefill_attention, paged_prefill_attention_reference
 from rimuru.kernels.rms_norm import rms_norm, rms_norm_reference
 from rimuru.kernels.rope import qk_norm_rope, qk_norm_rope_reference
-from rimuru.kernels.route_counts import count_routes, count_routes_reference
 from rimuru.kernels.router_topk import router_topk
 
 # The engine's name for the paged launcher (dataplane/engine/engine.py imports it).
@@ -68,8 +66,6 @@ __all__ = [
     "causal_conv_prefill_reference",
     "copy_routed_experts",
     "copy_routed_experts_reference",
-    "count_routes",
-    "count_routes_reference",
     "decode_warmup_contexts",
     "exponential_race",
     "fused_moe_contiguous",

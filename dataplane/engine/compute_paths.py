@@ -55,14 +55,6 @@ class ComputePaths:
 
         return copy_routed_experts_torch
 
-    def count_kernel(self):
-        """The expert manager's routing-statistics kernel (None = its torch histogram)."""
-        if not self.use_kernels:
-            return None
-        from rimuru.kernels import count_routes
-
-        return count_routes
-
     def attention_kernels(self):
         if not self.use_kernels:
             return None

@@ -121,7 +121,6 @@ class Engine:
             top_k=mc.top_k,
             moe_kernel=self.paths.moe_kernel(),
             copy_kernel=self.paths.copy_kernel(),
-            count_kernel=self.paths.count_kernel(),
             num_buffers=num_loading_buffers(config),
         )
         self.attention = PagedAttention(self.pool, kernels=self.paths.attention_kernels())

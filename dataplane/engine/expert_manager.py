@@ -86,15 +86,12 @@ class ExpertManager:
         copy_kernel: Callable[..., None] | None = None,
         num_buffers: int = 2,
         own_slots: bool = True,
-        count_kernel: Callable[..., torch.Tensor] | None = None,
     ):
         """copy_kernel: None = host-driven copies (this module's doc); else device-decided
         copy-in (device_copy.py) through this function (kernels.copy_routed_experts, or
         device_copy.copy_routed_experts_torch on the CPU). own_slots: the loading slots'
         pages are taken from and given back to `allocator` here; False on a tensor-parallel
-        follower, which is handed rank 0's (DeviceCopyIn.set_slots). count_kernel: adds a
-        layer's routing into its statistics in one launch (kernels.count_routes; None = the
-        torch histogram)."""
+        follower, which is handed rank 0's (DeviceCopyIn.set_slots)."""
         self.pool = pool
         self.allocator = allocator
         self.reclaim = reclaim
@@ -132,7 +129,6 @@ class ExpertManager:
         # rows neither count in the hotness statistics nor make an expert "needed".
         self.count_rows: torch.Tensor | None = None
         self.copy_kernel = copy_kernel
-        self.count_kernel = count_kernel
         self.device_copy = (
             DeviceCopyIn(self.table, self.resident, self.num_buffer_slots, self.device)
             if copy_kernel is not None
@@ -281,7 +277,8 @@ class ExpertManager:
         buffer = self.buffers[layer % len(self.buffers)]
         if buffer.layer != layer:
             buffer.reset(layer)
-        counts = self._count(layer, topk_ids)  # [E], and into the statistics
+        counts = self._histogram(topk_ids)  # [E]
+        self._routing_counts[layer] += counts
         if self.device_copy is not None:
             return self._moe_device_copy(layer, x, topk_ids, topk_weights, buffer, counts)
         if (
@@ -323,16 +320,6 @@ class ExpertManager:
         if layer > 0:
             self.counters.prefetched_unused += len(set(buffer.slot_of) - buffer.used)
         return out
-
-    def _count(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
-        """This step's tokens per expert, [E] int64 on the device, also added into the layer's
-        routing statistics: two launches with the count kernel (a zeroing and the count)."""
-        if self.count_kernel is None:
-            counts = self._histogram(ids)
-            self._routing_counts[layer] += counts
-            return counts
-        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=ids.device)
-        return self.count_kernel(ids, self.count_rows, counts, self._routing_counts[layer])
 
     def _histogram(self, ids: torch.Tensor) -> torch.Tensor:
         """Tokens per expert, [E] int64, on the device. Not torch.bincount: on CUDA it reads

@@ -202,11 +202,5 @@ def warm_up_kernels(c: EngineConfig, loaded: LoadedModel, paths: ComputePaths) -
             torch.arange(3, dtype=torch.int32, device=device),  # the unused slot's rows
             torch.zeros(1, dtype=torch.int32, device=device),
         )  # fmt: skip
-    count = paths.count_kernel()
-    if count is not None:  # routing statistics: every row, or a graph's rows less padding
-        ids = torch.zeros(1, mc.top_k, dtype=torch.int64, device=device)
-        counts = torch.zeros(mc.num_experts, dtype=torch.int64, device=device)
-        for rows in (None, torch.ones(1, dtype=torch.int64, device=device)):
-            count(ids, rows, counts, counts.clone())
     torch.cuda.empty_cache()  # the scratch pool goes back before the engine's pool
     log.info("warm-up: %d batch shapes in %.1f s", len(batches), seconds)

@@ -89,7 +89,6 @@ class FollowerRank:
             top_k=mc.top_k,
             moe_kernel=paths.moe_kernel(),
             copy_kernel=paths.copy_kernel(),
-            count_kernel=paths.count_kernel(),
             num_buffers=num_loading_buffers(config),
             own_slots=False,
         )
