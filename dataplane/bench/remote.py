@@ -104,6 +104,7 @@ async def _run_all(
             config = {
                 "target": args.target,
                 "model": info.model_name,
+                "schedules_async": info.async_scheduling,  # the server's, resolved
                 "policy_version": after.policy_version,
                 "server_counters": delta,
             }

@@ -155,6 +155,7 @@ def model_info_response(info: ModelInfo) -> pb.ModelInfoResponse:
         head_dim=info.head_dim,
         kv_block_size=info.kv_block_size,
         eos_token_ids=list(info.eos_token_ids),
+        async_scheduling=info.async_scheduling,
     )
 
 

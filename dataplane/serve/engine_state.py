@@ -37,6 +37,7 @@ def warm_up(engine: Engine) -> ModelInfo:
         head_dim=mc.head_dim,
         kv_block_size=config.block_size,
         eos_token_ids=tuple(mc.eos_token_ids),
+        async_scheduling=config.schedules_async,
     )
 
 

@@ -97,6 +97,7 @@ class ModelInfo:
     head_dim: int
     kv_block_size: int
     eos_token_ids: tuple[int, ...]
+    async_scheduling: bool  # EngineConfig.schedules_async
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,13 @@ scheduling, and streams cancelled with a step in flight leak nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from dataclasses import replace
 
 import grpc
 
+from rimuru.cli import main
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.serve.convert import sampling_to_proto
 from rimuru.v1 import inference_pb2 as pb
@@ -60,3 +62,18 @@ async def test_cancelled_async_streams_leak_no_pages(start_data_plane, small_con
     await eventually(released, what="every aborted request released")
     tokens, final = await plane.generate([1, 2, 3], max_tokens=4, ignore_eos=True)
     assert len(tokens) == 4 and final.finish_reason == pb.FINISH_REASON_LENGTH
+
+
+async def test_model_info_and_a_remote_bench_record_the_servers_scheduling(
+    start_data_plane, small_config, tmp_path
+):
+    for asked in (True, False):
+        plane = await start_data_plane(replace(small_config, async_scheduling=asked))
+        info = await plane.stub.ModelInfo(pb.ModelInfoRequest())
+        assert info.async_scheduling is asked
+        out = tmp_path / str(asked)
+        argv = ["bench", "--target", plane.target, "--num-prompts", "2", "--no-progress",
+                "--output-dir", str(out)]  # fmt: skip
+        assert await asyncio.to_thread(main, argv) == 0
+        (result,) = json.loads((out / "results.json").read_text())["results"]
+        assert result["config"]["schedules_async"] is asked

@@ -123,7 +123,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoResponse(_message.Message):
-    __slots__ = ("model_name", "preset", "dtype", "vocab_size", "max_model_len", "num_layers", "hidden_size", "num_experts", "num_experts_per_token", "moe_intermediate_size", "num_kv_heads", "head_dim", "kv_block_size", "eos_token_ids")
+    __slots__ = ("model_name", "preset", "dtype", "vocab_size", "max_model_len", "num_layers", "hidden_size", "num_experts", "num_experts_per_token", "moe_intermediate_size", "num_kv_heads", "head_dim", "kv_block_size", "eos_token_ids", "async_scheduling")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     PRESET_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class ModelInfoResponse(_message.Message):
     HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    ASYNC_SCHEDULING_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     preset: str
     dtype: str
@@ -152,7 +153,8 @@ class ModelInfoResponse(_message.Message):
     head_dim: int
     kv_block_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model_name: _Optional[str] = ..., preset: _Optional[str] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., num_experts: _Optional[int] = ..., num_experts_per_token: _Optional[int] = ..., moe_intermediate_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    async_scheduling: bool
+    def __init__(self, model_name: _Optional[str] = ..., preset: _Optional[str] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., num_experts: _Optional[int] = ..., num_experts_per_token: _Optional[int] = ..., moe_intermediate_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., async_scheduling: _Optional[bool] = ...) -> None: ...
 
 class EngineStatsRequest(_message.Message):
     __slots__ = ()
