@@ -13,7 +13,8 @@ Sections (each guarded, so one failure still leaves the others' figures):
      against its floor max(FLOPs / 755e12, bytes / 4.17e12), where
      bytes = touched experts' weights + x + output.
   3. layer ops: the fused norms and RoPE against the torch path's ops in bf16 (values that
-     differ, max |diff|), at Qwen3 and Mixtral shapes.
+     differ, max |diff|), at Qwen3 and Mixtral shapes; the router top-k against the torch
+     path (rows choosing other experts, max weight difference, µs each).
   4. attention: KV write (exact), prefill (chunked, GQA) error and a timing, decode error and
      bandwidth at batch 64 x 2k context for several context splits (CUDA-graph replays).
 The last lines printed are the summary table; full figures go to DIR/kernels_gpu.json.
@@ -266,6 +267,35 @@ def check_layer_ops(tokens: int = 256) -> list[dict]:
     return rows
 
 
+def check_router(tokens=(64, 256)) -> list[dict]:
+    """The router top-k kernel against the model's torch path (layers.router_topk) on this
+    GPU, bf16 router logits with the presets' skew bias: the rows whose chosen experts
+    differ, the largest weight difference, and each side's time (CUDA-graph replays)."""
+    from rimuru.dataplane.model.layers import router_topk as torch_router_topk
+    from rimuru.kernels import router_topk
+    from rimuru.kernels.moe_bench import replay_ms
+
+    rows = []
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    for shape in (MODELS["qwen3-30b-a3b"], MODELS["qwen1.5-moe-a2.7b"]):
+        E, K = shape.num_experts, shape.top_k
+        bias = -torch.log1p(torch.randperm(E, generator=g, device=DEVICE).float())
+        for n in tokens:
+            logits = torch.randn(n, E, generator=g, device=DEVICE).to(torch.bfloat16)
+            args = (logits, bias, K, True)
+            ids, w = router_topk(*args)
+            want_ids, want_w = torch_router_topk(*args)
+            rows.append({
+                "model": shape.name, "tokens": n,
+                # bf16 logits tie; torch orders equal ones either way: compare chosen sets
+                "rows_differ": int((ids.sort(1).values != want_ids.sort(1).values).any(1).sum()),
+                "max_weight_diff": float((w - want_w).abs().max()),
+                "kernel_us": 1e3 * replay_ms(functools.partial(router_topk, *args), 10),
+                "torch_us": 1e3 * replay_ms(functools.partial(torch_router_topk, *args), 10),
+            })  # fmt: skip
+    return rows
+
+
 def _max_ulps(got: torch.Tensor, ref: torch.Tensor) -> float:
     """Largest |got - ref| in bf16 ulps of ref (ulp of |v| in [2^e, 2^(e+1)) = 2^(e-7)),
     counted at |ref| >= 1/8 for smaller refs: RoPE's q*cos - rot*sin cancels to near 0,
@@ -310,6 +340,13 @@ def summarize(report: dict) -> None:
               f"(max {r['max_ulps_vs_torch']:.1f} ulp; vs fp32: kernel {r['kernel_max_ulps_vs_fp32']:.2f}, "
               f"torch {r['torch_max_ulps_vs_fp32']:.2f} ulp) "
               f"from torch, max |diff| {r['max_abs_diff']:.2e}")  # fmt: skip
+    for r in report.get("router", []):
+        if "error" in r:
+            print(f"router top-k: FAILED {r['error']}")
+            continue
+        print(f"router top-k {r['model']} T={r['tokens']}: {r['rows_differ']} rows choose other "
+              f"experts than torch, max |dw| {r['max_weight_diff']:.1e}; {r['kernel_us']:.1f} us "
+              f"vs torch {r['torch_us']:.1f} us")  # fmt: skip
     for a in report.get("attention", []):
         if "error" in a:
             print(f"attention: FAILED {a['error']}")
@@ -363,6 +400,11 @@ def main() -> int:
     except Exception as exc:
         traceback.print_exc()
         report["layer_ops"] = [{"error": repr(exc)[:300]}]
+    try:
+        report["router"] = check_router()
+    except Exception as exc:
+        traceback.print_exc()
+        report["router"] = [{"error": repr(exc)[:300]}]
     for hq, h_kv in () if args.skip_attention else ((32, 4), (16, 16)):
         try:
             report["attention"].append(bench_attention(hq, h_kv))

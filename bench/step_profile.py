@@ -9,8 +9,10 @@ than by the GPU. This script makes that measurable: it fills the engine with
 `--batch` requests from the trace (prompts cut to `--prompt-len`), runs the prefill, then
 profiles `--steps` decode steps with torch.profiler and reports per step:
 
-  wall ms          the step as the caller sees it
-  device busy ms   union of the device's kernel and copy intervals (CUDA only)
+  wall ms          the median step as the caller sees it (the first decode step after the
+                   prefill can be far off either way: it runs without a step in flight,
+                   or behind the prefill's last one)
+  device busy ms   union of the device's kernel and copy intervals, per step (CUDA only)
   host-only ms     wall - device busy: time the GPU sat idle waiting for the host
   launches         kernels + copies launched
   top host ops     self CPU time of the heaviest operators / Python functions
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -110,7 +113,7 @@ def profile_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> dict:
     events = prof.events()
     device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     intervals = [(e.time_range.start, e.time_range.end) for e in device]
-    wall = sum(walls) / steps
+    wall = statistics.median(walls)
     busy = busy_ms(intervals) / steps if cuda else None
     top = sorted(prof.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)[:12]
     kernels: dict[str, list[float]] = {}  # name -> [launches, µs]
@@ -120,7 +123,7 @@ def profile_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> dict:
         row[1] += e.time_range.end - e.time_range.start
     return {
         "steps": steps,
-        "wall_ms_plain": sum(plain) / steps,
+        "wall_ms_plain": statistics.median(plain),
         "wall_ms_plain_each": plain,
         "wall_ms": wall,
         "wall_ms_each": walls,
@@ -203,7 +206,8 @@ def profile_batch(engine: Engine, args: argparse.Namespace, batch: int) -> dict:
 
 
 def print_top_ops(report: dict) -> None:
-    print(f"{'op':60s} {'calls/step':>10s} {'self ms/step':>12s}")
+    if report["top_host_ops"]:
+        print(f"{'op':60s} {'calls/step':>10s} {'self ms/step':>12s}")
     for op in report["top_host_ops"]:
         print(
             f"{op['name'][:60]:60s} {op['calls_per_step']:10.1f} {op['self_cpu_ms_per_step']:12.3f}"
@@ -243,7 +247,8 @@ def main() -> int:
                     help="schedule and launch each step before reading the last one back "
                          "(auto, the engine's default: on with CUDA)")  # fmt: skip
     ap.add_argument("--unfused-ops", action="store_true",
-                    help="norms and RoPE in torch, not fused kernels (the before of model/ops.py)")  # fmt: skip
+                    help="norms, RoPE and the router's top-k in torch, not fused kernels (the "
+                         "before of model/ops.py)")  # fmt: skip
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("step_profile.py: no CUDA device here; use --device cpu", file=sys.stderr)

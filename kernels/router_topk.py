@@ -14,8 +14,10 @@ torch's choice is unspecified too). Equal logits go to the lower expert id. Weig
 exp(l - max) over the sum of all E (or, renormalized, of the K chosen) exponentials.
 
 Each program takes BLOCK_T rows whole ([BLOCK_T, next_pow2(E)] in registers) and picks the
-k largest by K rounds of max-and-mask. A NaN row yields in-range ids (never a fault in the
-GEMMs that index pages by them), not a meaningful choice.
+k largest by K rounds of max-and-mask; every row gets K distinct, in-range ids (the GEMMs
+index pages by them), a row of -inf or NaN logits the lowest free ones. NaN differs from
+torch: Triton's max skips NaN, so a row with some NaN logits is routed over the others
+(torch would route it to the NaN ones, with NaN weights).
 """
 
 import torch
@@ -46,14 +48,18 @@ def _router_topk_kernel(
     slots = tl.arange(0, TOP_K_P2)
     ids = tl.zeros((BLOCK_T, TOP_K_P2), dtype=tl.int64)
     picked = tl.zeros((BLOCK_T, TOP_K_P2), dtype=tl.float32)
-    left = x
+    # Columns not yet picked. Picked ones leave by this mask, not by a value: a row whose
+    # remaining logits are all -inf (or NaN) still gets K distinct experts.
+    free = (rows[:, None] >= 0) & col_ok[None, :]  # [BLOCK_T, BLOCK_E]
     for k in tl.static_range(TOP_K):
-        best = tl.max(left, axis=1)
-        expert = tl.min(tl.where(left == best[:, None], cols[None, :], BLOCK_E), axis=1)
-        expert = tl.minimum(expert, num_experts - 1)  # NaN rows: no column equals the max
+        best = tl.max(tl.where(free, x, float("-inf")), axis=1)
+        hit = free & (x == best[:, None])
+        expert = tl.min(tl.where(hit, cols[None, :], BLOCK_E), axis=1)
+        first_free = tl.min(tl.where(free, cols[None, :], BLOCK_E), axis=1)
+        expert = tl.where(expert < BLOCK_E, expert, first_free)  # -inf / NaN rows
         ids = tl.where(slots[None, :] == k, expert.to(tl.int64)[:, None], ids)
         picked = tl.where(slots[None, :] == k, tl.exp(best - top)[:, None], picked)
-        left = tl.where(cols[None, :] == expert[:, None], float("-inf"), left)
+        free = free & (cols[None, :] != expert[:, None])
     if RENORMALIZE:
         total = tl.sum(picked, axis=1)  # unpicked slots hold 0
     out = rows.to(tl.int64)[:, None] * TOP_K + slots[None, :]

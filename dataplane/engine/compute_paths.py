@@ -63,5 +63,6 @@ class ComputePaths:
         return {"attend": triton_attend}
 
     def layer_ops(self) -> LayerOps:
-        """Norms and RoPE: fused Triton kernels wherever the other kernels run."""
+        """Norms, RoPE and the router's top-k: fused Triton kernels wherever the other
+        kernels run."""
         return TritonOps() if self.use_kernels and self.config.fused_layer_ops else TorchOps()

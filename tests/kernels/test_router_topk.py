@@ -33,13 +33,18 @@ def test_router_topk_matches_the_torch_chain(dtype, tokens, experts, top_k, bias
         torch.testing.assert_close(weights.sum(-1), torch.ones(tokens))
 
 
-@pytest.mark.filterwarnings("ignore:All-NaN slice")  # the interpreter's numpy max of NaNs
-def test_equal_logits_go_to_the_lower_expert_and_nan_rows_stay_in_range():
-    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [float("nan")] * 4])
-    ids, weights = router_topk(logits, None, 2, True)
-    assert ids[0].tolist() == [1, 2]
-    torch.testing.assert_close(weights[0], torch.tensor([0.5, 0.5]))
-    assert ((ids[1] >= 0) & (ids[1] < 4)).all()
+@pytest.mark.filterwarnings("ignore:All-NaN slice", "ignore:invalid value")  # NaN rows
+def test_ties_go_to_the_lower_expert_and_every_row_gets_distinct_experts():
+    inf, nan = float("inf"), float("nan")
+    logits = torch.tensor(
+        [[1.0, 3.0, 3.0, 0.0], [0.0, -inf, 1.0, -inf], [-inf] * 4, [nan] * 4, [nan, 2.0, 1.0, 0.0]]
+    )
+    ids, weights = router_topk(logits, None, 3, True)
+    assert ids.tolist() == [[1, 2, 0], [2, 0, 1], [0, 1, 2], [0, 1, 2], [1, 2, 3]]
+    e = torch.exp(torch.tensor([0.0, -1.0, -2.0]))
+    torch.testing.assert_close(weights[0], e[[0, 0, 2]] / e[[0, 0, 2]].sum())
+    torch.testing.assert_close(weights[1], torch.tensor([e[0], e[1], 0.0]) / (e[0] + e[1]))
+    torch.testing.assert_close(weights[4], e / e.sum())  # routed over the numbers
 
 
 def test_a_strided_logits_view_and_no_tokens():
