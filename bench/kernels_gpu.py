@@ -270,7 +270,9 @@ def check_layer_ops(tokens: int = 256) -> list[dict]:
 def check_router(tokens=(64, 256)) -> list[dict]:
     """The router top-k kernel against the model's torch path (layers.router_topk) on this
     GPU, bf16 router logits with the presets' skew bias: the rows whose chosen experts
-    differ, the largest weight difference, and each side's time (CUDA-graph replays)."""
+    differ (only a tie at the k-th place may: torch breaks ties either way, and the tied
+    experts weigh the same), the largest weight difference, and each side's time
+    (CUDA-graph replays)."""
     from rimuru.dataplane.model.layers import router_topk as torch_router_topk
     from rimuru.kernels import router_topk
     from rimuru.kernels.moe_bench import replay_ms
