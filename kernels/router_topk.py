@@ -7,17 +7,17 @@ Shape key: T = tokens, E = experts, K = top-k.
 
 The same as the torch chain it replaces (rimuru.dataplane.model.layers.router_topk, the CPU
 path: .float(), + bias, softmax, torch.topk, divide by the top-k sum), which is six to seven
-launches a layer on the GPU. The
-k largest are taken from the logits, not from their softmax: the same experts, in the same
-descending order, except where two distinct logits round to one fp32 probability (then
-torch's choice is unspecified too). Equal logits go to the lower expert id. Weights are
-exp(l - max) over the sum of all E (or, renormalized, of the K chosen) exponentials.
+launches a layer on the GPU. The k largest are taken from the logits, not from their
+softmax: the same experts, in the same descending order, except where two distinct logits
+round to one fp32 probability (then torch's choice is unspecified too). Equal logits go to
+the lower expert id. Weights are exp(l - max) over the sum of all E (or, renormalized, of
+the K chosen) exponentials.
 
 Each program takes BLOCK_T rows whole ([BLOCK_T, next_pow2(E)] in registers) and picks the
 k largest by K rounds of max-and-mask; every row gets K distinct, in-range ids (the GEMMs
-index pages by them), a row of -inf or NaN logits the lowest free ones. NaN differs from
-torch: Triton's max skips NaN, so a row with some NaN logits is routed over the others
-(torch would route it to the NaN ones, with NaN weights).
+index pages by them). NaN logits count as -inf, unlike torch's (which would pick them, with
+NaN weights): a row with some is routed over the others, a row of -inf or NaN only to the
+lowest ids.
 """
 
 import torch
@@ -42,21 +42,19 @@ def _router_topk_kernel(
     ).to(tl.float32)
     if HAS_BIAS:
         x += tl.load(bias_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    x = tl.where(col_ok[None, :], x, float("-inf"))
+    x = tl.where(col_ok[None, :] & (x == x), x, float("-inf"))  # padding and NaN: -inf
     top = tl.max(x, axis=1)  # [BLOCK_T]
     total = tl.sum(tl.exp(x - top[:, None]), axis=1)
     slots = tl.arange(0, TOP_K_P2)
     ids = tl.zeros((BLOCK_T, TOP_K_P2), dtype=tl.int64)
     picked = tl.zeros((BLOCK_T, TOP_K_P2), dtype=tl.float32)
     # Columns not yet picked. Picked ones leave by this mask, not by a value: a row whose
-    # remaining logits are all -inf (or NaN) still gets K distinct experts.
+    # remaining logits are all -inf still finds a free column equal to its max (-inf).
     free = (rows[:, None] >= 0) & col_ok[None, :]  # [BLOCK_T, BLOCK_E]
     for k in tl.static_range(TOP_K):
         best = tl.max(tl.where(free, x, float("-inf")), axis=1)
         hit = free & (x == best[:, None])
         expert = tl.min(tl.where(hit, cols[None, :], BLOCK_E), axis=1)
-        first_free = tl.min(tl.where(free, cols[None, :], BLOCK_E), axis=1)
-        expert = tl.where(expert < BLOCK_E, expert, first_free)  # -inf / NaN rows
         ids = tl.where(slots[None, :] == k, expert.to(tl.int64)[:, None], ids)
         picked = tl.where(slots[None, :] == k, tl.exp(best - top)[:, None], picked)
         free = free & (cols[None, :] != expert[:, None])
