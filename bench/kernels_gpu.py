@@ -272,9 +272,11 @@ def check_router(tokens=(64, 256)) -> list[dict]:
     GPU, bf16 router logits with the presets' skew bias: the rows whose chosen experts
     differ (only a tie at the k-th place may: torch breaks ties either way, and the tied
     experts weigh the same), the largest weight difference, and each side's time
-    (CUDA-graph replays)."""
+    (CUDA-graph replays). Then the routing histogram of those ids (every fourth row a graph's
+    padding row, added to a running total): equal to torch's, and each side's time."""
+    from rimuru.dataplane.engine.routing_histogram import routing_histogram_torch
     from rimuru.dataplane.model.layers import router_topk as torch_router_topk
-    from rimuru.kernels import router_topk
+    from rimuru.kernels import router_topk, routing_histogram
     from rimuru.kernels.moe_bench import replay_ms
 
     rows = []
@@ -287,6 +289,9 @@ def check_router(tokens=(64, 256)) -> list[dict]:
             args = (logits, bias, K, True)
             ids, w = router_topk(*args)
             want_ids, want_w = torch_router_topk(*args)
+            real = (torch.arange(n, device=DEVICE) % 4 != 3).long()
+            total = torch.zeros(E, dtype=torch.int64, device=DEVICE)
+            hist = (ids, E, real, total)
             rows.append({
                 "model": shape.name, "tokens": n,
                 # bf16 logits tie; torch orders equal ones either way: compare chosen sets
@@ -294,6 +299,12 @@ def check_router(tokens=(64, 256)) -> list[dict]:
                 "max_weight_diff": float((w - want_w).abs().max()),
                 "kernel_us": 1e3 * replay_ms(functools.partial(router_topk, *args), 10),
                 "torch_us": 1e3 * replay_ms(functools.partial(torch_router_topk, *args), 10),
+                "histogram_equal": bool(torch.equal(
+                    routing_histogram(*hist), routing_histogram_torch(ids, E, real)
+                )),
+                "histogram_us": 1e3 * replay_ms(functools.partial(routing_histogram, *hist), 10),
+                "histogram_torch_us": 1e3
+                * replay_ms(functools.partial(routing_histogram_torch, *hist), 10),
             })  # fmt: skip
     return rows
 
@@ -349,6 +360,8 @@ def summarize(report: dict) -> None:
         print(f"router top-k {r['model']} T={r['tokens']}: {r['rows_differ']} rows choose other "
               f"experts than torch, max |dw| {r['max_weight_diff']:.1e}; {r['kernel_us']:.1f} us "
               f"vs torch {r['torch_us']:.1f} us")  # fmt: skip
+        print(f"  routing histogram: equal to torch {r['histogram_equal']}; "
+              f"{r['histogram_us']:.1f} us vs torch {r['histogram_torch_us']:.1f} us")  # fmt: skip
     for a in report.get("attention", []):
         if "error" in a:
             print(f"attention: FAILED {a['error']}")

@@ -55,6 +55,17 @@ class ComputePaths:
 
         return copy_routed_experts_torch
 
+    def routing_histogram(self):
+        """Each MoE layer's tokens per expert, added to its running total (one launch on the
+        Triton path; four to five torch launches otherwise)."""
+        if self.use_kernels:
+            from rimuru.kernels import routing_histogram
+
+            return routing_histogram
+        from rimuru.dataplane.engine.routing_histogram import routing_histogram_torch
+
+        return routing_histogram_torch
+
     def attention_kernels(self):
         if not self.use_kernels:
             return None

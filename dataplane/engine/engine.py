@@ -121,6 +121,7 @@ class Engine:
             top_k=mc.top_k,
             moe_kernel=self.paths.moe_kernel(),
             copy_kernel=self.paths.copy_kernel(),
+            histogram=self.paths.routing_histogram(),
             num_buffers=num_loading_buffers(config),
         )
         self.attention = PagedAttention(self.pool, kernels=self.paths.attention_kernels())

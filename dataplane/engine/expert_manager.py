@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from rimuru.dataplane.adjust.adjuster import ChangeList
 from rimuru.dataplane.engine.device_copy import DeviceCopyIn
+from rimuru.dataplane.engine.routing_histogram import RoutingHistogram, routing_histogram_torch
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
@@ -84,6 +85,7 @@ class ExpertManager:
         top_k: int = 1,
         moe_kernel: MoEKernel | None = None,
         copy_kernel: Callable[..., None] | None = None,
+        histogram: RoutingHistogram = routing_histogram_torch,
         num_buffers: int = 2,
         own_slots: bool = True,
     ):
@@ -91,7 +93,9 @@ class ExpertManager:
         copy-in (device_copy.py) through this function (kernels.copy_routed_experts, or
         device_copy.copy_routed_experts_torch on the CPU). own_slots: the loading slots'
         pages are taken from and given back to `allocator` here; False on a tensor-parallel
-        follower, which is handed rank 0's (DeviceCopyIn.set_slots)."""
+        follower, which is handed rank 0's (DeviceCopyIn.set_slots). histogram: each layer's
+        tokens per expert (routing_histogram.py; kernels.routing_histogram on CUDA, one
+        launch)."""
         self.pool = pool
         self.allocator = allocator
         self.reclaim = reclaim
@@ -117,6 +121,7 @@ class ExpertManager:
         self.router_logits = router_logits
         self.top_k = top_k
         self.moe_kernel = moe_kernel
+        self.histogram = histogram
         self.counters = ExpertCounters()
         # tokens routed to each expert since the last reset: the online-hotness signal. Kept
         # on the device so a layer whose experts are all resident needs no host sync.
@@ -277,8 +282,10 @@ class ExpertManager:
         buffer = self.buffers[layer % len(self.buffers)]
         if buffer.layer != layer:
             buffer.reset(layer)
-        counts = self._histogram(topk_ids)  # [E]
-        self._routing_counts[layer] += counts
+        # [E]; this step's counts are added to the layer's running total in the same call
+        counts = self.histogram(
+            topk_ids, self.num_experts, self.count_rows, self._routing_counts[layer]
+        )
         if self.device_copy is not None:
             return self._moe_device_copy(layer, x, topk_ids, topk_weights, buffer, counts)
         if (
@@ -294,7 +301,7 @@ class ExpertManager:
         predict = self.router_logits is not None and layer + 1 < self.num_layers
         if predict:
             guess = torch.topk(self.router_logits(layer + 1, x), self.top_k, dim=-1).indices
-            counts = torch.stack((counts, self._histogram(guess)))
+            counts = torch.stack((counts, self.histogram(guess, self.num_experts, self.count_rows)))
         host = counts.cpu().view(-1, self.num_experts)  # [1 or 2, E]
         needed = torch.nonzero(host[0]).flatten().tolist()
         missing = [e for e in needed if e not in self.resident[layer]]
@@ -320,16 +327,6 @@ class ExpertManager:
         if layer > 0:
             self.counters.prefetched_unused += len(set(buffer.slot_of) - buffer.used)
         return out
-
-    def _histogram(self, ids: torch.Tensor) -> torch.Tensor:
-        """Tokens per expert, [E] int64, on the device. Not torch.bincount: on CUDA it reads
-        the input's min and max back to the host, a synchronisation per call."""
-        flat = ids.flatten().to(torch.int64)
-        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device)
-        rows = self.count_rows
-        if rows is None:
-            return counts.scatter_add_(0, flat, torch.ones_like(flat))
-        return counts.scatter_add_(0, flat, rows[:, None].expand(ids.shape).flatten())
 
     def fully_resident(self) -> bool:
         """Every expert of every layer lies in its pool pages (what a CUDA graph needs)."""

@@ -89,6 +89,7 @@ class FollowerRank:
             top_k=mc.top_k,
             moe_kernel=paths.moe_kernel(),
             copy_kernel=paths.copy_kernel(),
+            histogram=paths.routing_histogram(),
             num_buffers=num_loading_buffers(config),
             own_slots=False,
         )
