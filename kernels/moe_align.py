@@ -152,19 +152,10 @@ def _align_single_program_kernel(
         tl.store(sorted_ptr + pos, p, mask=p < num_pairs)
 
 
-@triton.jit(do_not_specialize=["num_pairs"])
-def _align_rank_kernel(topk_ids_ptr, counts_ptr, rank_ptr, num_pairs, CHUNK: tl.constexpr):
-    p = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    valid = p < num_pairs
-    expert = tl.load(topk_ids_ptr + p, mask=valid, other=0).to(tl.int32)
-    rank = tl.atomic_add(counts_ptr + expert, 1, mask=valid)
-    tl.store(rank_ptr + p, rank, mask=valid)
-
-
 @triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
 def _align_offsets_kernel(
-    counts_ptr,
-    starts_ptr,
+    topk_ids_ptr,
+    cursor_ptr,  # [EXPERTS] int32, written here: each expert's first row
     sorted_ptr,
     block_expert_ptr,
     num_padded_ptr,
@@ -176,32 +167,35 @@ def _align_offsets_kernel(
     BLOCK_M: tl.constexpr,
     EXPERTS: tl.constexpr,
     WITH_PAGES: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
-    e = tl.arange(0, EXPERTS)
-    counts = tl.load(counts_ptr + e, mask=e < num_experts, other=0)
+    # Counted by one program, a chunk at a time: no global atomics, so no memset before.
+    counts = tl.zeros((EXPERTS,), dtype=tl.int32)
+    for start in range(0, num_pairs, CHUNK):
+        p = start + tl.arange(0, CHUNK)
+        expert = tl.load(topk_ids_ptr + p, mask=p < num_pairs, other=0).to(tl.int32)
+        counts += tl.histogram(expert, EXPERTS, mask=p < num_pairs)
     starts = _write_pads_and_block_experts(
         counts, sorted_ptr, block_expert_ptr, num_padded_ptr, table_ptr, block_pages_ptr,
         num_pairs, max_blocks, BLOCK_M, EXPERTS, WITH_PAGES,
     )  # fmt: skip
-    tl.store(starts_ptr + e, starts, mask=e < num_experts)
+    e = tl.arange(0, EXPERTS)
+    tl.store(cursor_ptr + e, starts, mask=e < num_experts)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
-def _align_scatter_kernel(
-    topk_ids_ptr, starts_ptr, rank_ptr, sorted_ptr, num_pairs, CHUNK: tl.constexpr
-):
+def _align_scatter_kernel(topk_ids_ptr, cursor_ptr, sorted_ptr, num_pairs, CHUNK: tl.constexpr):
     p = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     valid = p < num_pairs
     expert = tl.load(topk_ids_ptr + p, mask=valid, other=0).to(tl.int32)
-    pos = tl.load(starts_ptr + expert, mask=valid, other=0) + tl.load(
-        rank_ptr + p, mask=valid, other=0
-    )
+    pos = tl.atomic_add(cursor_ptr + expert, 1, mask=valid)  # the next free row of its run
     tl.store(sorted_ptr + pos, p, mask=valid)
 
 
 # How a call aligns its pairs: one program ranking the pairs by a scan of its [pairs, experts]
-# one-hot or by sorting (expert, pair) keys; or three kernels over chunks of pairs (a rank by
-# atomics, the offsets, a scatter).
+# one-hot or by sorting (expert, pair) keys; or two kernels over chunks of pairs (the counts
+# and offsets in one program, then a scatter that takes each pair's row by an atomic on its
+# expert's cursor).
 ALIGN_PATHS = ("scan", "sort", "chunked")
 
 
@@ -269,17 +263,15 @@ def moe_align_block_size(
             RANK=path, num_warps=4,
         )  # fmt: skip
     else:
-        counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
-        starts = torch.empty(num_experts, dtype=torch.int32, device=device)
-        ranks = torch.empty(num_pairs, dtype=torch.int32, device=device)
-        grid = (triton.cdiv(num_pairs, _CHUNK),)
-        _align_rank_kernel[grid](ids, counts, ranks, num_pairs, CHUNK=_CHUNK, num_warps=4)
+        cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
         _align_offsets_kernel[(1,)](
-            counts, starts, sorted_ids, block_experts, num_padded, table, pages,
+            ids, cursor, sorted_ids, block_experts, num_padded, table, pages,
             num_pairs, num_experts, nb,
-            BLOCK_M=block_m, EXPERTS=experts_p2, WITH_PAGES=with_pages, num_warps=4,
+            BLOCK_M=block_m, EXPERTS=experts_p2, WITH_PAGES=with_pages, CHUNK=_CHUNK,
+            num_warps=4,
         )  # fmt: skip
-        _align_scatter_kernel[grid](ids, starts, ranks, sorted_ids, num_pairs, CHUNK=_CHUNK)
+        grid = (triton.cdiv(num_pairs, _CHUNK),)
+        _align_scatter_kernel[grid](ids, cursor, sorted_ids, num_pairs, CHUNK=_CHUNK)
     return MoeAlignment(sorted_ids, block_experts, num_padded, block_m, num_pairs, block_pages)
 
 
