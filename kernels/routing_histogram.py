@@ -24,7 +24,11 @@ import triton.language as tl
 _CHUNK = 1024
 
 
-@triton.jit(do_not_specialize=["num_pairs"])  # one compiled variant serves every batch
+# One compiled variant serves every batch and layer: a layer's total is a row view of [L, E],
+# aligned or not by the layer.
+@triton.jit(
+    do_not_specialize=["num_pairs"], do_not_specialize_on_alignment=["mask_ptr", "total_ptr"]
+)
 def _routing_histogram_kernel(
     ids_ptr, mask_ptr, counts_ptr, total_ptr, num_pairs, num_experts,
     TOP_K: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TOTAL: tl.constexpr,

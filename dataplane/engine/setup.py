@@ -163,9 +163,11 @@ def warm_up_kernels(c: EngineConfig, loaded: LoadedModel, paths: ComputePaths) -
     against the budget."""
     if not (c.warmup and loaded.device.type == "cuda" and paths.use_kernels):
         return
-    from rimuru.dataplane.engine.warmup import warm_up_sampler
+    from rimuru.dataplane.engine.warmup import warm_up_routing_histogram, warm_up_sampler
 
     warm_up_sampler(loaded.config.vocab_size, loaded.device)
+    mc = loaded.config
+    warm_up_routing_histogram(paths.routing_histogram(), mc.num_experts, mc.top_k, loaded.device)
     if loaded.config.is_hybrid:  # warmup.py drives MoETransformer's pieces
         log.info("warm-up: skipped for a hybrid model; kernels compile on first use")
         return

@@ -88,6 +88,20 @@ def warm_up_sampler(vocab_size: int, device: torch.device) -> None:
     )
 
 
+def warm_up_routing_histogram(
+    histogram, num_experts: int, top_k: int, device: torch.device
+) -> None:
+    """Compile the routing histogram's four variants: with and without graph padding rows
+    (a row mask), with and without a running total (a layer's statistics; the host-copy
+    path's prediction of the next layer counts without one)."""
+    ids = torch.zeros(1, top_k, dtype=torch.int64, device=device)
+    mask = torch.ones(1, dtype=torch.int64, device=device)
+    total = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    for row_mask in (None, mask):
+        for into in (None, total):
+            histogram(ids, num_experts, row_mask, into)
+
+
 def warm_up(
     model: MoETransformer,
     host_experts: list[ExpertWeights],
