@@ -36,11 +36,11 @@ import triton.language as tl
 # program with the scan while it has at most 64 pairs or few experts (<= 16), and a
 # [pairs, experts] one-hot of <= 16384 cells; else the chunked kernels (~15-30 us at every
 # size measured then, in four launches; in two since, 10-14 us a Qwen3 decode layer at
-# 512-2048 pairs inside a graph). Past that the scan ran away: Qwen3 at 128 pairs took ~4x the chunked
-# kernels' time, and ~100-500 us at 256-1024 pairs. The sort rank was faster at some sizes
-# (Qwen1.5 at 128 pairs) but its output has not been checked on the GPU, so no size takes
-# it by default. (A third rank, by a [pairs, pairs] comparison, was measured beside them and
-# dropped: best in one row, 5-8x slower than chunked at 256 pairs.)
+# 512-2048 pairs inside a graph). Past that the scan ran away: Qwen3 at 128 pairs took ~4x
+# the chunked kernels' time, and ~100-500 us at 256-1024 pairs. The sort rank was faster at
+# some sizes (Qwen1.5 at 128 pairs) but its output has not been checked on the GPU, so no
+# size takes it by default. (A third rank, by a [pairs, pairs] comparison, was measured
+# beside them and dropped: best in one row, 5-8x slower than chunked at 256 pairs.)
 _SCAN_MAX_PAIRS = 64
 _SCAN_FEW_EXPERTS = 16
 _SINGLE_PROGRAM_MAX_CELLS = 16384
