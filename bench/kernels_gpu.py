@@ -273,10 +273,12 @@ def check_router(tokens=(64, 256)) -> list[dict]:
     differ (only a tie at the k-th place may: torch breaks ties either way, and the tied
     experts weigh the same), the largest weight difference, and each side's time
     (CUDA-graph replays). Then the routing histogram of those ids (every fourth row a graph's
-    padding row, added to a running total): equal to torch's, and each side's time."""
+    padding row, added to a running total): equal to torch's, and each side's time. Then
+    `route` (the router's GEMM fused in) against torch's GEMM + the top-k kernel (the engine's
+    path before it): rows choosing other experts, and each side's time."""
     from rimuru.dataplane.engine.routing_histogram import routing_histogram_torch
     from rimuru.dataplane.model.layers import router_topk as torch_router_topk
-    from rimuru.kernels import router_topk, routing_histogram
+    from rimuru.kernels import route, router_topk, routing_histogram
     from rimuru.kernels.moe_bench import replay_ms
 
     rows = []
@@ -292,6 +294,16 @@ def check_router(tokens=(64, 256)) -> list[dict]:
             real = (torch.arange(n, device=DEVICE) % 4 != 3).long()
             total = torch.zeros(E, dtype=torch.int64, device=DEVICE)
             hist = (ids, E, real, total)
+            x = torch.randn(n, shape.hidden_size, generator=g, device=DEVICE).to(torch.bfloat16)
+            router = (torch.randn(E, shape.hidden_size, generator=g, device=DEVICE) / 32).to(
+                torch.bfloat16
+            )
+            fused_ids, fused_w = route(x, router, bias, K, True)
+            two_ids, two_w = router_topk(torch.nn.functional.linear(x, router), bias, K, True)
+
+            def unfused(x=x, router=router, bias=bias, k=K):
+                return router_topk(torch.nn.functional.linear(x, router), bias, k, True)
+
             rows.append({
                 "model": shape.name, "tokens": n,
                 # bf16 logits tie; torch orders equal ones either way: compare chosen sets
@@ -305,6 +317,14 @@ def check_router(tokens=(64, 256)) -> list[dict]:
                 "histogram_us": 1e3 * replay_ms(functools.partial(routing_histogram, *hist), 10),
                 "histogram_torch_us": 1e3
                 * replay_ms(functools.partial(routing_histogram_torch, *hist), 10),
+                "route_rows_differ": int(
+                    (fused_ids.sort(1).values != two_ids.sort(1).values).any(1).sum()
+                ),
+                "route_max_weight_diff": float((fused_w - two_w).abs().max()),
+                "route_us": 1e3 * replay_ms(
+                    functools.partial(route, x, router, bias, K, True), 10
+                ),
+                "gemm_then_topk_us": 1e3 * replay_ms(unfused, 10),
             })  # fmt: skip
     return rows
 
@@ -362,6 +382,9 @@ def summarize(report: dict) -> None:
               f"vs torch {r['torch_us']:.1f} us")  # fmt: skip
         print(f"  routing histogram: equal to torch {r['histogram_equal']}; "
               f"{r['histogram_us']:.1f} us vs torch {r['histogram_torch_us']:.1f} us")  # fmt: skip
+        print(f"  route (GEMM fused): {r['route_rows_differ']} rows choose other experts than "
+              f"GEMM + top-k, max |dw| {r['route_max_weight_diff']:.1e}; {r['route_us']:.1f} us "
+              f"vs {r['gemm_then_topk_us']:.1f} us")  # fmt: skip
     for a in report.get("attention", []):
         if "error" in a:
             print(f"attention: FAILED {a['error']}")

@@ -44,13 +44,11 @@ def mlp_block(
 ) -> torch.Tensor:
     """x [T, D], post-attention-normed -> the MoE block's (or dense MLP's) output [T, D].
     `moe_layer` is the layer's index among MoE layers (None for a dense layer); `ops` routes
-    (the router's softmax and top-k: one kernel on CUDA)."""
+    (the router's GEMM, softmax and top-k: one kernel on CUDA)."""
     if w.dense_mlp is not None:
         m = w.dense_mlp
         return swiglu_mlp(x, m.gate_proj, m.up_proj, m.down_proj)
-    topk_ids, topk_weights = ops.router_topk(
-        F.linear(x, w.router), w.router_bias, cfg.top_k, cfg.norm_topk_prob
-    )
+    topk_ids, topk_weights = ops.route(x, w.router, w.router_bias, cfg.top_k, cfg.norm_topk_prob)
     out = experts.moe(moe_layer, x, topk_ids, topk_weights)  # [T, D]
     shared = w.shared_expert
     if shared is not None:

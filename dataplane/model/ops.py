@@ -1,11 +1,11 @@
-"""The elementwise steps of a layer, two ways: torch (the CPU path, Hugging Face's numerics)
-and Triton kernels (`rimuru.kernels.rms_norm`, `.rope`, `.router_topk`; the engine's path on
-CUDA).
+"""The elementwise steps of a layer and its routing, two ways: torch (the CPU path, Hugging
+Face's numerics) and Triton kernels (`rimuru.kernels.rms_norm`, `.rope`, `.router_topk`; the
+engine's path on CUDA).
 
 Both round alike (see the kernels' docstrings), so the choice changes launch counts, not
 tokens beyond a reduction's last bits. The fused kernels take a Qwen3 decode layer from ~72
-launches to ~30 (measured per step: docs/benchmarks.md at 7a896af); the router's top-k takes
-its softmax, top-k and renormalisation from six or seven launches to one.
+launches to ~30 (measured per step: docs/benchmarks.md at 7a896af); routing takes the
+router's GEMM, softmax, top-k and renormalisation from seven or eight launches to one.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 
 from rimuru.dataplane.model.layers import apply_rope, rms_norm, router_topk
 
@@ -37,14 +38,16 @@ class LayerOps(Protocol):
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def router_topk(
+    def route(
         self,
-        logits: torch.Tensor,  # [T, E], the router's output in the model's dtype
+        x: torch.Tensor,  # [T, D], the post-attention-normed hidden states
+        weight: torch.Tensor,  # [E, D], the router
         bias: torch.Tensor | None,  # [E] fp32 (the presets' skew), added before the softmax
         top_k: int,
         renormalize: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (topk_ids [T, K] int64, topk_weights [T, K] fp32), layers.router_topk."""
+        """-> (topk_ids [T, K] int64, topk_weights [T, K] fp32): layers.router_topk of the
+        router's logits x @ weight.T (in the model's dtype)."""
         ...
 
 
@@ -63,19 +66,19 @@ class TorchOps:
             q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-    def router_topk(self, logits, bias, top_k, renormalize):
-        return router_topk(logits, bias, top_k, renormalize)
+    def route(self, x, weight, bias, top_k, renormalize):
+        return router_topk(F.linear(x, weight), bias, top_k, renormalize)
 
 
 class TritonOps:
     def __init__(self) -> None:
         from rimuru.kernels.rms_norm import rms_norm as rms_norm_kernel  # needs Triton
         from rimuru.kernels.rope import qk_norm_rope
-        from rimuru.kernels.router_topk import router_topk as router_topk_kernel
+        from rimuru.kernels.router_topk import route
 
         self._rms_norm = rms_norm_kernel
         self._qk_norm_rope = qk_norm_rope
-        self._router_topk = router_topk_kernel
+        self._route = route
 
     def rms_norm(self, x, weight, eps):
         return self._rms_norm(x, weight, eps)
@@ -86,5 +89,5 @@ class TritonOps:
     def qk_norm_rope(self, q, k, cos, sin, q_weight, k_weight, eps):
         return self._qk_norm_rope(q, k, cos, sin, q_weight, k_weight, eps)
 
-    def router_topk(self, logits, bias, top_k, renormalize):
-        return self._router_topk(logits, bias, top_k, renormalize)
+    def route(self, x, weight, bias, top_k, renormalize):
+        return self._route(x, weight, bias, top_k, renormalize)

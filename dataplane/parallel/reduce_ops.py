@@ -34,5 +34,5 @@ class AllReduceOps:
     def qk_norm_rope(self, q, k, cos, sin, q_weight, k_weight, eps):
         return self.inner.qk_norm_rope(q, k, cos, sin, q_weight, k_weight, eps)
 
-    def router_topk(self, logits, bias, top_k, renormalize):
-        return self.inner.router_topk(logits, bias, top_k, renormalize)
+    def route(self, x, weight, bias, top_k, renormalize):
+        return self.inner.route(x, weight, bias, top_k, renormalize)
