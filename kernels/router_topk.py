@@ -9,9 +9,9 @@ Shape key: T = tokens, D = hidden, E = experts, K = top-k.
 
 `route` computes the logits in the program that picks from them (fp32 accumulation, rounded
 to x's dtype as torch's GEMM output is), in place of a separate GEMM launch: the router's
-weight is small (0.5 MB at Qwen3's shapes), so a library GEMM of it costs about a launch's
-worth of time. Its logits may differ from torch's GEMM in the last bit (summation order),
-like any two GEMMs.
+weight is small (0.5 MB at Qwen3's shapes), yet its library GEMM took 5.3 µs a decode layer
+on the H200. Its logits may differ from torch's GEMM in the last bit (summation order), like
+any two GEMMs. Not yet timed on a GPU, so not yet the engine's (model/ops.py).
 
 The same as the torch chain it replaces (rimuru.dataplane.model.layers.router_topk, the CPU
 path: .float(), + bias, softmax, torch.topk, divide by the top-k sum), which is six to seven
@@ -138,6 +138,12 @@ def route(
     return _launch(x, weight, bias, top_k, renormalize, weight.shape[0], 16)
 
 
+def _block_d(block_e: int) -> int:
+    """Hidden columns a GEMM step takes: the router tile [BLOCK_E, BLOCK_D] stays at 16 KB in
+    bf16 (each pipeline stage holds one), down to tl.dot's 16 at E = 512."""
+    return max(16, min(64, 8192 // block_e))
+
+
 def _launch(inputs, weight, bias, top_k, renormalize, num_experts, block_t):
     num_tokens = inputs.shape[0]
     if not 1 <= top_k <= num_experts:
@@ -154,13 +160,15 @@ def _launch(inputs, weight, bias, top_k, renormalize, num_experts, block_t):
     if num_tokens == 0:
         return ids, weights
     gemm = weight is not None
+    block_e = triton.next_power_of_2(num_experts)
+    if gemm:
+        block_e = max(16, block_e)  # tl.dot's smallest N
     _router_topk_kernel[(triton.cdiv(num_tokens, block_t),)](
         inputs, weight if gemm else inputs, inputs if bias is None else bias, ids, weights,
         num_tokens, num_experts, inputs.shape[1], inputs.stride(0),
         weight.stride(0) if gemm else 0, HAS_BIAS=bias is not None, TOP_K=top_k,
         TOP_K_P2=triton.next_power_of_2(top_k), RENORMALIZE=renormalize, BLOCK_T=block_t,
-        BLOCK_E=max(16, triton.next_power_of_2(num_experts)) if gemm
-        else triton.next_power_of_2(num_experts),
-        GEMM=gemm, BLOCK_D=64, DOT_PRECISION=dot_precision(inputs.dtype), num_warps=4,
+        BLOCK_E=block_e, GEMM=gemm, BLOCK_D=_block_d(block_e),
+        DOT_PRECISION=dot_precision(inputs.dtype), num_warps=4,
     )  # fmt: skip
     return ids, weights

@@ -5,7 +5,7 @@ engine's path on CUDA).
 Both round alike (see the kernels' docstrings), so the choice changes launch counts, not
 tokens beyond a reduction's last bits. The fused kernels take a Qwen3 decode layer from ~72
 launches to ~30 (measured per step: docs/benchmarks.md at 7a896af); routing takes the
-router's GEMM, softmax, top-k and renormalisation from seven or eight launches to one.
+router's softmax, top-k and renormalisation from six or seven launches to one, after its GEMM.
 """
 
 from __future__ import annotations
@@ -74,11 +74,11 @@ class TritonOps:
     def __init__(self) -> None:
         from rimuru.kernels.rms_norm import rms_norm as rms_norm_kernel  # needs Triton
         from rimuru.kernels.rope import qk_norm_rope
-        from rimuru.kernels.router_topk import route
+        from rimuru.kernels.router_topk import router_topk as router_topk_kernel
 
         self._rms_norm = rms_norm_kernel
         self._qk_norm_rope = qk_norm_rope
-        self._route = route
+        self._router_topk = router_topk_kernel
 
     def rms_norm(self, x, weight, eps):
         return self._rms_norm(x, weight, eps)
@@ -90,4 +90,7 @@ class TritonOps:
         return self._qk_norm_rope(q, k, cos, sin, q_weight, k_weight, eps)
 
     def route(self, x, weight, bias, top_k, renormalize):
-        return self._route(x, weight, bias, top_k, renormalize)
+        # The library GEMM, then one kernel for the rest. kernels.router_topk.route takes the
+        # GEMM into that kernel too; it serves here once the GPU shows it faster at every
+        # batch (bench/kernels_gpu.py times both).
+        return self._router_topk(F.linear(x, weight), bias, top_k, renormalize)

@@ -79,6 +79,7 @@ def test_bad_arguments_are_refused(kwargs, message):
         (torch.float32, 5, 96, 8, 2, False),  # Mixtral's routing; D not a multiple of 64
         (torch.float32, 37, 128, 128, 8, True),  # Qwen3's routing with the skew; 3 programs
         (torch.float16, 9, 64, 60, 4, False),  # Qwen1.5: E not a power of two
+        (torch.float32, 3, 48, 512, 10, True),  # Qwen3-Next: 16 hidden columns a step
     ],
 )
 def test_route_matches_the_torch_gemm_then_top_k(dtype, tokens, hidden, experts, top_k, bias):
