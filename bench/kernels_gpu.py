@@ -275,7 +275,7 @@ def check_router(tokens=(64, 256)) -> list[dict]:
     (CUDA-graph replays). Then the routing histogram of those ids (every fourth row a graph's
     padding row, added to a running total): equal to torch's, and each side's time. Then
     `route` (the router's GEMM fused in) against torch's GEMM + the top-k kernel (the engine's
-    path before it): rows choosing other experts, and each side's time."""
+    path): rows choosing other experts, and each side's time."""
     from rimuru.dataplane.engine.routing_histogram import routing_histogram_torch
     from rimuru.dataplane.model.layers import router_topk as torch_router_topk
     from rimuru.kernels import route, router_topk, routing_histogram

@@ -247,7 +247,7 @@ def main() -> int:
                     help="schedule and launch each step before reading the last one back "
                          "(auto, the engine's default: on with CUDA)")  # fmt: skip
     ap.add_argument("--unfused-ops", action="store_true",
-                    help="norms, RoPE and routing in torch, not fused kernels (the "
+                    help="norms, RoPE and the router's top-k in torch, not fused kernels (the "
                          "before of model/ops.py)")  # fmt: skip
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -9,7 +9,7 @@ Shape key: T = tokens, D = hidden, E = experts, K = top-k.
 
 `route` computes the logits in the program that picks from them (fp32 accumulation, rounded
 to x's dtype as torch's GEMM output is), in place of a separate GEMM launch: the router's
-weight is small (0.5 MB at Qwen3's shapes), yet its library GEMM took 5.3 µs a decode layer
+weight is small (0.5 MB at Qwen3's shapes), yet its library GEMM took 5.4 µs a decode layer
 on the H200. Its logits may differ from torch's GEMM in the last bit (summation order), like
 any two GEMMs. Not yet timed on a GPU, so not yet the engine's (model/ops.py).
 
@@ -134,7 +134,12 @@ def route(
             f"weight must be [E, {x.shape[1]}] {x.dtype} on {x.device} with unit column stride; "
             f"got {tuple(weight.shape)} {weight.dtype} strides {weight.stride()} on {weight.device}"
         )
-    # tl.dot needs 16 rows; [16, next_pow2(E)] fp32 stays in registers up to E = 512
+    if triton.next_power_of_2(weight.shape[0]) > 512:
+        raise ValueError(
+            f"route takes at most 512 experts (a [16, E] fp32 tile a program); "
+            f"got {weight.shape[0]}: use router_topk on the GEMM's output"
+        )
+    # tl.dot needs 16 rows: [16, next_pow2(E)] fp32 a program, 8,192 values at E = 512
     return _launch(x, weight, bias, top_k, renormalize, weight.shape[0], 16)
 
 

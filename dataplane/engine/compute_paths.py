@@ -74,6 +74,6 @@ class ComputePaths:
         return {"attend": triton_attend}
 
     def layer_ops(self) -> LayerOps:
-        """Norms, RoPE and routing (the router's GEMM and top-k): fused Triton kernels wherever
-        the other kernels run."""
+        """Norms, RoPE and the router's softmax and top-k: fused Triton kernels wherever the
+        other kernels run."""
         return TritonOps() if self.use_kernels and self.config.fused_layer_ops else TorchOps()

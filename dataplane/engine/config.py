@@ -34,7 +34,7 @@ class EngineConfig:
     hotness_path: str | None = None  # offline ranking file; None = uniform until set_ranking()
     use_kernels: bool | None = None  # None = Triton kernels on CUDA, torch reference on CPU
     moe_path: str = "paged"  # "paged": read experts in place; "gather": copy first (ablation)
-    # Where the Triton kernels run: norms, RoPE and routing (router GEMM + top-k) as fused
+    # Where the Triton kernels run: norms, RoPE and the router's softmax and top-k as fused
     # kernels (model/ops.py). False keeps them in torch, 2-3x the launches per layer (for
     # step_profile.py's comparison).
     fused_layer_ops: bool = True

@@ -5,8 +5,8 @@ that the CUDA path calls in its place.
     routing_histogram_torch(topk_ids [T, K] int, num_experts, row_mask [T] int | None,
                             total [E] int64 | None) -> counts [E] int64
 
-counts[e] = the pairs of rows with row_mask != 0 (all rows when None) routed to expert e; when
-`total` is given, counts is also added to it in place.
+counts[e] = the pairs of rows with row_mask 1 (all rows when None; 0 marks a CUDA graph's
+padding row) routed to expert e; when `total` is given, counts is also added to it in place.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def routing_histogram_torch(
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
     if row_mask is None:
         counts.scatter_add_(0, flat, torch.ones_like(flat))
-    else:
-        weight = (row_mask != 0).to(torch.int64)
+    else:  # 0/1 weights: the mask itself (no launch when it is int64 already)
+        weight = row_mask.to(torch.int64)
         counts.scatter_add_(0, flat, weight[:, None].expand(topk_ids.shape).flatten())
     if total is not None:
         total += counts

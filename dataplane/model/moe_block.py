@@ -44,7 +44,7 @@ def mlp_block(
 ) -> torch.Tensor:
     """x [T, D], post-attention-normed -> the MoE block's (or dense MLP's) output [T, D].
     `moe_layer` is the layer's index among MoE layers (None for a dense layer); `ops` routes
-    (the router's GEMM, softmax and top-k: one kernel on CUDA)."""
+    (the router's GEMM, then its softmax and top-k: one kernel on CUDA)."""
     if w.dense_mlp is not None:
         m = w.dense_mlp
         return swiglu_mlp(x, m.gate_proj, m.up_proj, m.down_proj)

@@ -74,22 +74,24 @@ def test_bad_arguments_are_refused(kwargs, message):
 
 
 @pytest.mark.parametrize(
-    ("dtype", "tokens", "hidden", "experts", "top_k", "bias"),
+    ("dtype", "tokens", "hidden", "experts", "top_k", "bias", "renormalize"),
     [
-        (torch.float32, 5, 96, 8, 2, False),  # Mixtral's routing; D not a multiple of 64
-        (torch.float32, 37, 128, 128, 8, True),  # Qwen3's routing with the skew; 3 programs
-        (torch.float16, 9, 64, 60, 4, False),  # Qwen1.5: E not a power of two
-        (torch.float32, 3, 48, 512, 10, True),  # Qwen3-Next: 16 hidden columns a step
+        (torch.float32, 5, 96, 8, 2, False, True),  # Mixtral's routing; D not a multiple of 64
+        (torch.float32, 37, 128, 128, 8, True, True),  # Qwen3's, with the skew; 3 programs
+        (torch.float16, 9, 64, 60, 4, False, False),  # Qwen1.5: E not a power of two, no renorm
+        (torch.float32, 3, 48, 512, 10, True, True),  # Qwen3-Next: 16 hidden columns a step
     ],
 )
-def test_route_matches_the_torch_gemm_then_top_k(dtype, tokens, hidden, experts, top_k, bias):
+def test_route_matches_the_torch_gemm_then_top_k(
+    dtype, tokens, hidden, experts, top_k, bias, renormalize
+):
     gen = torch.Generator().manual_seed(hidden + experts)
     x = (torch.randn(tokens, hidden, generator=gen) / 4).to(dtype)
     weight = (torch.randn(experts, hidden, generator=gen) / 4).to(dtype)
     skew = -torch.log1p(torch.randperm(experts, generator=gen).float()) if bias else None
-    ids, weights = route(x, weight, skew, top_k, True)
+    ids, weights = route(x, weight, skew, top_k, renormalize)
     logits = torch.nn.functional.linear(x.float(), weight.float()).to(dtype)  # torch's GEMM
-    ref_ids, ref_weights = router_topk_reference(logits, skew, top_k, True)
+    ref_ids, ref_weights = router_topk_reference(logits, skew, top_k, renormalize)
     assert torch.equal(ids, ref_ids)
     tol = 1e-6 if dtype == torch.float32 else 2e-3  # fp16: logits may round a last bit apart
     torch.testing.assert_close(weights, ref_weights, rtol=tol, atol=tol)
@@ -101,3 +103,5 @@ def test_route_refuses_a_mismatched_weight():
         route(x, torch.zeros(8, 16), None, 2, True)
     with pytest.raises(ValueError, match="weight"):
         route(x, torch.zeros(8, 32, dtype=torch.float16), None, 2, True)
+    with pytest.raises(ValueError, match="512 experts"):
+        route(x, torch.zeros(600, 32), None, 2, True)

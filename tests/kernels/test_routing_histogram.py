@@ -51,3 +51,21 @@ def test_bad_shapes_are_refused():
         routing_histogram(ids, 8, row_mask=torch.ones(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="int64"):
         routing_histogram(ids, 8, total=torch.zeros(8, dtype=torch.int32))
+
+
+def test_a_layer_row_of_the_statistics_adds_up_over_steps():
+    # the engine's case: total is row `layer` of an [L, E] tensor, updated step after step
+    stats = torch.zeros(3, 60, dtype=torch.int64)
+    gen = torch.Generator().manual_seed(7)
+    steps = [torch.randint(0, 60, (9, 4), generator=gen) for _ in range(3)]
+    for ids in steps:
+        routing_histogram(ids, 60, None, stats[1])
+    want = sum(reference(ids, 60) for ids in steps)
+    assert torch.equal(stats[1], want)
+    assert not stats[0].any() and not stats[2].any()
+
+
+def test_a_strided_row_mask_is_read_by_row():
+    ids = torch.tensor([[0], [1], [2]])
+    mask = torch.tensor([1, 9, 0, 9, 1, 9])[::2]  # rows 0 and 2 count
+    assert routing_histogram(ids, 4, mask).tolist() == [1, 0, 1, 0]
