@@ -273,12 +273,10 @@ def check_router(tokens=(64, 256)) -> list[dict]:
     differ (only a tie at the k-th place may: torch breaks ties either way, and the tied
     experts weigh the same), the largest weight difference, and each side's time
     (CUDA-graph replays). Then the routing histogram of those ids (every fourth row a graph's
-    padding row, added to a running total): equal to torch's, and each side's time. Then
-    `route` (the router's GEMM fused in) against torch's GEMM + the top-k kernel (the engine's
-    path): rows choosing other experts, and each side's time."""
+    padding row, added to a running total): equal to torch's, and each side's time."""
     from rimuru.dataplane.engine.routing_histogram import routing_histogram_torch
     from rimuru.dataplane.model.layers import router_topk as torch_router_topk
-    from rimuru.kernels import route, router_topk, routing_histogram
+    from rimuru.kernels import router_topk, routing_histogram
     from rimuru.kernels.moe_bench import replay_ms
 
     rows = []
@@ -294,16 +292,6 @@ def check_router(tokens=(64, 256)) -> list[dict]:
             real = (torch.arange(n, device=DEVICE) % 4 != 3).long()
             total = torch.zeros(E, dtype=torch.int64, device=DEVICE)
             hist = (ids, E, real, total)
-            x = torch.randn(n, shape.hidden_size, generator=g, device=DEVICE).to(torch.bfloat16)
-            router = (torch.randn(E, shape.hidden_size, generator=g, device=DEVICE) / 32).to(
-                torch.bfloat16
-            )
-            fused_ids, fused_w = route(x, router, bias, K, True)
-            two_ids, two_w = router_topk(torch.nn.functional.linear(x, router), bias, K, True)
-
-            def unfused(x=x, router=router, bias=bias, k=K):
-                return router_topk(torch.nn.functional.linear(x, router), bias, k, True)
-
             rows.append({
                 "model": shape.name, "tokens": n,
                 # bf16 logits tie; torch orders equal ones either way: compare chosen sets
@@ -317,14 +305,6 @@ def check_router(tokens=(64, 256)) -> list[dict]:
                 "histogram_us": 1e3 * replay_ms(functools.partial(routing_histogram, *hist), 10),
                 "histogram_torch_us": 1e3
                 * replay_ms(functools.partial(routing_histogram_torch, *hist), 10),
-                "route_rows_differ": int(
-                    (fused_ids.sort(1).values != two_ids.sort(1).values).any(1).sum()
-                ),
-                "route_max_weight_diff": float((fused_w - two_w).abs().max()),
-                "route_us": 1e3 * replay_ms(
-                    functools.partial(route, x, router, bias, K, True), 10
-                ),
-                "gemm_then_topk_us": 1e3 * replay_ms(unfused, 10),
             })  # fmt: skip
     return rows
 
@@ -335,6 +315,15 @@ def _max_ulps(got: torch.Tensor, ref: torch.Tensor) -> float:
     where an absolute error of the inputs' size would read as millions of ulps."""
     ulp = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(0.125))) - 7)
     return float(((got.float() - ref).abs() / ulp).max())
+
+
+def _passed(report: dict, key: str, label: str):
+    """The rows of report[key] that ran; a row that raised is printed as FAILED."""
+    for row in report.get(key, []):
+        if "error" in row:
+            print(f"{label}: FAILED {row['error']}")
+        else:
+            yield row
 
 
 def summarize(report: dict) -> None:
@@ -365,30 +354,18 @@ def summarize(report: dict) -> None:
                   f"(target <= +0.5%), max contig/floor {max(r['contig_over_floor'] for r in big):.2f} (target <= 1.5)")  # fmt: skip
         if one:
             print(f"  1 token: overhead {one[0]['overhead_us']:+.2f} us (target <= +2 us)")
-    for r in report.get("layer_ops", []):
-        if "error" in r:
-            print(f"layer ops: FAILED {r['error']}")
-            continue
+    for r in _passed(report, "layer_ops", "layer ops"):
         print(f"layer ops {r['model']} {r['op']}: {r['differ']} of {r['values']} bf16 values differ "
               f"(max {r['max_ulps_vs_torch']:.1f} ulp; vs fp32: kernel {r['kernel_max_ulps_vs_fp32']:.2f}, "
               f"torch {r['torch_max_ulps_vs_fp32']:.2f} ulp) "
               f"from torch, max |diff| {r['max_abs_diff']:.2e}")  # fmt: skip
-    for r in report.get("router", []):
-        if "error" in r:
-            print(f"router top-k: FAILED {r['error']}")
-            continue
+    for r in _passed(report, "router", "router top-k"):
         print(f"router top-k {r['model']} T={r['tokens']}: {r['rows_differ']} rows choose other "
               f"experts than torch, max |dw| {r['max_weight_diff']:.1e}; {r['kernel_us']:.1f} us "
               f"vs torch {r['torch_us']:.1f} us")  # fmt: skip
         print(f"  routing histogram: equal to torch {r['histogram_equal']}; "
               f"{r['histogram_us']:.1f} us vs torch {r['histogram_torch_us']:.1f} us")  # fmt: skip
-        print(f"  route (GEMM fused): {r['route_rows_differ']} rows choose other experts than "
-              f"GEMM + top-k, max |dw| {r['route_max_weight_diff']:.1e}; {r['route_us']:.1f} us "
-              f"vs {r['gemm_then_topk_us']:.1f} us")  # fmt: skip
-    for a in report.get("attention", []):
-        if "error" in a:
-            print(f"attention: FAILED {a['error']}")
-            continue
+    for a in _passed(report, "attention", "attention"):
         best = min(a["decode"].items(), key=lambda kv: kv[1]["us"])
         dflt = a["decode"]["None"]
         print(f"attention Hq={a['hq']} Hkv={a['h_kv']}: kv_write exact {a['kv_write_exact']}; prefill err "

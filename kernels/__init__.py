@@ -9,8 +9,7 @@ Imports only torch and triton. Launchers (signatures in each module's docstring)
 - moe_gemm.py / moe_sum.py: the fused MoE's two grouped GEMMs and its top-k sum.
 - expert_copy.py: copy_routed_experts (routed, offloaded experts from pinned host memory into
   loading-buffer slots, decided on the device), torch reference.
-- router_topk.py: router_topk (softmax, top-k and renormalisation of router logits) and
-  route (the same with the router's GEMM in the same launch).
+- router_topk.py: router_topk (softmax, top-k and renormalisation of router logits).
 - routing_histogram.py: routing_histogram (tokens per expert, added to a running total).
 - exponential_race.py: exponential_race (one token per row, greedy or drawn by the Gumbel-max
   trick from Philox noise keyed per row: a batch's sampling in one launch).
@@ -53,7 +52,7 @@ from rimuru.kernels.paged_decode import (
 from rimuru.kernels.paged_prefill import paged_prefill_attention, paged_prefill_attention_reference
 from rimuru.kernels.rms_norm import rms_norm, rms_norm_reference
 from rimuru.kernels.rope import qk_norm_rope, qk_norm_rope_reference
-from rimuru.kernels.router_topk import route, router_topk
+from rimuru.kernels.router_topk import router_topk
 from rimuru.kernels.routing_histogram import routing_histogram
 
 # The engine's name for the paged launcher (dataplane/engine/engine.py imports it).
@@ -89,7 +88,6 @@ __all__ = [
     "qk_norm_rope_reference",
     "rms_norm",
     "rms_norm_reference",
-    "route",
     "router_topk",
     "routing_histogram",
     "write_kv_pages",

@@ -1,17 +1,9 @@
-"""Router top-k of a MoE layer in one launch: fp32 cast, skew bias, softmax, top-k, renorm;
-optionally the router's GEMM too.
+"""Router top-k of a MoE layer in one launch: fp32 cast, skew bias, softmax, top-k, renorm.
 
-Shape key: T = tokens, D = hidden, E = experts, K = top-k.
+Shape key: T = tokens, E = experts, K = top-k.
 
     router_topk(logits [T, E] any float, bias [E] fp32 | None, top_k, renormalize)
         -> (topk_ids [T, K] int64, topk_weights [T, K] fp32)
-    route(x [T, D], weight [E, D], bias, top_k, renormalize) -> the same, of x @ weight.T
-
-`route` computes the logits in the program that picks from them (fp32 accumulation, rounded
-to x's dtype as torch's GEMM output is), in place of a separate GEMM launch: the router's
-weight is small (0.5 MB at Qwen3's shapes), yet its library GEMM took 5.4 µs a decode layer
-on the H200. Its logits may differ from torch's GEMM in the last bit (summation order), like
-any two GEMMs. Not yet timed on a GPU, so not yet the engine's (model/ops.py).
 
 The same as the torch chain it replaces (rimuru.dataplane.model.layers.router_topk, the CPU
 path: .float(), + bias, softmax, torch.topk, divide by the top-k sum), which is six to seven
@@ -32,44 +24,22 @@ import torch
 import triton
 import triton.language as tl
 
-from rimuru.kernels.kv_pages import dot_precision
-
 
 @triton.jit(do_not_specialize=["num_tokens"])  # one compiled variant serves every batch
 def _router_topk_kernel(
-    in_ptr, w_ptr, bias_ptr, ids_ptr, weights_ptr, num_tokens, num_experts, hidden, stride_t,
-    stride_w, HAS_BIAS: tl.constexpr, TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr,
+    logits_ptr, bias_ptr, ids_ptr, weights_ptr, num_tokens, num_experts, stride_t,
+    HAS_BIAS: tl.constexpr, TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr,
     RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-    GEMM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """in_ptr: the logits [T, E], or with GEMM the hidden states [T, D] (w_ptr: [E, D])."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_E)
     row_ok = rows < num_tokens
     col_ok = cols < num_experts
-    if GEMM:
-        acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
-        for d0 in range(0, hidden, BLOCK_D):
-            d = d0 + tl.arange(0, BLOCK_D)
-            d_ok = d < hidden
-            a = tl.load(
-                in_ptr + rows.to(tl.int64)[:, None] * stride_t + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :],
-                other=0.0,
-            )  # [BLOCK_T, BLOCK_D]
-            w = tl.load(
-                w_ptr + cols[:, None] * stride_w + d[None, :],
-                mask=col_ok[:, None] & d_ok[None, :],
-                other=0.0,
-            )  # [BLOCK_E, BLOCK_D]
-            acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
-        x = acc.to(in_ptr.dtype.element_ty).to(tl.float32)  # rounded as torch's GEMM output
-    else:
-        x = tl.load(
-            in_ptr + rows.to(tl.int64)[:, None] * stride_t + cols[None, :],
-            mask=row_ok[:, None] & col_ok[None, :],
-            other=0.0,
-        ).to(tl.float32)
+    x = tl.load(
+        logits_ptr + rows.to(tl.int64)[:, None] * stride_t + cols[None, :],
+        mask=row_ok[:, None] & col_ok[None, :],
+        other=0.0,
+    ).to(tl.float32)
     if HAS_BIAS:
         x += tl.load(bias_ptr + cols, mask=col_ok, other=0.0)[None, :]
     x = tl.where(col_ok[None, :] & (x == x), x, float("-inf"))  # padding and NaN: -inf
@@ -105,75 +75,26 @@ def router_topk(
             f"logits must be a float [T, E] tensor with unit column stride; got "
             f"{tuple(logits.shape)} {logits.dtype} strides {logits.stride()}"
         )
-    num_experts = logits.shape[1]
-    block_t = max(1, min(16, 4096 // triton.next_power_of_2(num_experts)))  # <= 4096 fp32 values
-    return _launch(logits, None, bias, top_k, renormalize, num_experts, block_t)
-
-
-def route(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    top_k: int,
-    renormalize: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (topk_ids [T, K] int64, topk_weights [T, K] fp32) of the logits x @ weight.T."""
-    if x.dim() != 2 or not x.is_floating_point() or x.stride(1) != 1:
-        raise ValueError(
-            f"x must be a float [T, D] tensor with unit column stride; got {tuple(x.shape)} "
-            f"{x.dtype} strides {x.stride()}"
-        )
-    if (
-        weight.dim() != 2
-        or weight.shape[1] != x.shape[1]
-        or weight.dtype != x.dtype
-        or weight.stride(1) != 1
-        or weight.device != x.device
-    ):
-        raise ValueError(
-            f"weight must be [E, {x.shape[1]}] {x.dtype} on {x.device} with unit column stride; "
-            f"got {tuple(weight.shape)} {weight.dtype} strides {weight.stride()} on {weight.device}"
-        )
-    if triton.next_power_of_2(weight.shape[0]) > 512:
-        raise ValueError(
-            f"route takes at most 512 experts (a [16, E] fp32 tile a program); "
-            f"got {weight.shape[0]}: use router_topk on the GEMM's output"
-        )
-    # tl.dot needs 16 rows: [16, next_pow2(E)] fp32 a program, 8,192 values at E = 512
-    return _launch(x, weight, bias, top_k, renormalize, weight.shape[0], 16)
-
-
-def _block_d(block_e: int) -> int:
-    """Hidden columns a GEMM step takes: the router tile [BLOCK_E, BLOCK_D] stays at 16 KB in
-    bf16 (each pipeline stage holds one), down to tl.dot's 16 at E = 512."""
-    return max(16, min(64, 8192 // block_e))
-
-
-def _launch(inputs, weight, bias, top_k, renormalize, num_experts, block_t):
-    num_tokens = inputs.shape[0]
+    num_tokens, num_experts = logits.shape
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k must lie in [1, E={num_experts}]; got {top_k}")
     if bias is not None and (
-        bias.shape != (num_experts,) or bias.dtype != torch.float32 or bias.device != inputs.device
+        bias.shape != (num_experts,) or bias.dtype != torch.float32 or bias.device != logits.device
     ):
         raise ValueError(
-            f"bias must be fp32 [{num_experts}] on {inputs.device}; got {tuple(bias.shape)} "
+            f"bias must be fp32 [{num_experts}] on {logits.device}; got {tuple(bias.shape)} "
             f"{bias.dtype} on {bias.device}"
         )
-    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=inputs.device)
-    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=inputs.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=logits.device)
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=logits.device)
     if num_tokens == 0:
         return ids, weights
-    gemm = weight is not None
     block_e = triton.next_power_of_2(num_experts)
-    if gemm:
-        block_e = max(16, block_e)  # tl.dot's smallest N
+    block_t = max(1, min(16, 4096 // block_e))  # <= 4096 fp32 values a program
     _router_topk_kernel[(triton.cdiv(num_tokens, block_t),)](
-        inputs, weight if gemm else inputs, inputs if bias is None else bias, ids, weights,
-        num_tokens, num_experts, inputs.shape[1], inputs.stride(0),
-        weight.stride(0) if gemm else 0, HAS_BIAS=bias is not None, TOP_K=top_k,
+        logits, logits if bias is None else bias, ids, weights, num_tokens, num_experts,
+        logits.stride(0), HAS_BIAS=bias is not None, TOP_K=top_k,
         TOP_K_P2=triton.next_power_of_2(top_k), RENORMALIZE=renormalize, BLOCK_T=block_t,
-        BLOCK_E=block_e, GEMM=gemm, BLOCK_D=_block_d(block_e),
-        DOT_PRECISION=dot_precision(inputs.dtype), num_warps=4,
+        BLOCK_E=block_e, num_warps=4,
     )  # fmt: skip
     return ids, weights

@@ -90,7 +90,5 @@ class TritonOps:
         return self._qk_norm_rope(q, k, cos, sin, q_weight, k_weight, eps)
 
     def route(self, x, weight, bias, top_k, renormalize):
-        # The library GEMM, then one kernel for the rest. kernels.router_topk.route takes the
-        # GEMM into that kernel too; it serves here once the GPU shows it faster at every
-        # batch (bench/kernels_gpu.py times both).
+        # the library GEMM, then one kernel for the rest
         return self._router_topk(F.linear(x, weight), bias, top_k, renormalize)

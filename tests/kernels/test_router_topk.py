@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rimuru.dataplane.model.layers import router_topk as router_topk_reference
-from rimuru.kernels.router_topk import route, router_topk
+from rimuru.kernels.router_topk import router_topk
 
 
 @pytest.mark.parametrize(
@@ -71,37 +71,3 @@ def test_bad_arguments_are_refused(kwargs, message):
     args = {"logits": torch.zeros(3, 4), "bias": None, "top_k": 2, "renormalize": True} | kwargs
     with pytest.raises(ValueError, match=message):
         router_topk(**args)
-
-
-@pytest.mark.parametrize(
-    ("dtype", "tokens", "hidden", "experts", "top_k", "bias", "renormalize"),
-    [
-        (torch.float32, 5, 96, 8, 2, False, True),  # Mixtral's routing; D not a multiple of 64
-        (torch.float32, 37, 128, 128, 8, True, True),  # Qwen3's, with the skew; 3 programs
-        (torch.float16, 9, 64, 60, 4, False, False),  # Qwen1.5: E not a power of two, no renorm
-        (torch.float32, 3, 48, 512, 10, True, True),  # Qwen3-Next: 16 hidden columns a step
-    ],
-)
-def test_route_matches_the_torch_gemm_then_top_k(
-    dtype, tokens, hidden, experts, top_k, bias, renormalize
-):
-    gen = torch.Generator().manual_seed(hidden + experts)
-    x = (torch.randn(tokens, hidden, generator=gen) / 4).to(dtype)
-    weight = (torch.randn(experts, hidden, generator=gen) / 4).to(dtype)
-    skew = -torch.log1p(torch.randperm(experts, generator=gen).float()) if bias else None
-    ids, weights = route(x, weight, skew, top_k, renormalize)
-    logits = torch.nn.functional.linear(x.float(), weight.float()).to(dtype)  # torch's GEMM
-    ref_ids, ref_weights = router_topk_reference(logits, skew, top_k, renormalize)
-    assert torch.equal(ids, ref_ids)
-    tol = 1e-6 if dtype == torch.float32 else 2e-3  # fp16: logits may round a last bit apart
-    torch.testing.assert_close(weights, ref_weights, rtol=tol, atol=tol)
-
-
-def test_route_refuses_a_mismatched_weight():
-    x = torch.zeros(2, 32)
-    with pytest.raises(ValueError, match="weight"):
-        route(x, torch.zeros(8, 16), None, 2, True)
-    with pytest.raises(ValueError, match="weight"):
-        route(x, torch.zeros(8, 32, dtype=torch.float16), None, 2, True)
-    with pytest.raises(ValueError, match="512 experts"):
-        route(x, torch.zeros(600, 32), None, 2, True)
