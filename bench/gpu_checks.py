@@ -1,5 +1,5 @@
-"""Checks of the code paths that only run on CUDA, in one short call: run it first in a device
-session, before long benchmarks, so a GPU-only bug costs a minute, not a run.
+"""Checks of the code paths that only run on CUDA, in one short run: run it first on a GPU,
+before long benchmarks, so a GPU-only bug costs a minute, not a run.
 
     python3 bench/gpu_checks.py [--out DIR]                                        # CUDA
     TRITON_INTERPRET=1 python bench/gpu_checks.py --device cpu [--only one-block]  # CPU

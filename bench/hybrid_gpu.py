@@ -1,4 +1,4 @@
-"""Hybrid models (Gated DeltaNet + gated attention + MoE) on the GPU, in one call each.
+"""Hybrid models (Gated DeltaNet + gated attention + MoE) on the GPU, one run each.
 
     python3 bench/hybrid_gpu.py checks --out $OUT      # kernels at real shapes, tokens
     python3 bench/hybrid_gpu.py full-memory --out $OUT # qwen3.5-35b-a3b, 1,000-request burst

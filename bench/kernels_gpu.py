@@ -1,4 +1,4 @@
-"""GPU lane of the kernels: correctness at real shapes and timings against their floors, one call.
+"""The kernels on a GPU: correctness at real shapes and timings against their floors, one run.
 
 Usage (GPU):  python bench/kernels_gpu.py [--out-dir DIR] [--models all] [--tokens 1,...,4096]
               [--skip-attention]

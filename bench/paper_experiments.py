@@ -1,4 +1,4 @@
-"""The paper's experiments 1-4, each sized to fit one device call (< 10 min).
+"""The paper's experiments 1-4, each sized to run in under 10 minutes on one GPU.
 
     python3 bench/paper_experiments.py fig4 --out $OUT [--num-prompts 500] [--fixed-expert-share 0.75]
     python3 bench/paper_experiments.py rate-sweep --policy elastic --out $OUT   # x3 policies

@@ -1,4 +1,4 @@
-"""Tensor parallel on the GPUs of one host (issue 22's runs), in one call each.
+"""Tensor parallel on the GPUs of one host: TP=N against TP=1, one run each.
 
     python3 bench/tp_gpu.py checks --tp 2 --out $OUT       # TP=N's tokens are TP=1's
     python3 bench/tp_gpu.py throughput --tp 2 --out $OUT   # output tok/s, TP=N vs TP=1

@@ -339,7 +339,7 @@ def _parse_data_plane(dp: Mapping[str, Any]) -> DataPlaneSpec:
 
 
 def _parse_http_port(dp: Mapping[str, Any], path: str) -> int | None:
-    # Absent (a CRD older than the field) means off, as before it existed; 0 turns it off.
+    # Absent (a CRD older than the field) means off; 0 turns it off.
     value = dp.get("httpPort", 0)
     if isinstance(value, int) and not isinstance(value, bool):
         if value == 0:

@@ -56,7 +56,7 @@ class EngineConfig:
     # as whole graphs, the other steps (prompt chunks, long contexts) as piecewise graphs
     # with attention eager between the pieces (piecewise_graphs.py) — where every step can
     # be a graph (device copy-in, or the resident policy) and the memory plan has room.
-    # "full_decode_only": the other steps run eagerly (the before, for comparisons).
+    # "full_decode_only": the other steps run eagerly (a baseline to compare against).
     cudagraph_mode: str = "full_and_piecewise"
     # How offloaded experts reach the device for a step. "device" (default): a kernel copies
     # the routed ones into fixed slots, no host sync, so the step stays a CUDA graph

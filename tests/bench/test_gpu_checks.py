@@ -1,5 +1,5 @@
 """bench/gpu_checks.py runs its CPU-capable check under the Triton interpreter, so the script
-the next device session starts with does not rot; CUDA-only checks are skipped on the CPU."""
+a GPU run starts with does not rot; CUDA-only checks are skipped on the CPU."""
 
 import json
 import os

@@ -1,5 +1,5 @@
-"""bench/paper_experiments.py on the CPU with the tiny preset: the GPU lane's script must not
-rot between device sessions. Real engines, real results files."""
+"""bench/paper_experiments.py on the CPU with the tiny preset: the GPU script must not
+rot between GPU runs. Real engines, real results files."""
 
 from __future__ import annotations
 

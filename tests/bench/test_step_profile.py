@@ -1,5 +1,5 @@
 """bench/step_profile.py: the device-busy arithmetic, and a CPU run of the whole script so the
-profile the next device session needs does not rot."""
+GPU profile does not rot."""
 
 import json
 import subprocess

@@ -1,5 +1,5 @@
-"""bench/tp_gpu.py (issue 22's multi-GPU runs) at a tiny size on the CPU with gloo, so the
-script a multi-GPU session starts with does not rot."""
+"""bench/tp_gpu.py (the multi-GPU runs) at a tiny size on the CPU with gloo, so the script
+does not rot between multi-GPU runs."""
 
 import json
 import subprocess

@@ -111,7 +111,7 @@ def test_graph_memory_is_planned_only_when_every_expert_starts_resident(
 
 def test_the_plan_prices_the_drivers_memory_above_what_the_h200_measured():
     """The driver's memory per graph is priced, not measured (cuda_graphs.py says why): the
-    prices must cover the H200's falls in free memory beyond torch's bytes (2026-11-30)."""
+    prices must cover the falls in free memory beyond torch's bytes measured on an H200."""
     mib = 2**20
     assert decode_driver_bytes(35, 24) >= 82 * mib  # qwen1.5: 35 decode graphs
     assert decode_driver_bytes(67, 48) >= 264 * mib  # qwen3: 67 decode graphs

@@ -100,7 +100,7 @@ def test_cli_prints_each_policy_and_says_why_one_does_not_fit(capsys):
     assert [r[0] for r in rows] == ["fixed"]
     assert rows[0][5:7] == [str(fixed.experts_at_start), str(fixed.kv_tokens_at_start)]
     assert "resident: does not fit: the pool" in err and "cannot hold the 6144 experts" in err
-    # the limit `rimuru serve` starts with by default (plan used to assume 16)
+    # the limit `rimuru serve` starts with by default, not bench's 16
     assert "elastic: does not fit" in err and "expert_offload_limit=8" in err
     # the graphs' driver memory the engine will set aside on CUDA: qwen3's 48 layers, 35
     # decode graphs (max_num_seqs 256) and 32 piecewise sizes (1024 tokens) at the prices

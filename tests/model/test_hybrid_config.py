@@ -49,7 +49,7 @@ def test_qwen35_preset_is_the_issue_shape():
     assert (cfg.num_experts, cfg.top_k, cfg.moe_intermediate_size) == (256, 8, 512)
     assert (cfg.shared_expert_intermediate_size, cfg.rotary_dim) == (512, 64)
     # The recurrent state is [Hv, Dk, Dv] fp32 (2 MiB per layer per request); the conv state
-    # [conv_dim, K - 1] in the model dtype (bf16: 48 KiB, the issue's figure).
+    # [conv_dim, K - 1] in the model dtype (bf16: 48 KiB).
     assert gdn.ssm_state_shape == (32, 128, 128)
     assert gdn.conv_state_shape == (8192, 3)
     assert 8192 * 3 * 2 == 48 * 1024

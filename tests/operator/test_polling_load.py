@@ -1,6 +1,6 @@
 """What one settled RimuruDeployment costs the API server: every request the operator
 makes in a window after its status has settled, counted against the emulated API server
-(the issue's measurement, at its 0.3 s status interval). The operator reads its
+(docs/benchmarks.md's measurement, at a 0.3 s status interval). The operator reads its
 Deployments, Services and disruption budgets (and the data-plane pods) from watches that
 the API server filters to its own objects, keeps the token it read, and writes status only
 when it changes."""

@@ -223,7 +223,7 @@ def test_serve_refuses_ports_it_would_wrap_and_counts_below_one(
 
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_serve_refuses_a_max_model_len_below_one(value):
-    """0 used to mean the model's length silently, -1 ended in a traceback."""
+    """0 and -1 are refused with a message, not read as the model's length or a traceback."""
     import argparse
 
     from rimuru.dataplane.serve.cli import add_arguments, engine_config
