@@ -34,9 +34,9 @@ def read_token_file(path: str) -> str:
         with open(path, encoding="utf-8") as f:
             token = f.read().strip()
     except OSError as exc:
-        raise SystemExit(f"cannot read the token file {path}: {exc}") from exc
+        raise ValueError(f"cannot read the token file {path}: {exc}") from exc
     if not token:
-        raise SystemExit(f"the token file {path} is empty: put the bearer token in it")
+        raise ValueError(f"the token file {path} is empty: put the bearer token in it")
     return token
 
 

@@ -105,15 +105,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     if (args.tls_cert is None) != (args.tls_key is None):
-        raise SystemExit("--tls-cert and --tls-key go together: give both or neither")
-    try:
-        hotness = HotnessConfig(
-            half_life_s=args.hotness_half_life_s,
-            drift_threshold=args.hotness_drift_threshold,
-            min_interval_s=args.hotness_min_interval_s,
-        )
-    except ValueError as exc:
-        raise SystemExit(f"rimuru controlplane: {exc}") from exc
+        raise ValueError("--tls-cert and --tls-key go together: give both or neither")
+    hotness = HotnessConfig(  # a ValueError is reported by rimuru.cli, exit 2
+        half_life_s=args.hotness_half_life_s,
+        drift_threshold=args.hotness_drift_threshold,
+        min_interval_s=args.hotness_min_interval_s,
+    )
     if not args.token_file and not args.insecure:
         log.error(
             "rimuru controlplane: no --token-file: anyone who reaches the port could set "

@@ -15,13 +15,14 @@ import sys
 
 import grpc
 
+from rimuru.cli_args import target
 from rimuru.controlplane import convert
 from rimuru.controlplane.auth import read_token_file
 from rimuru.controlplane.client import ControlPlaneClient
-from rimuru.controlplane.errors import DOMAIN_ERRORS, InvalidArgument, NotFound
+from rimuru.controlplane.errors import DOMAIN_ERRORS, InvalidArgument, NotFound, Unavailable
 from rimuru.controlplane.policy import Policy
 from rimuru.controlplane.status import code_for, error_from_rpc
-from rimuru.policy import ELASTIC_RULES, MODES, Tunables, check_pushable
+from rimuru.policy import ELASTIC_RULES, MODES, InvalidPolicy, Tunables, check_pushable
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 
@@ -38,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--target",
+        type=target,
         default=os.environ.get("RIMURU_CP_TARGET", "localhost:50051"),
         help="control plane host:port (RIMURU_CP_TARGET)",
     )
@@ -79,7 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "watch", parents=[common], help="print each pushed version (ACKs them) until Ctrl-C"
     )
     watch.add_argument("--node-id", default=f"rimuru-policy-watch-{os.getpid()}")
-    watch.add_argument("--count", type=int, default=0, help="exit after this many pushes")
+    watch.add_argument(
+        "--count", type=int, default=0, help="exit after this many pushes (0 = until Ctrl-C)"
+    )
     verbs.add_parser("subscribers", parents=[common], help="list data planes and ACK/NACK state")
 
 
@@ -90,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{args.verb} needs a deployment: give --deployment NAME (or set RIMURU_DEPLOYMENT)"
         )
+    if not args.timeout_s > 0:
+        raise ValueError(f"--timeout-s must be > 0 seconds; got {args.timeout_s}")
+    if args.verb == "watch" and args.count < 0:
+        raise ValueError(f"--count must be >= 0 (0 = until Ctrl-C); got {args.count}")
     try:
         if args.verb == "watch":
             return asyncio.run(_watch(args))
@@ -103,8 +111,13 @@ def run(args: argparse.Namespace) -> int:
                 for s in client.list_subscribers(args.deployment):
                     _print_json(dataclasses.asdict(s))
     except DOMAIN_ERRORS as exc:
-        print(f"rimuru policy {args.verb}: {code_for(exc).name}: {exc}", file=sys.stderr)
-        return 1
+        hint = ""
+        if isinstance(exc, Unavailable):
+            hint = f" (is a control plane listening at {args.target}? --target / RIMURU_CP_TARGET)"
+        print(f"rimuru policy {args.verb}: {code_for(exc).name}: {exc}{hint}", file=sys.stderr)
+        # A value refused on either side is bad input (exit 2, as for a bad flag); the
+        # server's other answers (not found, conflict, unreachable, ...) are not.
+        return 2 if isinstance(exc, InvalidPolicy) else 1
     return 0
 
 
@@ -122,7 +135,7 @@ def _read_ca(path: str | None) -> bytes | None:
         with open(path, "rb") as f:
             return f.read()
     except OSError as exc:
-        raise SystemExit(f"cannot read --tls-ca {path}: {exc}") from exc
+        raise ValueError(f"cannot read --tls-ca {path}: {exc}") from exc
 
 
 def _set(client: ControlPlaneClient, args: argparse.Namespace) -> Policy:

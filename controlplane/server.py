@@ -9,7 +9,14 @@ from grpc_reflection.v1alpha import reflection
 from rimuru.controlplane.auth import BearerTokenInterceptor
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.servicers import PolicyDiscoveryServicer, PolicyServicer
-from rimuru.rpc import MAX_MESSAGE_BYTES, RequestChecks, TlsFiles, bind, message_size_options
+from rimuru.rpc import (
+    EXCLUSIVE_PORT,
+    MAX_MESSAGE_BYTES,
+    RequestChecks,
+    TlsFiles,
+    bind,
+    message_size_options,
+)
 from rimuru.v1 import control_pb2, control_pb2_grpc
 
 # Pings end a WatchPolicy stream whose data plane vanished without closing it, so the
@@ -46,7 +53,8 @@ async def create_server(
     interceptors = [BearerTokenInterceptor(token, dataplane_token)] if token else []
     interceptors.append(RequestChecks())
     server = grpc.aio.server(
-        interceptors=interceptors, options=SERVER_OPTIONS + message_size_options(max_message_bytes)
+        interceptors=interceptors,
+        options=SERVER_OPTIONS + EXCLUSIVE_PORT + message_size_options(max_message_bytes),
     )
     control_pb2_grpc.add_PolicyServiceServicer_to_server(
         PolicyServicer(plane, max_message_bytes), server
@@ -62,7 +70,5 @@ async def create_server(
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = bind(server, address, tls)
-    if port == 0:
-        raise SystemExit(f"cannot bind the control plane to {address}")
+    port = bind(server, address, tls, "the control plane")
     return server, port

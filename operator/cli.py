@@ -56,17 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.liveness_port <= 65535:
-        raise SystemExit(f"--liveness-port must be in [0, 65535]; got {args.liveness_port}")
+        raise ValueError(f"--liveness-port must be in [0, 65535]; got {args.liveness_port}")
     overrides = {
         field: getattr(args, dest)
         for dest, field in _CONFIG_FLAGS.items()
         if getattr(args, dest) is not None
     }
-    try:
-        # Flags win over RIMURU_OPERATOR_* variables, which win over the defaults.
-        config = dataclasses.replace(OperatorConfig.from_env(os.environ), **overrides)
-    except ValueError as exc:
-        raise SystemExit(f"rimuru operator: {exc}") from exc
+    # Flags win over RIMURU_OPERATOR_* variables, which win over the defaults; a ValueError
+    # is reported by rimuru.cli, exit 2.
+    config = dataclasses.replace(OperatorConfig.from_env(os.environ), **overrides)
 
     _check_credentials()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO)

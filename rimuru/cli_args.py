@@ -22,6 +22,18 @@ def port(text: str) -> int:
     return value
 
 
+def target(text: str) -> str:
+    """HOST:PORT of a server to reach: a port grpc would wrap, or none, is refused here
+    rather than reported later as a refused connection to another port."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    value = _int(port_text)
+    if not 1 <= value <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"the port must lie in 1..{MAX_PORT}, got {text!r}")
+    return text
+
+
 def positive_int(text: str) -> int:
     """A count of at least 1."""
     value = _int(text)

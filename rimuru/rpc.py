@@ -55,9 +55,17 @@ class TlsFiles:
     def read(cls, cert_path: str, key_path: str) -> TlsFiles:
         try:
             with open(cert_path, "rb") as cert, open(key_path, "rb") as key:
-                return cls(cert.read(), key.read())
+                cert_chain, private_key = cert.read(), key.read()
         except OSError as exc:
-            raise SystemExit(f"cannot read the TLS certificate or key: {exc}") from exc
+            raise ValueError(f"cannot read the TLS certificate or key: {exc}") from exc
+        # grpc accepts any bytes here and fails only when binding, as "cannot bind".
+        if b"-----BEGIN CERTIFICATE-----" not in cert_chain:
+            raise ValueError(f"{cert_path} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+        if b"PRIVATE KEY-----" not in private_key:
+            raise ValueError(
+                f"{key_path} holds no PEM private key (-----BEGIN ... PRIVATE KEY-----)"
+            )
+        return cls(cert_chain, private_key)
 
     def server_credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials([(self.private_key, self.cert_chain)])
@@ -72,11 +80,27 @@ def read_root_certificates(path: str, flag: str) -> bytes:
         raise ValueError(f"cannot read {flag} {path}: {exc}") from exc
 
 
-def bind(server: grpc.aio.Server, address: str, tls: TlsFiles | None) -> int:
-    """Add a listening port (TLS when given); 0 when the address cannot be bound."""
-    if tls is None:
-        return server.add_insecure_port(address)
-    return server.add_secure_port(address, tls.server_credentials())
+# Every server's options: without it grpc binds with SO_REUSEPORT, and a second server on a
+# port in use starts as if alone, the kernel splitting connections between the two.
+EXCLUSIVE_PORT = (("grpc.so_reuseport", 0),)
+
+
+def bind(server: grpc.aio.Server, address: str, tls: TlsFiles | None, what: str) -> int:
+    """Add a listening port (TLS when given); ValueError, naming `what`, when the address
+    cannot be bound (grpc returns 0 or raises, by version)."""
+    try:
+        if tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, tls.server_credentials())
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise ValueError(
+            f"cannot bind {what} to {address}: the port is in use or the host is not one of "
+            "this machine's addresses; pick another --port (0 = any free one) or --host"
+        )
+    return port
 
 
 class BearerTokens(grpc.aio.ServerInterceptor):

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from rimuru.cli_args import positive_int
+from rimuru.cli_args import positive_int, target
 from rimuru.dataplane.bench.arrivals import arrival_times, parse_request_rate
 from rimuru.dataplane.bench.goodput import (
     align_columns,
@@ -116,7 +116,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="torch CPU threads (tiny models gain nothing from more)",
     )
     p.add_argument(
-        "--target", default=None, help="host:port of a data plane: benchmark through gRPC"
+        "--target",
+        type=target,
+        default=None,
+        help="host:port of a data plane: benchmark through gRPC",
     )
     p.add_argument(
         "--token-file",

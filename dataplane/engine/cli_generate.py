@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from rimuru.cli_args import positive_int
+from rimuru.cli_args import positive_int, target
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 from rimuru.dataplane.model.tokenizer import format_token_ids, parse_token_ids
 
@@ -21,7 +21,12 @@ from rimuru.dataplane.model.tokenizer import format_token_ids, parse_token_ids
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", nargs="?", default=None, help="prompt text")
     p.add_argument("--token-ids", default=None, help="prompt as token ids, e.g. 1,2,3")
-    p.add_argument("--target", default=None, help="host:port of a data plane (default: in-process)")
+    p.add_argument(
+        "--target",
+        type=target,
+        default=None,
+        help="host:port of a data plane (default: in-process)",
+    )
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)

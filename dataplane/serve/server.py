@@ -35,7 +35,14 @@ from rimuru.dataplane.serve.events import ModelInfo
 from rimuru.dataplane.serve.plane import SERVING, DataPlane
 from rimuru.dataplane.serve.servicer import InferenceServicer
 from rimuru.dataplane.serve.telemetry import ServeMetrics, prometheus_reader
-from rimuru.rpc import BearerTokens, RequestChecks, TlsFiles, bind, message_size_options
+from rimuru.rpc import (
+    EXCLUSIVE_PORT,
+    BearerTokens,
+    RequestChecks,
+    TlsFiles,
+    bind,
+    message_size_options,
+)
 from rimuru.v1 import inference_pb2, inference_pb2_grpc
 
 if TYPE_CHECKING:
@@ -147,7 +154,9 @@ async def create_server(
         hint = "rimuru generate/bench --token-file PATH, the file `rimuru serve --api-token-file` reads"
         interceptors.append(BearerTokens(dict.fromkeys(INFERENCE_METHODS, api_token), hint))
     interceptors.append(RequestChecks())
-    server = grpc.aio.server(interceptors=interceptors, options=message_size_options())
+    server = grpc.aio.server(
+        interceptors=interceptors, options=EXCLUSIVE_PORT + message_size_options()
+    )
     inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(plane, tracer), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -158,9 +167,7 @@ async def create_server(
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = bind(server, address, tls)
-    if port == 0:
-        raise OSError(f"cannot bind the data plane to {address}: is the port in use?")
+    port = bind(server, address, tls, "the data plane")
     follower = PolicyFollower(control_plane, engine_loop) if control_plane is not None else None
     http = None
     if http_address is not None:  # imported here: a gRPC-only server needs no FastAPI

@@ -89,9 +89,9 @@ def test_controlplane_process_and_policy_verbs(tmp_path, token_file, capsys):
         assert got["version"] == 2 and got["tunables"]["mode"] == "fixed"
         assert got["tunables"]["expert_offload_limit"] == 4 and got["tunables"]["online_hotness"]
 
-        # Bad input: the status and the field, non-zero exit, nothing stored.
+        # Bad input: the status and the field, exit 2, nothing stored.
         code, _, err = policy(capsys, "set", *target, *auth, "--grow-threshold", "1")
-        assert code == 1
+        assert code == 2
         assert "INVALID_ARGUMENT: tunables.grow_threshold: must exceed shrink_threshold" in err
         code, _, err = policy(capsys, "set", *target, "--pages-per-expert", "2")
         assert code == 1 and "UNAUTHENTICATED" in err
@@ -121,7 +121,7 @@ def test_controlplane_process_and_policy_verbs(tmp_path, token_file, capsys):
         # a budget outside elastic: the field and what to do, nothing stored
         code, _, err = policy(capsys, "set", *target, "--token-file", str(token_file),
                               "--mode", "fixed")  # fmt: skip
-        assert code == 1 and "tunables.copy_budget: applies only to mode elastic" in err
+        assert code == 2 and "tunables.copy_budget: applies only to mode elastic" in err
         code, out, _ = policy(capsys, "get", *target)
         assert json.loads(out)["version"] == 3
     finally:
@@ -142,6 +142,7 @@ def test_policy_set_against_nothing_reports_unavailable(capsys):
         "elastic",
     )
     assert code == 1 and "UNAVAILABLE" in err
+    assert "is a control plane listening at 127.0.0.1:1?" in err
 
 
 @pytest.mark.parametrize("port", ["99999", "-1"])
@@ -186,3 +187,50 @@ def test_controlplane_insecure_starts_open(tmp_path, capsys):
         assert code == 0, err
     finally:
         assert stop_process(process) == 0
+
+
+def test_a_second_control_plane_on_a_port_in_use_exits_2_and_the_first_serves_on(tmp_path, capsys):
+    process, port = start_process(tmp_path / "data", None, RIMURU_CP_INSECURE="1")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "rimuru", "controlplane", "--insecure"],
+            env={**process_env(tmp_path / "data2", None), "RIMURU_CP_PORT": str(port)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert f"cannot bind the control plane to 127.0.0.1:{port}" in done.stderr
+        assert "Traceback" not in done.stderr
+        code, out, err = policy(
+            capsys, "set", "--target", f"127.0.0.1:{port}", "--deployment", "qwen"
+        )
+        assert (code, out) == (0, "1\n"), err
+    finally:
+        assert stop_process(process) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["watch", "--count", "-1"], "--count must be >= 0 (0 = until Ctrl-C); got -1"),
+        (["get", "--timeout-s", "0"], "--timeout-s must be > 0 seconds; got 0.0"),
+        (["set", "--token-file", "EMPTY", "--mode", "elastic"], "is empty: put the bearer token"),
+        (["get", "--tls-ca", "ABSENT"], "cannot read --tls-ca"),
+    ],
+)
+def test_policy_verbs_refuse_bad_flags_with_exit_2(args, message, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    args = [str(empty) if a == "EMPTY" else str(tmp_path / "a.pem") if a == "ABSENT" else a
+            for a in args]  # fmt: skip
+    code, _, err = policy(capsys, *args, "--target", "127.0.0.1:1", "--deployment", "qwen")
+    assert code == 2 and message in err, err
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:99999", "127.0.0.1", ":50051", "127.0.0.1:0"])
+def test_policy_refuses_a_target_it_could_not_reach_as_written(target, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["policy", "get", "--target", target, "--deployment", "qwen"])
+    assert exit_.value.code == 2
+    assert "--target: " in capsys.readouterr().err

@@ -123,3 +123,27 @@ def test_serve_flags_read_the_token_and_the_tls_pair(tmp_path, self_signed):
     assert own_port_security(args) == (None, TlsFiles.read(str(cert), str(key)))
     args = parser.parse_args(["--api-token-file", str(token_file)])
     assert own_port_security(args) == (TOKEN, None)
+
+
+def test_tls_files_without_pem_are_refused_by_name(tmp_path, self_signed):
+    """grpc takes any bytes and fails only at bind, as "cannot bind"; the files are
+    checked when read, each named."""
+    cert, key = self_signed
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ValueError, match=f"{junk} holds no PEM certificate"):
+        TlsFiles.read(str(junk), str(key))
+    with pytest.raises(ValueError, match=f"{junk} holds no PEM private key"):
+        TlsFiles.read(str(cert), str(junk))
+    with pytest.raises(ValueError, match="cannot read the TLS certificate or key"):
+        TlsFiles.read(str(tmp_path / "absent.pem"), str(key))
+
+
+async def test_a_second_data_plane_on_a_port_in_use_is_refused(start_data_plane, small_config):
+    """Without grpc.so_reuseport=0 the second bind succeeds and the kernel splits clients
+    between two engines."""
+    from rimuru.dataplane.serve.server import create_server
+
+    dp = await start_data_plane(small_config, start_engine=False)
+    with pytest.raises(ValueError, match=f"cannot bind the data plane to 127.0.0.1:{dp.port}"):
+        await create_server(small_config, f"127.0.0.1:{dp.port}")
