@@ -11,7 +11,8 @@ engine measures it with a profiling forward on CUDA, the plan estimates it (or t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -123,6 +124,37 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
             results.append(str(exc))
     experts = mc.num_moe_layers * mc.num_experts * 3 * geometry.expert_page_bytes
     return CapacityPlan(mc, geometry, non_pool, experts, reserve, tuple(results))
+
+
+def check_fits_before_loading(config: EngineConfig, device: torch.device) -> None:
+    """Refuse, before a weight is built, a memory budget the device cannot hold or that
+    cannot hold the policy: a preset builds every expert on the host first (minutes and
+    tens of GB for a 30B model), and a budget beyond the machine fails deep in torch.
+
+    On the CPU the engine estimates its activation reserve as the plan does, so the plan's
+    verdict is the engine's. On CUDA it measures the reserve and adds the graphs' memory
+    later, so the plan leaves both out (unless a reserve is given) and refuses only what no
+    reserve could make fit."""
+    if config.memory_budget is None:
+        return
+    budget = config.memory_budget
+    if device.type == "cuda":
+        total, where = torch.cuda.get_device_properties(device).total_memory, f"{device}"
+    else:
+        total, where = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this host"
+    if budget > total:
+        raise ValueError(
+            f"the memory budget {format_bytes(budget)} exceeds the {format_bytes(total)} of "
+            f"{where}: give a smaller --memory-budget"
+        )
+    if device.type == "cuda" and config.activation_reserve is None:
+        config = replace(config, activation_reserve=0)
+    (fit,) = plan_capacity(config, (config.tunables.mode,)).policies
+    if isinstance(fit, str):
+        raise ValueError(
+            f"the {config.tunables.mode} policy does not fit a memory budget of "
+            f"{format_bytes(budget)}: {fit} (`rimuru plan` shows how a budget splits)"
+        )
 
 
 def _policy(

@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 
-from rimuru.cli_args import port, positive_int
+from rimuru.cli_args import port, positive_int, target
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 
@@ -53,7 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="requests that may wait to be scheduled (new or preempted); a request arriving "
         "when that many wait gets RESOURCE_EXHAUSTED (default: 1024; 0 = unbounded)",
     )
-    option("--control-plane", help="HOST:PORT of the control plane to follow (default: none)")
+    option(
+        "--control-plane",
+        type=target,
+        help="HOST:PORT of the control plane to follow (default: none)",
+    )
     option("--deployment", default="default", help="deployment name at the control plane")
     option(
         "--node-id", default=socket.gethostname(), help="this replica's name at the control plane"
@@ -95,9 +99,18 @@ def run(args: argparse.Namespace) -> int:
     # Here, not in engine_config (the operator reads a GPU pod's config on any machine), and
     # before the server starts: the engine would only fail in the background, after it.
     check_device_available(config.device)
+    import torch
+
+    from rimuru.dataplane.engine.capacity import check_fits_before_loading
+    from rimuru.dataplane.model import model_config
+
+    # Bad input the engine would find only in the background, after the port is open and
+    # with exit 1: an unknown model, a directory without config.json, a budget that cannot
+    # hold the policy. Refused here, exit 2.
+    model_config(config.model)
+    check_fits_before_loading(config, torch.device(config.device))
     link = control_plane_link(args)
     api_token, tls = own_port_security(args)
-    import torch
 
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
@@ -117,8 +130,6 @@ def control_plane_link(args: argparse.Namespace):
 
     if not args.control_plane:
         return None
-    if ":" not in args.control_plane:
-        raise ValueError(f"--control-plane must be HOST:PORT; got {args.control_plane!r}")
     if args.report_interval <= 0:
         raise ValueError(f"--report-interval must be > 0 seconds; got {args.report_interval}")
     token = None

@@ -253,6 +253,28 @@ def test_serve_on_a_gpu_this_machine_lacks_exits_2_before_it_listens(capsys):
     assert "'cuda' needs a CUDA GPU" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model", "nosuchmodel"], "model 'nosuchmodel' is neither a preset"),
+        (["--model", "CONFIGLESS"], "has no config.json"),
+        (
+            ["--memory-budget", "100MiB"],
+            "the elastic policy does not fit a memory budget of 100.0 MiB",
+        ),
+    ],
+)
+def test_serve_refuses_a_model_or_budget_it_cannot_start_with_exit_2_before_it_listens(
+    flags, message, tmp_path, capsys
+):
+    # The engine starts in the background once the server listens: without the check the
+    # process logged a traceback, served NOT_SERVING and exited 1.
+    flags = [str(tmp_path) if f == "CONFIGLESS" else f for f in flags]
+    assert main(["serve", "--port", "0", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
 async def test_bench_finds_the_max_rate_through_grpc(data_plane, tmp_path, capsys):
     """--find-max-rate shares goodput.py's search with the in-process bench: one gRPC run
     per rate, against the server's one policy."""
