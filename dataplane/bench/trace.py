@@ -15,6 +15,7 @@ File format (numpy .npz, no pickled objects; N = requests, T = total prompt toke
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -89,7 +90,7 @@ class Trace:
         """The first `num_requests` requests, in trace order (the order is already shuffled)."""
         if not 0 <= num_requests <= len(self.requests):
             raise ValueError(
-                f"trace {self.name!r} has {len(self.requests)} requests; ask for 0 to "
+                f"trace {self.name!r} has {len(self.requests)} requests; ask for at most "
                 f"{len(self.requests)}, not {num_requests}"
             )
         return Trace(self.name, self.requests[:num_requests], self.metadata)
@@ -163,6 +164,13 @@ def load_trace(name_or_path: str | Path) -> Trace:
 
 
 def _read(path: Path, name: str) -> Trace:
+    # np.load reads anything that is not a zip as a pickle, and refuses it with advice to
+    # allow pickles: the wrong advice for a file that is simply not a trace.
+    if not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"{path} is not a trace file (a .npz of prompt_token_ids, prompt_offsets, "
+            f"output_lens and metadata, as bench/derive_sharegpt_trace.py writes)"
+        )
     with np.load(path, allow_pickle=False) as npz:
         missing = {"prompt_token_ids", "prompt_offsets", "output_lens", "metadata"} - set(npz.files)
         if missing:

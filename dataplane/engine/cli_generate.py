@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from rimuru.cli_args import positive_int, target
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
@@ -111,6 +110,8 @@ def _remote(args: argparse.Namespace, token_ids: list[int] | None, params) -> in
     import grpc
 
     from rimuru.dataplane.serve.convert import sampling_to_proto
+    from rimuru.dataplane.serve.policy_watch import read_token
+    from rimuru.rpc import read_root_certificates
     from rimuru.v1 import inference_pb2 as pb
     from rimuru.v1 import inference_pb2_grpc as pb_grpc
 
@@ -121,11 +122,13 @@ def _remote(args: argparse.Namespace, token_ids: list[int] | None, params) -> in
         request.text = args.prompt
     show_text = args.prompt is not None
     out = _Printer()
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds; got {args.timeout}")
     metadata = None
     if args.token_file:
-        metadata = [("authorization", f"Bearer {Path(args.token_file).read_text().strip()}")]
+        metadata = [("authorization", f"Bearer {read_token(args.token_file)}")]
     if args.tls_ca:
-        credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes())
+        credentials = grpc.ssl_channel_credentials(read_root_certificates(args.tls_ca, "--tls-ca"))
         channel = grpc.secure_channel(args.target, credentials)
     else:
         channel = grpc.insecure_channel(args.target)
@@ -150,8 +153,14 @@ def _remote(args: argparse.Namespace, token_ids: list[int] | None, params) -> in
                         final.timing.e2e_seconds,
                     )
         except grpc.RpcError as exc:
-            print(f"\nrimuru generate: {exc.code().name}: {exc.details()}", file=sys.stderr)
-            return 1
+            if out.started:
+                out.end()
+            hint = ""
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                hint = f" (is a data plane listening at {args.target}? `rimuru serve` starts one)"
+            print(f"rimuru generate: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)
+            # The server refused the request's values: bad input, as a bad flag is.
+            return 2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
     return 0
 
 
@@ -161,6 +170,7 @@ class _Printer:
     def __init__(self, detok=None) -> None:
         self._detok = detok
         self._first = True
+        self.started = False  # something printed: an error starts on a new line
 
     def tokens(self, ids) -> None:
         if self._detok is not None:
@@ -168,9 +178,11 @@ class _Printer:
         elif ids:
             print(("" if self._first else ",") + format_token_ids(ids), end="", flush=True)
             self._first = False
+            self.started = True
 
     def text(self, text: str) -> None:
         print(text, end="", flush=True)
+        self.started = self.started or bool(text)
 
     def end(self) -> None:
         print(self._detok.flush() if self._detok is not None else "")

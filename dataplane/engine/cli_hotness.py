@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from rimuru.cli_args import positive_int
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
@@ -29,12 +31,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", default="hotness.json")
 
 
+def _check_writable(path: Path) -> None:
+    folder = path.parent
+    if path.is_dir():
+        raise ValueError(
+            f"--output {path} is a directory: give a file path, e.g. {path}/hotness.json"
+        )
+    if not folder.is_dir():
+        raise ValueError(f"--output {path}: the directory {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--output {path}: the directory {folder} is not writable")
+
+
 def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
     from rimuru.dataplane.engine.hotness_profile import profile_hotness
     from rimuru.dataplane.parallel.launch import start_engine
 
     try:
+        _check_writable(Path(args.output))  # before the profile, not after it
         trace = load_trace(args.trace)
         trace = trace.head(
             min(64, len(trace.requests)) if args.num_prompts is None else args.num_prompts

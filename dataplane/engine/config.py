@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, replace
 from rimuru.dataplane.memory.geometry import BLOCK_SIZE
 from rimuru.policy import Tunables
 
+EXPERT_MATRICES = 3  # w1, w3, w2: an expert takes one page for each
+
 EXPERT_COPY_MODES = ("device", "host")  # expert_copy's values, the default first
 # cudagraph_mode's values (vLLM's CUDAGraphMode names), the default first
 CUDAGRAPH_MODES = ("full_and_piecewise", "full_decode_only")
@@ -92,6 +94,11 @@ class EngineConfig:
             )
         if self.block_size != BLOCK_SIZE:
             raise ValueError(f"block_size must be {BLOCK_SIZE} (the kernels' page layout)")
+        if self.tunables.pages_per_expert != EXPERT_MATRICES:
+            raise ValueError(
+                f"pages_per_expert must be {EXPERT_MATRICES} (an expert page holds one of w1, "
+                f"w3, w2); got {self.tunables.pages_per_expert}"
+            )
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -20,6 +20,9 @@ MAX_STOP_TOKEN_IDS = 1024
 PLACEHOLDER = -1
 
 
+MAX_SEED = 2**64 - 1  # the wire's uint64 and the largest seed a torch generator takes
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """As in vLLM: temperature 0 = greedy; top_k 0 or -1 = off; top_p 1.0 = off."""
@@ -45,14 +48,18 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
         if not (isinstance(self.top_p, int | float) and 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED
+        ):
+            raise ValueError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}")
         stop = tuple(self.stop_token_ids)
         if len(stop) > MAX_STOP_TOKEN_IDS:
             raise ValueError(
                 f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(stop)}"
             )
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop))
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be token ids (>= 0), got {list(stop)}")
         # the engine checks every sampled token against it: a set, built once per request
         object.__setattr__(self, "stop_token_set", frozenset(self.stop_token_ids))
 

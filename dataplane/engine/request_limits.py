@@ -88,10 +88,15 @@ class RequestLimits:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
+            room = self.max_model_len - len(ids)
+            fix = (
+                f"shorten the prompt or lower max_tokens to {room}"
+                if room >= 1
+                else f"shorten the prompt to at most {self.max_model_len - 1} tokens"
+            )
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"the model's context of {self.max_model_len} tokens: shorten the prompt or lower "
-                f"max_tokens to {max(0, self.max_model_len - len(ids))}"
+                f"the model's context of {self.max_model_len} tokens: {fix}"
             )
         fits = self.max_kv_tokens(num_pad_pages)
         if total > fits:

@@ -297,3 +297,21 @@ def test_policies_compared_on_cuda_share_one_scheduling():
     assert same_scheduling(device, ["resident", "elastic"]).async_scheduling is True
     asked = replace(device, async_scheduling=False)
     assert same_scheduling(asked, ["resident"]) is asked  # what was asked for stands
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("missing/h.json", "the directory {tmp}/missing does not exist"),
+        ("", "is a directory: give a file path"),
+    ],
+)
+def test_profile_hotness_checks_its_output_path_before_it_profiles(
+    where, message, tmp_path, capsys
+):
+    # It used to profile for the whole run and then fail on the write, losing the work.
+    output = tmp_path / where if where else tmp_path
+    code = main(["profile-hotness", "--trace", "NO_SUCH_TRACE", "-o", str(output)])
+    err = capsys.readouterr().err
+    # the output is checked first: a missing trace would otherwise be the error reported
+    assert code == 2 and message.format(tmp=tmp_path) in err, err

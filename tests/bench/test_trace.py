@@ -96,7 +96,7 @@ def test_save_load_round_trip_and_head(tmp_path):
 def test_bad_input_gets_clear_errors(tmp_path, full):
     with pytest.raises(ValueError, match=r"bundled traces: .*sharegpt_qwen_cpu"):
         load_trace("no_such_trace")
-    with pytest.raises(ValueError, match="ask for 0 to 1000, not 1001"):
+    with pytest.raises(ValueError, match="ask for at most 1000, not 1001"):
         full.head(1001)
     with pytest.raises(ValueError, match="output_len must be >= 1"):
         TraceRequest((1,), 0)
@@ -115,6 +115,12 @@ def test_bad_input_gets_clear_errors(tmp_path, full):
     np.savez(tmp_path / "other.npz", x=np.zeros(2))
     with pytest.raises(ValueError, match="not a trace file"):
         load_trace(tmp_path / "other.npz")
+    text = tmp_path / "text.npz"  # not a zip: numpy would read it as a pickle
+    text.write_text("prompt,output\n")
+    with pytest.raises(ValueError) as info:
+        load_trace(text)
+    assert str(info.value).startswith(f"{text} is not a trace file (a .npz of prompt_token_ids")
+    assert "pickle" not in str(info.value)
 
 
 def test_loading_needs_neither_tokenizer_nor_dataset():

@@ -1,5 +1,7 @@
 """Bad input gets an error that says what is wrong, and disturbs nothing."""
 
+import re
+
 import pytest
 
 from rimuru.dataplane.engine.config import EngineConfig
@@ -29,7 +31,15 @@ def engine():
         ({"temperature": float("nan")}, "temperature must be a finite number"),
         ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
         ({"top_k": -5}, "top_k must be -1, 0"),
-        ({"seed": -3}, "seed must be a non-negative integer"),
+        ({"seed": -3}, re.escape("seed must be an integer in [0, 2**64 - 1], got -3")),
+        (
+            {"seed": 2**64},
+            re.escape("seed must be an integer in [0, 2**64 - 1], got 18446744073709551616"),
+        ),
+        (
+            {"stop_token_ids": [5, -1]},
+            re.escape("stop_token_ids must be token ids (>= 0), got [5, -1]"),
+        ),
         (
             {"stop_token_ids": range(MAX_STOP_TOKEN_IDS + 1)},
             f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} ids, got 1025",
@@ -55,6 +65,12 @@ def test_a_full_stop_set_ends_the_request_at_its_first_sampled_id(engine):
 def test_prompt_longer_than_context(engine):
     with pytest.raises(ValueError, match="exceeds the model's context of 4096 tokens"):
         engine.add_request([1] * 4090, SamplingParams(max_tokens=10))
+    with pytest.raises(ValueError) as info:  # no max_tokens >= 1 fits: the prompt must shrink
+        engine.add_request([1] * 4096, SamplingParams(max_tokens=1))
+    assert str(info.value).endswith(": shorten the prompt to at most 4095 tokens")
+    with pytest.raises(ValueError) as info:
+        engine.add_request([1] * 4090, SamplingParams(max_tokens=10))
+    assert str(info.value).endswith(": shorten the prompt or lower max_tokens to 6")
 
 
 def test_request_that_can_never_fit_says_what_would(engine):
@@ -218,3 +234,12 @@ def test_counts_below_one_are_refused_not_reinterpreted(field, value, message):
     """0 used to mean the default and -1 one slot: refused, with what unset means."""
     with pytest.raises(ValueError, match=message):
         EngineConfig(**{field: value})
+
+
+@pytest.mark.parametrize("pages", [1, 5])
+def test_pages_per_expert_other_than_one_a_matrix_is_refused_at_config(pages):
+    with pytest.raises(ValueError) as info:
+        EngineConfig(tunables=Tunables(pages_per_expert=pages))
+    assert str(info.value) == (
+        f"pages_per_expert must be 3 (an expert page holds one of w1, w3, w2); got {pages}"
+    )

@@ -132,6 +132,16 @@ async def test_generate_and_bench_through_grpc(data_plane, small_config, tmp_pat
         main, ["generate", "hello", "--max-tokens", "3", "--target", target]
     )
     assert code == 0 and "completion 3 tokens" in capsys.readouterr().err
+    # values the server refuses are bad input (exit 2), said on a line of their own
+    code = await asyncio.to_thread(
+        main, ["generate", "--token-ids", "99999999", "--max-tokens", "2", "--target", target]
+    )
+    out = capsys.readouterr()
+    assert code == 2 and out.out == ""
+    assert out.err == (
+        "rimuru generate: INVALID_ARGUMENT: token_ids.ids[0]: 99999999 is outside the "
+        "vocabulary [0, 151936)\n"
+    )
 
     argv = ["bench", "--target", target, "--num-prompts", "4", "--no-progress"]
     code = await asyncio.to_thread(main, [*argv, "--output-dir", str(tmp_path)])
@@ -287,3 +297,18 @@ async def test_bench_finds_the_max_rate_through_grpc(data_plane, tmp_path, capsy
     assert [run["num_good"] for run in slo["runs"]] == [3, 3]
     assert "highest request rate meeting the SLO" in capsys.readouterr().out
     assert (tmp_path / "slo_rate_search.png").exists()
+
+
+def test_generate_against_no_server_says_where_it_looked(capsys):
+    code = main(["generate", "--token-ids", "1", "--target", "127.0.0.1:1", "--timeout", "5"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("rimuru generate: UNAVAILABLE: ")
+    assert "(is a data plane listening at 127.0.0.1:1? `rimuru serve` starts one)" in err
+
+
+def test_generate_refuses_a_timeout_below_zero_and_an_unreadable_token_file(tmp_path, capsys):
+    argv = ["generate", "--token-ids", "1", "--target", "127.0.0.1:1"]
+    assert main([*argv, "--timeout", "-1"]) == 2
+    assert "--timeout must be > 0 seconds; got -1.0" in capsys.readouterr().err
+    assert main([*argv, "--token-file", str(tmp_path / "absent")]) == 2
+    assert f"cannot read the token file {tmp_path / 'absent'}" in capsys.readouterr().err
