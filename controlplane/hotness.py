@@ -38,8 +38,10 @@ class HotnessConfig:
             raise ValueError(f"half_life_s must be > 0; got {self.half_life_s}")
         if not 0 < self.drift_threshold <= 1:
             raise ValueError(f"drift_threshold must be in (0, 1]; got {self.drift_threshold}")
-        if self.min_tokens_per_layer < 0 or self.min_interval_s < 0:
-            raise ValueError("min_tokens_per_layer and min_interval_s must be >= 0")
+        if not self.min_tokens_per_layer >= 0:
+            raise ValueError(f"min_tokens_per_layer must be >= 0; got {self.min_tokens_per_layer}")
+        if not self.min_interval_s >= 0:
+            raise ValueError(f"min_interval_s must be >= 0; got {self.min_interval_s}")
 
 
 @dataclass

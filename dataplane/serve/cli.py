@@ -88,13 +88,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     option("--drain-grace-seconds", default="30", type=float, help="SIGTERM: drain for this long")
     option("--threads", default="1", type=positive_int, help="torch CPU threads")
-    option("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    option(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="log level",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.engine.config import check_device_available
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     config = engine_config(args)  # a ValueError here is reported by rimuru.cli, exit 2
     # Here, not in engine_config (the operator reads a GPU pod's config on any machine), and
     # before the server starts: the engine would only fail in the background, after it.

@@ -211,7 +211,13 @@ class PrometheusEndpoint:
         from prometheus_client import start_http_server
 
         self.reader, self.registry = prometheus_reader()
-        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise ValueError(
+                f"cannot serve metrics on {host}:{port} (--metrics-port): {exc.strerror}; pick "
+                f"another port (0 = any free one)"
+            ) from exc
         self.port = self._server.server_port
 
     def close(self) -> None:

@@ -234,3 +234,15 @@ def test_policy_refuses_a_target_it_could_not_reach_as_written(target, capsys):
         main(["policy", "get", "--target", target, "--deployment", "qwen"])
     assert exit_.value.code == 2
     assert "--target: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--hotness-min-interval-s", "-1", "min_interval_s must be >= 0; got -1.0"),
+        ("--hotness-half-life-s", "0", "half_life_s must be > 0; got 0.0"),
+    ],
+)
+def test_controlplane_refuses_bad_hotness_flags_with_exit_2(flag, value, message, capsys):
+    assert main(["controlplane", "--insecure", "--port", "0", flag, value]) == 2
+    assert f"rimuru controlplane: {message}" in capsys.readouterr().err

@@ -160,3 +160,16 @@ async def test_aborted_requests_are_counted_by_reason(start_data_plane, eventual
         await eventually(counted, what="three cancels and one deadline counted")
     finally:
         endpoint.close()
+
+
+def test_a_metrics_port_in_use_is_refused_naming_the_flag():
+    first = PrometheusEndpoint("127.0.0.1", 0)
+    try:
+        with pytest.raises(ValueError) as info:
+            PrometheusEndpoint("127.0.0.1", first.port)
+        assert str(info.value).startswith(
+            f"cannot serve metrics on 127.0.0.1:{first.port} (--metrics-port): "
+        )
+        assert str(info.value).endswith("pick another port (0 = any free one)")
+    finally:
+        first.close()
