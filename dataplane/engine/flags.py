@@ -76,7 +76,7 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("gpu_memory_utilization", "or a share of the GPU's memory", type=float),
     EngineFlag("max_num_seqs", "requests in one batch, at most", type=int),
     EngineFlag("max_num_batched_tokens", "tokens per step, at most", type=int),
-    EngineFlag("max_model_len", "context length; default: the model's", type=int),
+    EngineFlag("max_model_len", "context length, at most the model's; default: the model's", type=int),
     EngineFlag("block_size", "tokens per KV page", type=int),
     EngineFlag("activation_reserve", "bytes kept for activations; default: measured (CUDA) "
                "or estimated from the shapes", bytes=True),

@@ -57,6 +57,15 @@ def page_geometry(mc: ModelConfig, dtype: torch.dtype, block_size: int) -> PageG
     )
 
 
+def check_max_model_len(max_model_len: int | None, mc: ModelConfig) -> None:
+    """A context past the model's positions is refused (as vLLM does), not cut silently."""
+    if max_model_len is not None and max_model_len > mc.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len={max_model_len} exceeds the model's context of "
+            f"{mc.max_position_embeddings} tokens: give at most that, or leave it unset"
+        )
+
+
 def buffer_slots(c: EngineConfig, mc: ModelConfig) -> int:
     """Experts per loading buffer: given, or what the policy can leave off a layer."""
     if c.loading_buffer_slots is not None:

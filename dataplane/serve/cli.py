@@ -108,12 +108,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from rimuru.dataplane.engine.capacity import check_fits_before_loading
+    from rimuru.dataplane.engine.setup import check_max_model_len
     from rimuru.dataplane.model import model_config
 
     # Bad input the engine would find only in the background, after the port is open and
     # with exit 1: an unknown model, a directory without config.json, a budget that cannot
     # hold the policy. Refused here, exit 2.
-    model_config(config.model)
+    check_max_model_len(config.max_model_len, model_config(config.model))
     check_fits_before_loading(config, torch.device(config.device))
     link = control_plane_link(args)
     api_token, tls = own_port_security(args)

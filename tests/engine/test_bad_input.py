@@ -243,3 +243,16 @@ def test_pages_per_expert_other_than_one_a_matrix_is_refused_at_config(pages):
     assert str(info.value) == (
         f"pages_per_expert must be 3 (an expert page holds one of w1, w3, w2); got {pages}"
     )
+
+
+def test_a_context_past_the_models_positions_is_refused_not_cut():
+    with pytest.raises(ValueError) as info:
+        Engine(EngineConfig(model="tiny", max_model_len=32769))
+    assert str(info.value) == (
+        "max_model_len=32769 exceeds the model's context of 32768 tokens: give at most that, "
+        "or leave it unset"
+    )
+    assert (
+        Engine(EngineConfig(model="tiny", max_model_len=32768), log_plan=False).max_model_len
+        == 32768
+    )
