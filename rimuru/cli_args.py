@@ -24,7 +24,10 @@ def port(text: str) -> int:
 
 def target(text: str) -> str:
     """HOST:PORT of a server to reach: a port grpc would wrap, or none, is refused here
-    rather than reported later as a refused connection to another port."""
+    rather than reported later as a refused connection to another port. A Unix socket
+    (`unix:PATH`, `unix-abstract:NAME`) has no port."""
+    if text.startswith(("unix:", "unix-abstract:")):
+        return text
     host, sep, port_text = text.rpartition(":")
     if not sep or not host:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
@@ -32,6 +35,18 @@ def target(text: str) -> str:
     if not 1 <= value <= MAX_PORT:
         raise argparse.ArgumentTypeError(f"the port must lie in 1..{MAX_PORT}, got {text!r}")
     return text
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL")
+
+
+def log_level(text: str) -> str:
+    """A logging level name, any case; a type, not `choices`, so that a default read from
+    the environment is checked too."""
+    level = text.strip().upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return level
 
 
 def positive_int(text: str) -> int:

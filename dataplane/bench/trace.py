@@ -166,7 +166,9 @@ def load_trace(name_or_path: str | Path) -> Trace:
 def _read(path: Path, name: str) -> Trace:
     # np.load reads anything that is not a zip as a pickle, and refuses it with advice to
     # allow pickles: the wrong advice for a file that is simply not a trace.
-    if not zipfile.is_zipfile(path):
+    with open(path, "rb") as f:  # an unreadable file says why (is_zipfile would say False)
+        is_zip = zipfile.is_zipfile(f)
+    if not is_zip:
         raise ValueError(
             f"{path} is not a trace file (a .npz of prompt_token_ids, prompt_offsets, "
             f"output_lens and metadata, as bench/derive_sharegpt_trace.py writes)"

@@ -22,6 +22,7 @@ from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
 from rimuru.dataplane.engine.setup import (
     buffer_slots,
     check_buffer_fits,
+    check_max_model_len,
     check_offload_fits,
     loading_buffer_bytes,
     page_geometry,
@@ -102,6 +103,7 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
         raise ValueError("capacity planning needs a memory budget in bytes (--memory-budget)")
     skew = config.router_skew if config.model in PRESETS else 0.0
     mc = model_config(config.model)  # shapes only: no weights are read
+    check_max_model_len(config.max_model_len, mc)
     if config.tensor_parallel_size > 1:  # rank 0's slice: every figure is per GPU
         mc = shard_config(mc, config.tensor_parallel_size)
     dtype = parse_dtype(config.dtype) if config.dtype else mc.dtype

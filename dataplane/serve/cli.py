@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 
-from rimuru.cli_args import port, positive_int, target
+from rimuru.cli_args import log_level, port, positive_int, target
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 
@@ -91,9 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option(
         "--log-level",
         default="INFO",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="log level",
+        type=log_level,
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL",
     )
 
 

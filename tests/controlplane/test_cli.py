@@ -228,7 +228,9 @@ def test_policy_verbs_refuse_bad_flags_with_exit_2(args, message, tmp_path, caps
     assert code == 2 and message in err, err
 
 
-@pytest.mark.parametrize("target", ["127.0.0.1:99999", "127.0.0.1", ":50051", "127.0.0.1:0"])
+@pytest.mark.parametrize(
+    "target", ["127.0.0.1:99999", "127.0.0.1", ":50051", "127.0.0.1:0", "unix"]
+)
 def test_policy_refuses_a_target_it_could_not_reach_as_written(target, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["policy", "get", "--target", target, "--deployment", "qwen"])
@@ -246,3 +248,13 @@ def test_policy_refuses_a_target_it_could_not_reach_as_written(target, capsys):
 def test_controlplane_refuses_bad_hotness_flags_with_exit_2(flag, value, message, capsys):
     assert main(["controlplane", "--insecure", "--port", "0", flag, value]) == 2
     assert f"rimuru controlplane: {message}" in capsys.readouterr().err
+
+
+def test_policy_takes_targets_grpc_takes(capsys):
+    """IPv6, a resolver scheme and a Unix socket pass the check and reach grpc, which finds
+    nothing listening: UNAVAILABLE, exit 1."""
+    for target in ("[::1]:1", "dns:///127.0.0.1:1", "unix:/nonexistent/rimuru.sock"):
+        code, _, err = policy(
+            capsys, "get", "--target", target, "--deployment", "qwen", "--timeout-s", "2"
+        )
+        assert code == 1 and "UNAVAILABLE" in err, (target, err)

@@ -36,8 +36,9 @@ def test_a_budget_above_the_hosts_memory_is_refused_naming_both():
 
 
 @pytest.mark.parametrize("mode", ["resident", "fixed", "elastic"])
-def test_on_the_cpu_the_plans_verdict_is_the_engines(mode):
-    """Just below and at the smallest budget the plan accepts: refused, then built."""
+def test_on_the_cpu_the_smallest_budget_the_plan_accepts_builds_the_engine(mode):
+    """The check is no stricter than the engine: at the smallest budget the plan accepts (to
+    a MiB) the engine builds; a MiB below, the check refuses with its message."""
     from rimuru.dataplane.engine.capacity import plan_capacity
 
     def fits(budget: int) -> bool:

@@ -149,3 +149,12 @@ def test_the_plans_non_pool_weights_are_what_the_engine_holds(preset):
     skew = engine.config.router_skew
     planned = non_pool_weight_bytes(engine.model_config, engine.dtype, skew)
     assert engine.model.resident_nbytes() == planned
+
+
+def test_plan_refuses_a_context_past_the_models_as_the_engine_does(capsys):
+
+    argv = ["plan", "--model", "tiny", "--memory-budget", "1GiB", "--max-model-len", "32769"]
+    assert main(argv) == 2
+    assert "max_model_len=32769 exceeds the model's context of 32768 tokens" in (
+        capsys.readouterr().err
+    )

@@ -312,3 +312,26 @@ def test_generate_refuses_a_timeout_below_zero_and_an_unreadable_token_file(tmp_
     assert "--timeout must be > 0 seconds; got -1.0" in capsys.readouterr().err
     assert main([*argv, "--token-file", str(tmp_path / "absent")]) == 2
     assert f"cannot read the token file {tmp_path / 'absent'}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["bogus", "10"])
+def test_serve_log_level_is_checked_also_when_it_comes_from_the_environment(
+    value, monkeypatch, capsys
+):
+    import argparse
+
+    from rimuru.dataplane.serve.cli import add_arguments
+
+    parser = argparse.ArgumentParser(prog="rimuru serve")
+    monkeypatch.setenv("RIMURU_LOG_LEVEL", value)
+    add_arguments(parser)
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args([])
+    assert exit_.value.code == 2
+    assert f"expected one of DEBUG, INFO, WARNING, WARN, ERROR, CRITICAL, got {value!r}" in (
+        capsys.readouterr().err
+    )
+    monkeypatch.setenv("RIMURU_LOG_LEVEL", "critical")  # the default is read when added
+    parser = argparse.ArgumentParser(prog="rimuru serve")
+    add_arguments(parser)
+    assert parser.parse_args([]).log_level == "CRITICAL"

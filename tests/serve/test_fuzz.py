@@ -126,6 +126,8 @@ def expected(input_, params: dict, prompt_len: int) -> tuple[grpc.StatusCode, st
     top_p = params.get("top_p", 1.0)
     if not 0.0 < top_p <= 1.0:
         return bad, "sampling.top_p"
+    if any(t < 0 for t in params.get("stop_token_ids", ())):
+        return bad, "sampling.stop_token_ids"
     if prompt_len + max_tokens > MAX_MODEL_LEN:
         return bad, "sampling.max_tokens"
     return grpc.StatusCode.OK, None
@@ -151,6 +153,7 @@ def test_fuzzed_requests_get_the_documented_status(channel, server, input_, para
             prompt_len = len(stub.Tokenize(pb.TokenizeRequest(text=value)).token_ids)
     # A float32 field holds the value rounded: judge what the server receives.
     received = {k: getattr(request.sampling, k) for k in params if k != "stop_token_ids"}
+    received["stop_token_ids"] = list(request.sampling.stop_token_ids)
     want_code, want_field = expected(input_, received, prompt_len)
     try:
         responses = list(stub.Generate(request, timeout=30))
