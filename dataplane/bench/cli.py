@@ -25,7 +25,7 @@ from rimuru.dataplane.bench.goodput import (
 )
 from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_search, plot_rate_sweep
 from rimuru.dataplane.bench.rate_search import RateSearch
-from rimuru.dataplane.bench.results import BenchResult, write_results
+from rimuru.dataplane.bench.results import BenchResult, output_dir, write_results
 from rimuru.dataplane.bench.sampling import bench_params
 from rimuru.dataplane.bench.slo import SLO, parse_slo
 from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
@@ -179,8 +179,7 @@ def same_scheduling(base: EngineConfig, policies: list[str]) -> EngineConfig:
 
 def _run_local(args, build, base, trace, rates, slo, policies) -> int:
     """Each policy's engine here (with -tp, rank 0 of workers that follow it)."""
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(args.output_dir)
     ranking = None
     results: list[BenchResult] = []
     searches: dict[str, RateSearch] = {}

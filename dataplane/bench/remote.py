@@ -26,7 +26,7 @@ from rimuru.dataplane.bench.metrics import RequestRecord, StepMetrics
 from rimuru.dataplane.bench.plots import plot_rate_search
 from rimuru.dataplane.bench.progress import RequestProgress
 from rimuru.dataplane.bench.rate_search import RateSearch
-from rimuru.dataplane.bench.results import BenchResult, write_results
+from rimuru.dataplane.bench.results import BenchResult, output_dir, write_results
 from rimuru.dataplane.bench.sampling import bench_params
 from rimuru.dataplane.bench.slo import SLO
 from rimuru.dataplane.bench.trace import Trace
@@ -42,12 +42,10 @@ def run_remote(
 ) -> int:
     """The trace at each rate, or with --find-max-rate the search (goodput.py) over the
     server's one policy: each rate is one `_run_all` call, as in-process each is one run."""
-    from pathlib import Path
 
     from rimuru.dataplane.bench.cli import format_table, print_slo_tables
 
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(args.output_dir)
     results: list[BenchResult] = []
     counters: list[dict[str, int]] = []
     searches: dict[str, RateSearch] = {}

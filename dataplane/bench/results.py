@@ -183,3 +183,13 @@ def _finite_or_str(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite_or_str(v) for v in value]
     return value
+
+
+def output_dir(path: str | Path) -> Path:
+    """--output-dir, made if absent; a file at that path is refused by name (mkdir would say
+    only "File exists")."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--output-dir {out} is a file: give a directory (made if absent)")
+    out.mkdir(parents=True, exist_ok=True)
+    return out

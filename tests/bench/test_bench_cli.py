@@ -124,9 +124,11 @@ def test_bench_refuses_a_trace_beyond_the_models_vocabulary_before_building(tmp_
 def test_an_os_error_is_reported_without_a_traceback(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    code = main(["bench", "--num-prompts", "1", "--output-dir", str(blocker)])
+    code = main(["bench", "--num-prompts", "1", "--output-dir", str(blocker / "sub")])
     assert code == 2
-    assert f"rimuru bench: [Errno 17] File exists: '{blocker}'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"rimuru bench: [Errno 20] Not a directory: '{blocker / 'sub'}'" in err
+    assert "Traceback" not in err
 
 
 def test_profile_hotness_refuses_a_negative_prompt_cut(tmp_path, capsys):
@@ -315,3 +317,13 @@ def test_profile_hotness_checks_its_output_path_before_it_profiles(
     err = capsys.readouterr().err
     # the output is checked first: a missing trace would otherwise be the error reported
     assert code == 2 and message.format(tmp=tmp_path) in err, err
+
+
+def test_bench_refuses_an_output_dir_that_is_a_file(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    argv = ["bench", "--num-prompts", "2", "--no-progress", "--output-dir", str(taken)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"rimuru bench: --output-dir {taken} is a file: give a directory (made if absent)" in err
+    assert taken.read_text() == ""  # nothing written over it
