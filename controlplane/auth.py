@@ -28,18 +28,6 @@ REPORT_ROUTING = "/rimuru.v1.PolicyDiscoveryService/ReportRouting"
 WATCH_POLICY = "/rimuru.v1.PolicyDiscoveryService/WatchPolicy"
 
 
-def read_token_file(path: str) -> str:
-    """The token is the file's content without surrounding whitespace (a mounted Secret)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as exc:
-        raise ValueError(f"cannot read the token file {path}: {exc}") from exc
-    if not token:
-        raise ValueError(f"the token file {path} is empty: put the bearer token in it")
-    return token
-
-
 class BearerTokenInterceptor(BearerTokens):
     def __init__(self, token: str, dataplane_token: str | None = None) -> None:
         """token: the operator's; dataplane_token: the data planes' (None = see above)."""

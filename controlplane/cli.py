@@ -14,11 +14,10 @@ import signal
 from pathlib import Path
 
 from rimuru.cli_args import port
-from rimuru.controlplane.auth import read_token_file
 from rimuru.controlplane.hotness import HotnessConfig
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.server import create_server
-from rimuru.rpc import TlsFiles
+from rimuru.rpc import TlsFiles, read_token
 
 log = logging.getLogger("rimuru.controlplane")
 ENV_PREFIX = "RIMURU_CP_"
@@ -120,10 +119,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dataplane_token_file and not args.token_file:
         log.error("rimuru controlplane: --dataplane-token-file needs --token-file as well")
         return 2
-    token = read_token_file(args.token_file) if args.token_file else None
-    dataplane_token = (
-        read_token_file(args.dataplane_token_file) if args.dataplane_token_file else None
-    )
+    token = read_token(args.token_file) if args.token_file else None
+    dataplane_token = read_token(args.dataplane_token_file) if args.dataplane_token_file else None
     if token is not None and token == dataplane_token:
         log.error("rimuru controlplane: the data-plane token must differ from the operator's")
         return 2

@@ -17,12 +17,12 @@ import grpc
 
 from rimuru.cli_args import target
 from rimuru.controlplane import convert
-from rimuru.controlplane.auth import read_token_file
 from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.errors import DOMAIN_ERRORS, InvalidArgument, NotFound, Unavailable
 from rimuru.controlplane.policy import Policy
 from rimuru.controlplane.status import code_for, error_from_rpc
 from rimuru.policy import ELASTIC_RULES, MODES, InvalidPolicy, Tunables, check_pushable
+from rimuru.rpc import read_root_certificates, read_token
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 
@@ -122,20 +122,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> ControlPlaneClient:
-    token = read_token_file(args.token_file) if getattr(args, "token_file", None) else None
+    token = read_token(args.token_file) if getattr(args, "token_file", None) else None
     return ControlPlaneClient(
         args.target, token, root_certificates=_read_ca(args.tls_ca), timeout_s=args.timeout_s
     )
 
 
 def _read_ca(path: str | None) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise ValueError(f"cannot read --tls-ca {path}: {exc}") from exc
+    return None if path is None else read_root_certificates(path, "--tls-ca")
 
 
 def _set(client: ControlPlaneClient, args: argparse.Namespace) -> Policy:

@@ -71,6 +71,18 @@ class TlsFiles:
         return grpc.ssl_server_credentials([(self.private_key, self.cert_chain)])
 
 
+def read_token(path: str) -> str:
+    """A bearer token file (a mounted Secret): its content without surrounding whitespace."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the token file {path}: {exc}") from exc
+    if not token:
+        raise ValueError(f"the token file {path} is empty: put the bearer token in it")
+    return token
+
+
 def read_root_certificates(path: str, flag: str) -> bytes:
     """A PEM CA file a client trusts (`flag` names it in the error)."""
     try:

@@ -175,7 +175,7 @@ async def _run_one(
 
 def open_target_channel(args: argparse.Namespace) -> grpc.aio.Channel:
     """--target with --token-file and --tls-ca (a server with --api-token-file, --tls-cert)."""
-    from rimuru.dataplane.serve.policy_watch import read_token
+    from rimuru.rpc import read_token
 
     token = read_token(args.token_file) if args.token_file else None
     from rimuru.rpc import read_root_certificates

@@ -16,7 +16,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rimuru.dataplane.engine.budget import MemoryPlan, estimate_activation_bytes, plan_memory
+from rimuru.dataplane.engine.budget import (
+    MemoryPlan,
+    device_memory_bytes,
+    estimate_activation_bytes,
+    plan_memory,
+)
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.residency import initial_experts, max_offloaded
 from rimuru.dataplane.engine.setup import (
@@ -128,20 +133,23 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
     return CapacityPlan(mc, geometry, non_pool, experts, reserve, tuple(results))
 
 
-def check_fits_before_loading(config: EngineConfig, device: torch.device) -> None:
-    """Refuse, before a weight is built, a memory budget the device cannot hold or that
-    cannot hold the policy: a preset builds every expert on the host first (minutes and
-    tens of GB for a 30B model), and a budget beyond the machine fails deep in torch.
+def check_before_loading(config: EngineConfig, device: torch.device) -> None:
+    """Refuse, before a weight is built (and before `rimuru serve` opens its port), an
+    unknown model or a directory without config.json, a max_model_len past the model's, and
+    a memory budget the device cannot hold or that cannot hold the policy: a preset builds
+    every expert on the host first (minutes and tens of GB for a 30B model), and a budget
+    beyond the machine fails deep in torch.
 
     On the CPU the engine estimates its activation reserve as the plan does, so the plan's
     verdict is the engine's. On CUDA it measures the reserve and adds the graphs' memory
     later, so the plan leaves both out (unless a reserve is given) and refuses only what no
     reserve could make fit."""
+    check_max_model_len(config.max_model_len, model_config(config.model))
     if config.memory_budget is None:
         return
     budget = config.memory_budget
     if device.type == "cuda":
-        total, where = torch.cuda.get_device_properties(device).total_memory, f"{device}"
+        total, where = device_memory_bytes(device), f"{device}"
     else:
         total, where = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this host"
     if budget > total:

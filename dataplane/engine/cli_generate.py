@@ -110,8 +110,7 @@ def _remote(args: argparse.Namespace, token_ids: list[int] | None, params) -> in
     import grpc
 
     from rimuru.dataplane.serve.convert import sampling_to_proto
-    from rimuru.dataplane.serve.policy_watch import read_token
-    from rimuru.rpc import read_root_certificates
+    from rimuru.rpc import read_root_certificates, read_token
     from rimuru.v1 import inference_pb2 as pb
     from rimuru.v1 import inference_pb2_grpc as pb_grpc
 

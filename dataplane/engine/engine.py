@@ -25,7 +25,7 @@ import torch
 from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.boundary import ElasticBoundary
 from rimuru.dataplane.engine.budget import MemoryPlan, plan_memory
-from rimuru.dataplane.engine.capacity import check_fits_before_loading
+from rimuru.dataplane.engine.capacity import check_before_loading
 from rimuru.dataplane.engine.config import EngineConfig, check_device_available
 from rimuru.dataplane.engine.copy_budget import CopyControl
 from rimuru.dataplane.engine.cuda_graphs import DecodeGraphs
@@ -84,7 +84,7 @@ class Engine:
         if self.device.type == "cuda" and self.device.index is not None:
             # Triton launches on the current device, whatever device its tensors are on
             torch.cuda.set_device(self.device)
-        check_fits_before_loading(config, self.device)
+        check_before_loading(config, self.device)
         loaded, self.paths = load_model(config, self.device, tp)
         mc = self.model_config = loaded.config
         self.dtype, self.geometry = loaded.dtype, loaded.geometry

@@ -15,7 +15,7 @@ import torch
 
 from rimuru.dataplane.engine.compute_paths import ComputePaths
 from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.setup import check_max_model_len, page_geometry
+from rimuru.dataplane.engine.setup import page_geometry
 from rimuru.dataplane.memory.geometry import PageGeometry
 from rimuru.dataplane.model import PRESETS, MoETransformer, open_weights
 from rimuru.dataplane.model.config import ModelConfig, parse_dtype
@@ -34,7 +34,7 @@ class LoadedModel:
     geometry: PageGeometry
     dtype: torch.dtype
     device: torch.device
-    max_model_len: int  # the config's, else the model's context
+    max_model_len: int  # the config's (at most the model's: check_before_loading), else the model's
 
 
 def load_model(
@@ -53,7 +53,6 @@ def load_model(
     if tp is not None:
         source = tp.shard_weights(source)
     mc = source.config
-    check_max_model_len(c.max_model_len, mc)
     dtype = parse_dtype(c.dtype) if c.dtype else mc.dtype
     paths = ComputePaths(c, mc, device)
     ops = paths.layer_ops() if tp is None else tp.reduce_ops(paths.layer_ops())

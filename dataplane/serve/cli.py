@@ -106,15 +106,11 @@ def run(args: argparse.Namespace) -> int:
     check_device_available(config.device)
     import torch
 
-    from rimuru.dataplane.engine.capacity import check_fits_before_loading
-    from rimuru.dataplane.engine.setup import check_max_model_len
-    from rimuru.dataplane.model import model_config
+    from rimuru.dataplane.engine.capacity import check_before_loading
 
-    # Bad input the engine would find only in the background, after the port is open and
-    # with exit 1: an unknown model, a directory without config.json, a budget that cannot
-    # hold the policy. Refused here, exit 2.
-    check_max_model_len(config.max_model_len, model_config(config.model))
-    check_fits_before_loading(config, torch.device(config.device))
+    # What the engine would refuse only in the background, after the port is open and with
+    # exit 1, refused here: exit 2.
+    check_before_loading(config, torch.device(config.device))
     link = control_plane_link(args)
     api_token, tls = own_port_security(args)
 
@@ -140,7 +136,7 @@ def control_plane_link(args: argparse.Namespace):
         raise ValueError(f"--report-interval must be > 0 seconds; got {args.report_interval}")
     token = None
     if args.token_file:
-        from rimuru.dataplane.serve.policy_watch import read_token
+        from rimuru.rpc import read_token
 
         token = read_token(args.token_file)
     root_certificates = None
@@ -160,8 +156,7 @@ def control_plane_link(args: argparse.Namespace):
 
 def own_port_security(args: argparse.Namespace):
     """(api token or None, TlsFiles or None) of this server's own gRPC port."""
-    from rimuru.dataplane.serve.policy_watch import read_token
-    from rimuru.rpc import TlsFiles
+    from rimuru.rpc import TlsFiles, read_token
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together: give both or neither")

@@ -334,15 +334,3 @@ def check_push(update: pb.PolicyUpdate, newest_on_stream: int) -> None:
 
 def _bearer(token: str | None) -> tuple[tuple[str, str], ...] | None:
     return (("authorization", f"Bearer {token}"),) if token else None
-
-
-def read_token(path: str) -> str:
-    """A bearer token file (a mounted Secret): its content without surrounding whitespace."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as exc:
-        raise ValueError(f"cannot read the token file {path}: {exc}") from exc
-    if not token:
-        raise ValueError(f"the token file {path} is empty: put the bearer token in it")
-    return token
