@@ -177,13 +177,13 @@ def warm_up_kernels(c: EngineConfig, loaded: LoadedModel, paths: ComputePaths) -
     warm_up_sampler(loaded.config.vocab_size, loaded.device)
     mc = loaded.config
     warm_up_routing_histogram(paths.routing_histogram(), mc.num_experts, mc.top_k, loaded.device)
-    if loaded.config.is_hybrid:  # warmup.py drives MoETransformer's pieces
+    if mc.is_hybrid:  # warmup.py drives MoETransformer's pieces
         log.info("warm-up: skipped for a hybrid model; kernels compile on first use")
         return
     from rimuru.dataplane.engine.warmup import warm_up, warmup_batches
     from rimuru.kernels import decode_warmup_contexts, fused_moe_variant
 
-    mc, device = loaded.config, loaded.device
+    device = loaded.device
 
     def moe_key(num_tokens: int):
         return fused_moe_variant(
