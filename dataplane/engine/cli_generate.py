@@ -14,6 +14,7 @@ import time
 
 from rimuru.cli_args import positive_int, target
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
+from rimuru.dataplane.engine.request import raise_if_failed
 from rimuru.dataplane.model.tokenizer import format_token_ids, parse_token_ids
 
 
@@ -96,6 +97,7 @@ def _generate(engine, args: argparse.Namespace, token_ids: list[int] | None, par
             out.tokens(delta.new_token_ids)
     out.end()
     r = engine.requests[request_id]
+    raise_if_failed(r)
     _summary(
         r.status.value.removeprefix("finished_"),
         len(token_ids),

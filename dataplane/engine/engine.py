@@ -34,13 +34,19 @@ from rimuru.dataplane.engine.graph_setup import NO_GRAPHS, CudaGraphs, GraphPlan
 from rimuru.dataplane.engine.in_flight import InFlightStep, Readback, TokenFill
 from rimuru.dataplane.engine.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.live_policy import LivePolicy
+from rimuru.dataplane.engine.liveness import LivenessGuard, Refusal
 from rimuru.dataplane.engine.loaded_model import load_model
 from rimuru.dataplane.engine.outputs import RequestOutput, StepStats
 from rimuru.dataplane.engine.page_accounting import check_page_owners, num_leaked_request_pages
 from rimuru.dataplane.engine.paged_attention import PagedAttention
 from rimuru.dataplane.engine.paged_states import PagedStates
 from rimuru.dataplane.engine.policy_state import PolicyState
-from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
+from rimuru.dataplane.engine.request import (
+    Request,
+    RequestStatus,
+    SamplingParams,
+    raise_if_failed,
+)
 from rimuru.dataplane.engine.request_limits import RequestLimits
 from rimuru.dataplane.engine.sampling import Sampler
 from rimuru.dataplane.engine.scheduler import Scheduler
@@ -174,6 +180,8 @@ class Engine:
         )  # fmt: skip
         # one Triton launch samples the whole batch where kernels run (no launch per request)
         self.sampler = Sampler(race=self.paths.use_kernels)
+        self.liveness = LivenessGuard()
+        self.num_refused = 0  # requests the liveness rule gave up on
         self.requests: dict[str, Request] = {}
         self.step_id = 0
         self._in_flight: InFlightStep | None = None  # async scheduling: launched, not read
@@ -290,6 +298,7 @@ class Engine:
         request.finish_time = now
         request.drop_pending()  # tokens of steps in flight are not read for it
         self.sampler.forget(request.request_id)
+        self.liveness.forget(request.request_id)
 
     def forget(self, request_id: str) -> None:
         """Drop a finished (or aborted) request's record; a long-running server calls this
@@ -323,22 +332,49 @@ class Engine:
             started = time.perf_counter()
             self.copy_control.begin_step(self.experts)
             out = self.scheduler.schedule(step)
-            if out.preempted_alone is not None:  # fails unless the boundary may move for it
-                self.limits.check_progress(
-                    self.requests[out.preempted_alone], self.cuda_graphs.num_pad_pages
+            refused = []
+            if out.preempted_alone is not None:
+                refused += self._keep_alive(
+                    self.liveness.preempted_alone(
+                        self.requests[out.preempted_alone],
+                        pool_moves=self.tunables.mode == "elastic",
+                        fits=self.max_kv_tokens(),
+                    ),
+                    step,
                 )
             running = len(self.scheduler.running)  # before this step's finished leave
             if self.tunables.mode == "elastic":
                 self.boundary.move(out.kv_pages_short, self.scheduler.round_state(step))
+            waiting = self.scheduler.waiting
+            refused += self._keep_alive(
+                self.liveness.after_round(
+                    out.num_tokens,
+                    waiting[0] if waiting else None,
+                    in_flight=self._in_flight is not None,
+                ),
+                step,
+            )
             prev, self._in_flight = self._in_flight, None
             launched = self._launch(out.scheduled, step, prev)
-            outputs = self._read_back(prev) if prev is not None else []
+            outputs = refused + (self._read_back(prev) if prev is not None else [])
             if self.config.schedules_async and out.scheduled:
                 self._in_flight = launched
             else:
                 outputs += self._read_back(launched)
             self._record(out, step, running, time.perf_counter() - started)
             return outputs
+
+    def _keep_alive(self, refusal: Refusal | None, step: int) -> list[RequestOutput]:
+        """Finish a request the liveness rule gives up on (liveness.py): its output says
+        why, as a request that can never fit is told at validation."""
+        if refusal is None:
+            return []
+        request = refusal.request
+        log.warning("refused: %s", refusal.reason)
+        self.num_refused += 1
+        request.error = refusal.reason
+        self._finish(request, RequestStatus.FINISHED_REFUSED, step, time.monotonic())
+        return [RequestOutput(request.request_id, (), True, "refused", refusal.reason)]
 
     def _launch(self, scheduled, step: int, prev: InFlightStep | None) -> InFlightStep:
         """Queue the step's forward and sampling on the device and start its read-back;
@@ -427,7 +463,10 @@ class Engine:
         ids = [self._add_valid(v, sp) for v, sp in zip(valid, params, strict=True)]
         while self.has_unfinished_requests():
             self.step()
-        return [list(self.requests[i].output_token_ids) for i in ids]
+        done = [self.requests[i] for i in ids]
+        for r in done:
+            raise_if_failed(r)
+        return [list(r.output_token_ids) for r in done]
 
     @property
     def tokenizer(self):

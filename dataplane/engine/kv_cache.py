@@ -78,15 +78,16 @@ class KVCacheManager:
         return True
 
     def pages_lacking(self, request: Request, num_new_tokens: int) -> int:
-        """What `allocate_slots` would lack, in KV pages (state pages by their bytes)."""
-        kv = self.num_pages_needed(request, num_new_tokens) - self.allocator.num_free(PageType.KV)
-        lacking = max(0, kv) * self.allocator.geometry.bytes_of(PageType.KV)
+        """What `allocate_slots` would lack, in KV pages: 0 exactly when it would succeed.
+        The KV, SSM and conv pages are counted together (they are cut from the same free
+        pages), in the expert pages the adjuster frees."""
+        needed = self.num_pages_needed(request, num_new_tokens)
         num_states = self.num_state_pages_needed(request)
-        if num_states:
-            for page_type in (PageType.SSM, PageType.CONV):
-                short = num_states - self.allocator.num_free(page_type)
-                lacking += max(0, short) * self.allocator.geometry.bytes_of(page_type)
-        return math.ceil(lacking / self.allocator.geometry.bytes_of(PageType.KV))
+        if not num_states:
+            return max(0, needed - self.allocator.num_free(PageType.KV))
+        demand = {PageType.KV: needed, PageType.SSM: num_states, PageType.CONV: num_states}
+        short = self.allocator.expert_pages_short(demand)
+        return short * self.allocator.geometry.kv_pages_per_expert_page
 
     def free(self, request: Request, last_step: int) -> None:
         """Release all of the request's pages once `last_step` (which may read them) ends."""

@@ -15,7 +15,8 @@ class RequestOutput:
     request_id: str
     new_token_ids: tuple[int, ...]
     finished: bool
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stopped", "length", "aborted", "refused", "error"
+    error: str | None = None  # why, when "refused" (it can never fit) or "error"
 
 
 @dataclass(frozen=True)

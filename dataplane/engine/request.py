@@ -70,10 +70,27 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"  # EOS or a stop token
     FINISHED_LENGTH = "finished_length"  # max_tokens
     FINISHED_ABORTED = "finished_aborted"
+    # The engine gave up on it: no state of the pool could hold it (liveness.py), or its
+    # logits were not finite. `Request.error` says why.
+    FINISHED_REFUSED = "finished_refused"
+    FINISHED_ERROR = "finished_error"
 
     @property
     def finished(self) -> bool:
         return self.value.startswith("finished")
+
+
+class RequestRefused(ValueError):
+    """The engine gave up on a request it had queued: no state of the pool holds it."""
+
+
+def raise_if_failed(request: Request) -> None:
+    """For callers that run requests to completion: a refused request raises as bad input
+    (RequestRefused, a ValueError), one whose step failed as a RuntimeError."""
+    if request.status is RequestStatus.FINISHED_REFUSED:
+        raise RequestRefused(request.error)
+    if request.status is RequestStatus.FINISHED_ERROR:
+        raise RuntimeError(request.error)
 
 
 @dataclass
@@ -93,6 +110,7 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     block_table: BlockTable = field(init=False)
     state_pages: StatePages | None = None  # a hybrid model's, while it has a place
+    error: str | None = None  # why it finished refused or in error
 
     def __post_init__(self) -> None:
         self.block_table = BlockTable(self.num_layers)

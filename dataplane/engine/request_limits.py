@@ -1,9 +1,8 @@
 """What one request may ever hold, and the checks that a request fits it.
 
 A request is admitted only if it could finish running alone with every expert the policy
-may offload offloaded (`max_kv_tokens`); a request that nonetheless lacks pages alone in a
-pool whose residency never moves is a fault of that count (`check_progress`), reported
-rather than preempted and re-admitted for ever.
+may offload offloaded (`max_kv_tokens`); one that nonetheless never gets its pages is
+refused by the liveness guard (liveness.py) rather than preempted and re-admitted for ever.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from collections.abc import Sequence
 
 from rimuru.dataplane.engine.expert_manager import ExpertManager
 from rimuru.dataplane.engine.policy_state import PolicyState
-from rimuru.dataplane.engine.request import Request, SamplingParams
+from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.memory.geometry import PageGeometry, PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.model.config import ModelConfig
@@ -112,19 +111,3 @@ class RequestLimits:
                 f"tokens fit {why}; raise the memory budget or lower max_tokens"
             )
         return ids
-
-    def check_progress(self, request: Request, num_pad_pages: int) -> None:
-        """`request` lacked pages while it ran alone. In a pool whose residency never moves
-        while serving (resident, fixed) it would be re-admitted and preempted at the same
-        point for ever, holding up every request queued behind it. `validate` admits only what fits
-        alone (max_kv_tokens), so this is a fault of that count: fail loudly rather than
-        loop. (Elastic's boundary may still move for it: make_room, the adjuster.)"""
-        mode = self.policy.tunables.mode
-        if mode == "elastic":
-            return
-        raise RuntimeError(
-            f"request {request.request_id!r} ({len(request.prompt_token_ids)} prompt tokens, "
-            f"max_tokens {request.params.max_tokens}) lacks KV pages though it runs alone in "
-            f"the {mode} policy's pool, which validate_request said holds "
-            f"{self.max_kv_tokens(num_pad_pages)} tokens: it can never finish"
-        )

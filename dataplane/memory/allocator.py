@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from rimuru.dataplane.memory.geometry import PARENT, PageGeometry, PageType
@@ -93,6 +93,35 @@ class PageAllocator:
 
     def can_allocate(self, page_type: PageType, n: int) -> bool:
         return n <= self.num_free(page_type)
+
+    def expert_pages_short(self, demand: Mapping[PageType, int]) -> int:
+        """Expert pages that must come free before `demand` (pages of several types, taken
+        together) fits; 0 exactly when allocating all of it in any order would succeed.
+
+        The types share their parents, so checking each against `num_free` alone counts the
+        same free page for several of them: a hybrid request's KV, SSM and conv pages may
+        each fit while all three together do not (a round that reports no shortfall then
+        moves nothing, and the request waits for ever). SSM pages are cut from whole huge
+        pages, so what they lack is counted in whole huge pages: expert pages freed here
+        and there do not make one."""
+        g = self.geometry
+        unknown = [t for t in demand if t not in PARENT or not g.has(t)]
+        if unknown:
+            raise ValueError(f"cannot count a demand for {unknown[0].value} pages here")
+
+        def beyond_free_children(t: PageType) -> int:  # parents needed after free children
+            n = demand.get(t, 0) - self._num_free_children[t]
+            return -(-max(0, n) // g.ratio(t))
+
+        experts = beyond_free_children(PageType.KV) if PageType.KV in demand else 0
+        if PageType.CONV in demand:
+            experts += beyond_free_children(PageType.CONV)
+        from_huge = max(0, experts - self._num_free_children[PageType.EXPERT])
+        per_huge = g.ratio(PageType.EXPERT)
+        if PageType.SSM not in demand or beyond_free_children(PageType.SSM) == 0:
+            return max(0, from_huge - len(self._free_huge) * per_huge)
+        huge = beyond_free_children(PageType.SSM) + -(-from_huge // per_huge)
+        return max(0, huge - len(self._free_huge)) * per_huge
 
     def owner_of(self, page_type: PageType, page_id: int) -> Owner | None:
         return self._owner.get(page_type, {}).get(page_id)

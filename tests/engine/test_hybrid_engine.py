@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.request import RequestStatus, SamplingParams
 from rimuru.dataplane.engine.setup import page_geometry
 from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
 from rimuru.dataplane.memory.geometry import PageType
@@ -172,22 +172,30 @@ def test_a_request_whose_states_fit_only_by_their_bytes_is_refused(
     assert run_checked(engine, PROMPTS[3:4]) == expected["qwen3_next"][3:4]
 
 
-def test_a_request_that_cannot_fit_alone_fails_the_step_rather_than_loops(
+def test_a_request_that_cannot_fit_alone_is_refused_rather_than_looped(
     hybrid_engine, hybrid_checkpoints, monkeypatch
 ):
     """Should validation ever admit a request that lacks pages alone in a pool whose
-    residency never moves, the step says so instead of preempting and re-admitting it for
-    ever (validation counting the states by their bytes, as it once did, reproduces it)."""
+    residency never moves, the request is refused (its output says why) instead of being
+    preempted and re-admitted for ever, and the engine serves on (validation counting the
+    states by their bytes, as it once did, reproduces it)."""
     _, path = hybrid_checkpoints["qwen3_next"]
     engine = states_by_bytes_engine(hybrid_engine, path)
     monkeypatch.setattr(
         type(engine.geometry), "state_parent_bytes", lambda g, n, r=1: g.state_bytes(n) * r
     )
     assert engine.max_kv_tokens() == 80  # a page the pool does not have
-    engine.add_request(PROMPTS[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-    with pytest.raises(RuntimeError, match="lacks KV pages though it runs alone"):
-        for _ in range(100):
-            engine.step()
+    rid = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    outputs = []
+    for _ in range(100):
+        outputs += engine.step()
+        if not engine.has_unfinished_requests():
+            break
+    refused = [o for o in outputs if o.finish_reason == "refused"]
+    assert [o.request_id for o in refused] == [rid] and "while it ran alone" in refused[0].error
+    assert engine.requests[rid].status is RequestStatus.FINISHED_REFUSED
+    assert engine.num_refused == 1 and engine.num_leaked_pages() == 0
+    engine.check_invariants()
 
 
 def test_a_request_holds_one_ssm_and_one_conv_page_per_gdn_layer(hybrid_engine, hybrid_checkpoints):
