@@ -225,6 +225,7 @@ def test_invalid_json_names_the_file_line_and_column(tmp_path):
         ("num_experts", True, "an integer, got True (bool)"),
         ("head_dim", [128], "an integer, got [128] (list)"),
         ("rms_norm_eps", "1e-6", "a number, got '1e-6' (str)"),
+        ("rope_theta", 10**400, "a finite number, got an integer too large for a float"),
     ],
 )
 def test_a_field_of_the_wrong_type_is_named_with_its_file(tmp_path, key, value, expected):
