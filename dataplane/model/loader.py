@@ -5,9 +5,10 @@ from the same directory, so the two never compute with different weights: config
 `transformers_weights` when set, else `model.safetensors`, else the shards that
 `model.safetensors.index.json` names (a directory holding both a single file and an index is
 read from the single file, as transformers does). A directory with neither, which transformers
-refuses, is read from every `*.safetensors` file in it. Tensors are read one at a time through
-`safetensors.safe_open` (memory-mapped), so a layer's experts are stacked straight into their
-(pinned) host tensors without the whole checkpoint ever being in RAM.
+refuses, is read from every `*.safetensors` file in it, unless two of them hold one tensor.
+Tensors are read one at a time through `safetensors.safe_open` (memory-mapped), so a layer's
+experts are stacked straight into their (pinned) host tensors without the whole checkpoint
+ever being in RAM.
 
 Routed experts are accepted in the two layouts found on disk:
 
@@ -228,7 +229,17 @@ def _tensor_files(model_dir: Path, weights: Path | None) -> dict[str, Path]:
         raise FileNotFoundError(
             f"no *.safetensors files in {model_dir}; rimuru reads safetensors checkpoints only"
         )
-    return {name: path for path in shards for name in _names_in(path)}
+    files: dict[str, Path] = {}
+    for path in shards:
+        for name in _names_in(path):
+            if name in files:  # no index to say which: reading either could be wrong
+                raise CheckpointError(
+                    f"tensor {name!r} is in both {files[name].name} and {path.name} in "
+                    f"{model_dir}, which has no {_SINGLE} or {_INDEX} to say which to read: "
+                    f"remove the file that is not the model's, or add its index"
+                )
+            files[name] = path
+    return files
 
 
 def _names_in(path: Path) -> Iterable[str]:

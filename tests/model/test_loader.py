@@ -89,6 +89,19 @@ def test_config_transformers_weights_picks_the_file_for_both(hf_checkpoints, tmp
             CheckpointWeights(tmp_path)
 
 
+def test_two_unindexed_files_holding_one_tensor_are_refused_naming_both(hf_checkpoints, tmp_path):
+    src = hf_checkpoints["mixtral"].path
+    shutil.copy(src / "config.json", tmp_path / "config.json")
+    shutil.copy(src / "model.safetensors", tmp_path / "a.safetensors")
+    shutil.copy(src / "model.safetensors", tmp_path / "b.safetensors")
+    with pytest.raises(CheckpointError) as err:
+        CheckpointWeights(tmp_path)
+    assert "is in both a.safetensors and b.safetensors" in str(err.value)
+    assert "no model.safetensors or model.safetensors.index.json" in str(err.value)
+    (tmp_path / "b.safetensors").unlink()  # one file of any name is read
+    assert CheckpointWeights(tmp_path).config.family == "mixtral"
+
+
 def test_expert_weights_are_the_hf_matrices_in_page_order(hf_checkpoints):
     ckpt = hf_checkpoints["mixtral"]
     experts = CheckpointWeights(ckpt.path).expert_weights(1, torch.float32)
