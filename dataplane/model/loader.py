@@ -140,8 +140,8 @@ class CheckpointWeights:
                 dtype = self._handles[path].get_slice(name).get_dtype()
             except SafetensorError as exc:
                 raise CheckpointError(
-                    f"{self._weights_name} maps {name!r} to {path}, which lacks it: the index and the "
-                    f"shards disagree; fetch the checkpoint again"
+                    f"{self._weights_name} maps {name!r} to {path}, which lacks it: the index "
+                    f"and the shards disagree; fetch the checkpoint again"
                 ) from exc
             if dtype not in _FLOAT_DTYPES or name.endswith(_QUANT_SUFFIXES):
                 raise CheckpointError(
@@ -199,7 +199,8 @@ def _weights_file(model_dir: Path) -> Path | None:
             )
         if not path.is_file():
             raise FileNotFoundError(
-                f"config.json's transformers_weights names {explicit!r}, which is not in {model_dir}"
+                f"config.json's transformers_weights names {explicit!r}, which is not in "
+                f"{model_dir}"
             )
         return path
     for name in (_SINGLE, _INDEX):
