@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
 from rimuru.policy import MODES, parse_modes
+
+if TYPE_CHECKING:  # torch and the model load only when a plan runs
+    from rimuru.dataplane.model.config import ModelConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
     from rimuru.dataplane.memory.units import format_bytes
+    from rimuru.dataplane.model import model_config
 
     policies = parse_modes(args.policies)
     if args.context_len < 1:
@@ -39,12 +44,7 @@ def run(args: argparse.Namespace) -> int:
     cap = plan_capacity(config, policies)
     mc = cap.model_config
     if config.tensor_parallel_size > 1:
-        print(
-            f"tensor parallel {config.tensor_parallel_size}: every figure is one rank's (one "
-            f"GPU's, the budget is per GPU); a rank holds 1/{config.tensor_parallel_size} of "
-            f"each expert and of the attention (and Gated DeltaNet) heads, the embedding and LM "
-            f"head whole"
-        )
+        print(_tensor_parallel_line(config.tensor_parallel_size, model_config(config.model)))
     print(
         f"{args.model}: {mc.num_moe_layers} MoE layers x {mc.num_experts} experts; routed experts "
         f"{format_bytes(cap.expert_bytes)}, non-pool weights "
@@ -94,6 +94,21 @@ def run(args: argparse.Namespace) -> int:
     for line in failures:
         print(line, file=sys.stderr)
     return 0 if rows else 2
+
+
+def _tensor_parallel_line(size: int, whole: ModelConfig) -> str:
+    line = (
+        f"tensor parallel {size}: every figure is one rank's (one GPU's, the budget is per "
+        f"GPU); a rank holds 1/{size} of each expert and of the attention (and Gated DeltaNet) "
+        f"heads, the embedding and LM head whole"
+    )
+    replicas = size // whole.num_kv_heads
+    if replicas > 1:  # the KV pages above are then a whole head's
+        line += (
+            f"; the model's {whole.num_kv_heads} KV head(s) are fewer than the ranks, so each is "
+            f"replicated on {replicas} ranks and every rank caches one whole KV head"
+        )
+    return line
 
 
 def _state_line(cap) -> str:

@@ -11,6 +11,7 @@ per-request state shapes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,17 @@ class ModelConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        # RoPE divides by powers of rope_theta and RMSNorm adds eps under a square root: a zero,
+        # negative or non-finite value yields NaN or inf logits, never an error of its own.
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite positive number, got {value}")
+        # Before rotary_dim is read: int() of a NaN or infinite product raises a bare error.
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(
+                f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor}"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
@@ -109,10 +121,6 @@ class ModelConfig:
             )
 
     def _check_hybrid(self) -> None:
-        if not 0 < self.partial_rotary_factor <= 1:
-            raise ValueError(
-                f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor}"
-            )
         if self.family not in HYBRID_FAMILIES:
             if self.layer_types or self.linear_attention is not None:
                 raise ValueError(f"layer_types/linear_attention are for {HYBRID_FAMILIES} only")

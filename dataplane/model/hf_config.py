@@ -147,7 +147,13 @@ class _Keys(dict):
             raise ValueError(
                 f"{self.source}: {key} must be a number, got {value!r} ({type(value).__name__})"
             )
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer of hundreds of digits
+            raise ValueError(
+                f"{self.source}: {key} must be a finite number, got an integer too large for a "
+                f"float"
+            ) from None
 
 
 def _parse(hf: _Keys) -> ModelConfig:

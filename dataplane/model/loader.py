@@ -1,8 +1,14 @@
 """Load a local Hugging Face model directory: `config.json` plus `*.safetensors` shards.
 
-Never touches the network. Tensors are read one at a time through `safetensors.safe_open`
-(memory-mapped), so a layer's experts are stacked straight into their (pinned) host tensors
-without the whole checkpoint ever being in RAM.
+Never touches the network. The weights are the file(s) transformers' `from_pretrained` reads
+from the same directory, so the two never compute with different weights: config.json's
+`transformers_weights` when set, else `model.safetensors`, else the shards that
+`model.safetensors.index.json` names (a directory holding both a single file and an index is
+read from the single file, as transformers does). A directory with neither, which transformers
+refuses, is read from every `*.safetensors` file in it, unless two of them hold one tensor.
+Tensors are read one at a time through `safetensors.safe_open` (memory-mapped), so a layer's
+experts are stacked straight into their (pinned) host tensors without the whole checkpoint
+ever being in RAM.
 
 Routed experts are accepted in the two layouts found on disk:
 
@@ -41,6 +47,7 @@ from rimuru.dataplane.model.hybrid_layout import build_hybrid_layer_weights
 from rimuru.dataplane.model.hybrid_weights import HybridLayerWeights
 from rimuru.dataplane.model.weights import ExpertWeights, GlobalWeights, LayerWeights, host_empty
 
+_SINGLE = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
 
 # safetensors dtypes of unquantized weights; anything else (F8_E4M3, I8, U8, ...) is the
@@ -65,7 +72,9 @@ class CheckpointWeights:
         if not self.model_dir.is_dir():
             raise FileNotFoundError(f"model directory {self.model_dir} does not exist")
         self._config = load_config(self.model_dir)
-        self._files = _tensor_files(self.model_dir)  # tensor name -> shard path
+        weights = _weights_file(self.model_dir)
+        self._weights_name = weights.name if weights else "*.safetensors"
+        self._files = _tensor_files(self.model_dir, weights)  # tensor name -> shard path
         # Opened once, all now: each open parses (and checks) the shard's header.
         self._handles = {path: _open(path) for path in sorted(set(self._files.values()))}
         self._refuse_quantized()
@@ -131,8 +140,8 @@ class CheckpointWeights:
                 dtype = self._handles[path].get_slice(name).get_dtype()
             except SafetensorError as exc:
                 raise CheckpointError(
-                    f"{_INDEX} maps {name!r} to {path}, which lacks it: the index and the "
-                    f"shards disagree; fetch the checkpoint again"
+                    f"{self._weights_name} maps {name!r} to {path}, which lacks it: the index "
+                    f"and the shards disagree; fetch the checkpoint again"
                 ) from exc
             if dtype not in _FLOAT_DTYPES or name.endswith(_QUANT_SUFFIXES):
                 raise CheckpointError(
@@ -167,26 +176,71 @@ class CheckpointWeights:
 
 
 _QWEN_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
+_INDEX_SUFFIX = ".safetensors.index.json"
 
 
-def _tensor_files(model_dir: Path) -> dict[str, Path]:
-    """Map every tensor name to its shard, from the index when there is one."""
-    index = model_dir / _INDEX
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map")
+def _weights_file(model_dir: Path) -> Path | None:
+    """The file transformers' `from_pretrained` reads from a local directory (a single
+    safetensors file or a shard index), checked in its order; None when it would find none.
+    What must stay true: this order is transformers' (modeling_utils'
+    `_get_resolved_checkpoint_files`), or the two read different weights from one folder."""
+    explicit = read_json(model_dir / "config.json").get("transformers_weights")
+    if explicit is not None:
+        if not isinstance(explicit, str) or not explicit.endswith((".safetensors", _INDEX_SUFFIX)):
+            raise CheckpointError(
+                f"config.json's transformers_weights must name a *.safetensors file or a "
+                f"*{_INDEX_SUFFIX} index in {model_dir}, got {explicit!r}"
+            )
+        path = (model_dir / explicit).resolve()
+        if not path.is_relative_to(model_dir.resolve()):
+            raise CheckpointError(
+                f"config.json's transformers_weights must name a file inside {model_dir}, "
+                f"got {explicit!r}"
+            )
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"config.json's transformers_weights names {explicit!r}, which is not in "
+                f"{model_dir}"
+            )
+        return path
+    for name in (_SINGLE, _INDEX):
+        if (model_dir / name).is_file():
+            return model_dir / name
+    return None
+
+
+def _tensor_files(model_dir: Path, weights: Path | None) -> dict[str, Path]:
+    """Map every tensor name to its file: the index's shards, the single file, or (with
+    neither) every *.safetensors file in the directory."""
+    if weights is not None and weights.name.endswith(_INDEX_SUFFIX):
+        weight_map = read_json(weights).get("weight_map")
         if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} has no weight_map object: is the index complete?")
+            raise CheckpointError(f"{weights} has no weight_map object: is the index complete?")
+        # Shard names are relative to the model directory (not the index's folder), as
+        # transformers resolves them.
         shards = {model_dir / f for f in set(weight_map.values())}
         missing = sorted(p.name for p in shards if not p.is_file())
         if missing:
-            raise FileNotFoundError(f"{_INDEX} in {model_dir} names missing shard(s): {missing}")
+            raise FileNotFoundError(
+                f"{weights.name} in {model_dir} names missing shard(s): {missing}"
+            )
         return {name: model_dir / f for name, f in weight_map.items()}
-    shards = sorted(model_dir.glob("*.safetensors"))
+    shards = [weights] if weights is not None else sorted(model_dir.glob("*.safetensors"))
     if not shards:
         raise FileNotFoundError(
             f"no *.safetensors files in {model_dir}; rimuru reads safetensors checkpoints only"
         )
-    return {name: path for path in shards for name in _names_in(path)}
+    files: dict[str, Path] = {}
+    for path in shards:
+        for name in _names_in(path):
+            if name in files:  # no index to say which: reading either could be wrong
+                raise CheckpointError(
+                    f"tensor {name!r} is in both {files[name].name} and {path.name} in "
+                    f"{model_dir}, which has no {_SINGLE} or {_INDEX} to say which to read: "
+                    f"remove the file that is not the model's, or add its index"
+                )
+            files[name] = path
+    return files
 
 
 def _names_in(path: Path) -> Iterable[str]:

@@ -2,7 +2,10 @@
 
     attention   q, k, v rows of this rank's heads (column parallel: the engine fuses them
                 into one qkv_proj after slicing, so the fused matrix is this rank's too);
-                o_proj the matching columns (row parallel: a partial sum, all-reduced)
+                o_proj the matching columns (row parallel: a partial sum, all-reduced).
+                With fewer KV heads than ranks each KV head is replicated on TP/Hkv
+                ranks (vLLM's num_kv_head_replicas): rank r holds KV head r*Hkv//TP,
+                the one its query heads attend with, and caches it
     experts     every routed expert cut along its intermediate dimension I: w1 and w3 rows,
                 w2 columns, so one expert page on a rank holds I/TP x D elements
     shared      the shared expert and dense MLPs cut the same way; the shared expert's
@@ -15,9 +18,10 @@
                 k and v rows of qkv_proj and the conv, z/b/a rows, dt_bias and A_log, and
                 out_proj's columns. A rank's recurrent and conv states are its heads' only
 
-A rank's `ModelConfig` is the model with TP-times fewer heads and TP-times narrower
-experts: everything downstream (page geometry, memory plan, KV pages) then sizes itself
-per rank with no further change. Sums of slices equal the whole to float rounding only.
+A rank's `ModelConfig` is the model with TP-times fewer heads (KV heads: max(1, Hkv/TP))
+and TP-times narrower experts: everything downstream (page geometry, memory plan, KV pages,
+`rimuru plan -tp`) then sizes itself per rank with no further change, replicated KV heads
+included. Sums of slices equal the whole to float rounding only.
 """
 
 from __future__ import annotations
@@ -57,16 +61,39 @@ class TensorShard:
         n = t.shape[dim] // self.size
         return t.narrow(dim, self.rank * n, n).contiguous()
 
+    def kv_heads(self, t: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+        """This rank's KV heads of `t` (rows of `num_kv_heads` whole heads): its 1/TP of them,
+        or with fewer heads than ranks the one head ranks r*Hkv//TP share. Either way they
+        are the heads its query heads (rows(q)) attend with: query head h reads KV head
+        h // (Hq/Hkv), and a rank's Hq/TP query heads fall in one group when TP >= Hkv."""
+        per_rank = num_kv_heads_per_rank(num_kv_heads, self.size)
+        n = t.shape[0] // num_kv_heads  # rows of one head
+        first = self.rank * num_kv_heads // self.size
+        return t.narrow(0, first * n, per_rank * n).contiguous()
+
+
+def num_kv_heads_per_rank(num_kv_heads: int, size: int) -> int:
+    """KV heads a rank holds and caches: Hkv/TP, or one (replicated) when TP > Hkv."""
+    return max(1, num_kv_heads // size)
+
 
 def check_shardable(mc: ModelConfig, size: int) -> None:
     """Raise ValueError, saying which size does not divide, unless `size` ranks can split it."""
     if size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {size}")
-    if size == 1:
-        return
+    bad = _unshardable(mc, size)
+    if bad:
+        fits = [n for n in range(1, mc.num_heads + 1) if not _unshardable(mc, n)]
+        raise ValueError(
+            f"--tensor-parallel-size {size} must divide the model's {', '.join(bad)}: "
+            f"choose a size that does (sizes that fit this model: {fits})"
+        )
+
+
+def _unshardable(mc: ModelConfig, size: int) -> list[str]:
+    """The model's sizes that `size` ranks cannot split, as "name value" (with why, for KV)."""
     sizes = {
         "num_attention_heads": mc.num_heads,
-        "num_key_value_heads": mc.num_kv_heads,
         "moe_intermediate_size": mc.moe_intermediate_size,
         "shared_expert_intermediate_size": mc.shared_expert_intermediate_size,
         "intermediate_size (dense layers)": mc.dense_intermediate_size,
@@ -74,11 +101,15 @@ def check_shardable(mc: ModelConfig, size: int) -> None:
     if mc.linear_attention is not None:
         sizes["linear_num_key_heads"] = mc.linear_attention.num_key_heads
     bad = [f"{name} {value}" for name, value in sizes.items() if value % size]
-    if bad:
-        raise ValueError(
-            f"--tensor-parallel-size {size} must divide the model's {', '.join(bad)}: "
-            f"choose a size that divides them (KV heads are not replicated across ranks)"
+    kv = mc.num_kv_heads
+    # vLLM's rule: the ranks split the KV heads, or each head is held by the same number of
+    # ranks (TP a multiple of Hkv); 3 heads on 2 ranks is neither.
+    if kv % size and size % kv:
+        bad.append(
+            f"num_key_value_heads {kv}, or be a multiple of it (fewer KV heads than ranks are "
+            f"replicated, each on TP/{kv} ranks, as vLLM does)"
         )
+    return bad
 
 
 def shard_config(mc: ModelConfig, size: int) -> ModelConfig:
@@ -93,7 +124,7 @@ def shard_config(mc: ModelConfig, size: int) -> ModelConfig:
     return mc.replace(
         linear_attention=gdn,
         num_heads=mc.num_heads // size,
-        num_kv_heads=mc.num_kv_heads // size,
+        num_kv_heads=num_kv_heads_per_rank(mc.num_kv_heads, size),
         moe_intermediate_size=mc.moe_intermediate_size // size,
         shared_expert_intermediate_size=mc.shared_expert_intermediate_size // size,
         dense_intermediate_size=mc.dense_intermediate_size // size,
@@ -129,9 +160,11 @@ class ShardedWeights:
     def _mixer(self, m: GatedAttentionWeights | GatedDeltaNetWeights):
         s = self.shard
         if isinstance(m, GatedAttentionWeights):
+            num_kv = self.source.config.num_kv_heads
             return dataclasses.replace(
                 m, q_proj=s.rows(m.q_proj), gate_proj=s.rows(m.gate_proj),
-                k_proj=s.rows(m.k_proj), v_proj=s.rows(m.v_proj), o_proj=s.rows(m.o_proj, 1),
+                k_proj=s.kv_heads(m.k_proj, num_kv), v_proj=s.kv_heads(m.v_proj, num_kv),
+                o_proj=s.rows(m.o_proj, 1),
             )  # fmt: skip
         gdn = self.source.config.linear_attention
         segments = [gdn.key_size, gdn.key_size, gdn.value_size]  # q, k, v: the conv's channels
@@ -155,15 +188,18 @@ class ShardedWeights:
         )  # fmt: skip
 
     def _attention(self, a: AttentionWeights) -> AttentionWeights:
-        s = self.shard
+        s, num_kv_heads = self.shard, self.source.config.num_kv_heads
 
-        def part(t: torch.Tensor | None) -> torch.Tensor | None:
+        def q(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else s.rows(t)  # whole heads: Dh divides the slice
+
+        def kv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else s.kv_heads(t, num_kv_heads)
 
         return dataclasses.replace(
             a,
-            q_proj=s.rows(a.q_proj), k_proj=s.rows(a.k_proj), v_proj=s.rows(a.v_proj),
-            q_bias=part(a.q_bias), k_bias=part(a.k_bias), v_bias=part(a.v_bias),
+            q_proj=q(a.q_proj), k_proj=kv(a.k_proj), v_proj=kv(a.v_proj),
+            q_bias=q(a.q_bias), k_bias=kv(a.k_bias), v_bias=kv(a.v_bias),
             o_proj=s.rows(a.o_proj, 1),
             # added once to the sum, not once per rank
             o_bias=a.o_bias if s.rank == 0 else None,

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from rimuru.cli import main
 from rimuru.dataplane.model import PRESETS, config_from_hf, load_config
 
 # The public config.json values of the three real models (the keys the parser reads).
@@ -153,6 +154,32 @@ def test_unsupported_configs_are_refused_clearly(change, message):
         config_from_hf(dict(QWEN3_30B_A3B, **change))
 
 
+@pytest.mark.parametrize("key", ["rope_theta", "rms_norm_eps"])
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), float("-inf")])
+def test_non_finite_or_non_positive_rope_and_norm_parameters_are_refused(key, value):
+    expected = f"{key} must be a finite positive number, got {float(value)}"
+    with pytest.raises(ValueError) as err:
+        config_from_hf(dict(QWEN3_30B_A3B, **{key: value}))
+    assert str(err.value) == expected
+    if key == "rope_theta":  # transformers 5 nests it under rope_parameters
+        nested = dict(QWEN3_30B_A3B, rope_parameters={"rope_type": "default", "rope_theta": value})
+        del nested["rope_theta"]
+        with pytest.raises(ValueError) as err:
+            config_from_hf(nested)
+        assert str(err.value) == expected
+
+
+def test_a_zero_rope_theta_exits_2_before_any_weight_is_read(hf_checkpoints, tmp_path, capsys):
+    config = json.loads((hf_checkpoints["qwen3_moe"].path / "config.json").read_text())
+    config["rope_parameters"]["rope_theta"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes(b"never read")
+    args = ["generate", "--model", str(tmp_path), "--token-ids", "1,2", "--max-tokens", "2"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "rope_theta must be a finite positive number, got 0.0" in err and "Traceback" not in err
+
+
 def test_mixtral_sliding_window_is_refused_unless_it_covers_the_context():
     with pytest.raises(ValueError, match="sliding_window=4096"):
         config_from_hf(dict(MIXTRAL_8X7B, sliding_window=4096))
@@ -198,6 +225,7 @@ def test_invalid_json_names_the_file_line_and_column(tmp_path):
         ("num_experts", True, "an integer, got True (bool)"),
         ("head_dim", [128], "an integer, got [128] (list)"),
         ("rms_norm_eps", "1e-6", "a number, got '1e-6' (str)"),
+        ("rope_theta", 10**400, "a finite number, got an integer too large for a float"),
     ],
 )
 def test_a_field_of_the_wrong_type_is_named_with_its_file(tmp_path, key, value, expected):

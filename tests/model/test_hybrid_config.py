@@ -139,6 +139,25 @@ def test_bad_hybrid_configs_are_refused(change, message):
         config_from_hf(hf)
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("partial_rotary_factor", float("nan"), "partial_rotary_factor must be in (0, 1], got nan"),
+        ("partial_rotary_factor", 0, "partial_rotary_factor must be in (0, 1], got 0.0"),
+        ("partial_rotary_factor", float("inf"), "partial_rotary_factor must be in (0, 1], got inf"),
+        ("rope_theta", float("nan"), "rope_theta must be a finite positive number, got nan"),
+        ("rope_theta", -1e6, "rope_theta must be a finite positive number, got -1000000.0"),
+    ],
+)
+def test_non_finite_or_out_of_range_rope_parameters_are_refused_by_name(key, value, message):
+    text = QWEN35_NESTED["text_config"]
+    rope = dict(text["rope_parameters"], **{key: value})
+    hf = dict(QWEN35_NESTED, text_config=dict(text, rope_parameters=rope))
+    with pytest.raises(ValueError) as err:
+        config_from_hf(hf)
+    assert str(err.value) == message
+
+
 def test_plan_shows_a_hybrid_requests_state_pages(capsys):
     """30 GDN layers x (2 MiB SSM page + 64 KiB conv slot holding 48 KiB) per request, worth
     3168 tokens of KV in the 10 attention layers (20 KiB per token)."""

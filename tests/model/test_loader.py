@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+import transformers
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -14,6 +15,9 @@ from rimuru.cli import main
 from rimuru.dataplane.model import CheckpointWeights, model_config, open_weights
 from rimuru.dataplane.model.loader import CheckpointError
 from rimuru.dataplane.model.presets import RandomWeights
+from tests.model.test_hf_parity import batch_prefill, build
+
+PROMPT = [5, 17, 300, 42, 9, 511, 77]
 
 
 def test_sharded_checkpoint_loads_the_same_tensors(hf_checkpoints, tmp_path):
@@ -34,6 +38,68 @@ def test_sharded_checkpoint_loads_the_same_tensors(hf_checkpoints, tmp_path):
             single.expert_weights(layer, torch.float32),
         )
         assert torch.equal(ea.w2, eb.w2) and torch.equal(ea.w1, eb.w1)
+
+
+def _single_file_beside_other_shards(ckpt, path):
+    """A directory holding `ckpt`'s model.safetensors and, beside it, the sharded index of a
+    model of the same config with other weights: which one a loader reads is visible."""
+    torch.manual_seed(99)
+    other = type(ckpt.model)(ckpt.model.config).eval()
+    # save_pretrained removes an older model.safetensors, so the single file goes in after.
+    other.save_pretrained(path, max_shard_size="100KB")
+    shutil.copy(ckpt.path / "model.safetensors", path / "model.safetensors")
+    assert (path / "model.safetensors.index.json").is_file()
+    return other
+
+
+def _logits(model, prompt=PROMPT) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([prompt])).logits[0]
+
+
+def test_a_single_file_beside_an_index_is_read_as_transformers_reads_it(hf_checkpoints, tmp_path):
+    ckpt = hf_checkpoints["qwen3_moe"]
+    other = _single_file_beside_other_shards(ckpt, tmp_path)
+    theirs = _logits(transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval())
+    # transformers prefers model.safetensors over the index; the two models really differ.
+    torch.testing.assert_close(theirs, _logits(ckpt.model), atol=0, rtol=0)
+    assert not torch.allclose(theirs, _logits(other), atol=1e-2)
+    ours = batch_prefill(build(CheckpointWeights(tmp_path))[0], [PROMPT])
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_config_transformers_weights_picks_the_file_for_both(hf_checkpoints, tmp_path):
+    ckpt = hf_checkpoints["qwen3_moe"]
+    other = _single_file_beside_other_shards(ckpt, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["transformers_weights"] = "model.safetensors.index.json"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    theirs = _logits(transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval())
+    torch.testing.assert_close(theirs, _logits(other), atol=0, rtol=0)
+    ours = batch_prefill(build(CheckpointWeights(tmp_path))[0], [PROMPT])
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    for bad, message in [
+        ("weights.bin", r"must name a \*\.safetensors file"),
+        ("../model.safetensors", "must name a file inside"),
+        ("gone.safetensors", "names 'gone.safetensors', which is not in"),
+    ]:
+        config["transformers_weights"] = bad
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        with pytest.raises((CheckpointError, FileNotFoundError), match=message):
+            CheckpointWeights(tmp_path)
+
+
+def test_two_unindexed_files_holding_one_tensor_are_refused_naming_both(hf_checkpoints, tmp_path):
+    src = hf_checkpoints["mixtral"].path
+    shutil.copy(src / "config.json", tmp_path / "config.json")
+    shutil.copy(src / "model.safetensors", tmp_path / "a.safetensors")
+    shutil.copy(src / "model.safetensors", tmp_path / "b.safetensors")
+    with pytest.raises(CheckpointError) as err:
+        CheckpointWeights(tmp_path)
+    assert "is in both a.safetensors and b.safetensors" in str(err.value)
+    assert "no model.safetensors or model.safetensors.index.json" in str(err.value)
+    (tmp_path / "b.safetensors").unlink()  # one file of any name is read
+    assert CheckpointWeights(tmp_path).config.family == "mixtral"
 
 
 def test_expert_weights_are_the_hf_matrices_in_page_order(hf_checkpoints):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from rimuru.cli import main
 from rimuru.dataplane.adjust.adjuster import ChangeList, ExpertLoad
 from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.config import EngineConfig
@@ -56,10 +57,53 @@ def test_a_rank_config_has_its_share_of_heads_and_expert_width():
 def test_sizes_that_do_not_divide_are_refused():
     with pytest.raises(ValueError, match="must divide the model's num_attention_heads 4"):
         check_shardable(preset_config("tiny"), 3)
-    with pytest.raises(ValueError, match="num_key_value_heads 2"):
-        check_shardable(preset_config("tiny"), 4)
     with pytest.raises(ValueError, match="linear_num_key_heads 2"):
         check_shardable(preset_config("tiny-hybrid"), 4)
+    # 3 KV heads on 2 ranks: the ranks neither split them nor hold each the same number of
+    # times (vLLM asks Hkv % TP == 0, or TP % Hkv == 0 to replicate), so it is refused.
+    three = preset_config("tiny").replace(num_heads=6, num_kv_heads=3, moe_intermediate_size=96)
+    with pytest.raises(ValueError) as err:
+        check_shardable(three, 2)
+    assert str(err.value) == (
+        "--tensor-parallel-size 2 must divide the model's num_key_value_heads 3, or be a "
+        "multiple of it (fewer KV heads than ranks are replicated, each on TP/3 ranks, as vLLM "
+        "does): choose a size that does (sizes that fit this model: [1, 3, 6])"
+    )
+
+
+@pytest.mark.parametrize(
+    ("num_kv_heads", "size", "holders"), [(2, 4, [0, 0, 1, 1]), (1, 2, [0, 0])]
+)
+def test_fewer_kv_heads_than_ranks_are_replicated(num_kv_heads, size, holders):
+    """Rank r holds KV head r*Hkv//TP whole (k, v rows and biases), the one its query heads
+    attend with; its config caches one KV head, so its KV pages are that head's bytes."""
+    mc = preset_config("tiny").replace(num_kv_heads=num_kv_heads, qkv_bias=True)
+    source = RandomWeights(mc)
+    cpu, f32, dh = torch.device("cpu"), torch.float32, mc.head_dim
+    whole = source.layer_weights(1, cpu, f32).attention
+    rank_config = shard_config(mc, size)
+    assert (rank_config.num_heads, rank_config.num_kv_heads) == (mc.num_heads // size, 1)
+    group = mc.num_heads // num_kv_heads  # query heads per KV head
+    for rank, head in enumerate(holders):
+        part = ShardedWeights(source, TensorShard(rank, size)).layer_weights(1, cpu, f32)
+        a = part.attention
+        for name in ("k_proj", "v_proj", "k_bias", "v_bias"):
+            assert torch.equal(getattr(a, name), getattr(whole, name)[head * dh : (head + 1) * dh])
+        first_q_head, num_q_rows = rank * mc.num_heads // size, mc.num_heads // size * dh
+        assert first_q_head // group == head  # the KV head this rank's queries read
+        q_rows = whole.q_proj[first_q_head * dh :][:num_q_rows]
+        assert torch.equal(a.q_proj, q_rows)
+
+
+def test_a_gated_attention_rank_replicates_its_kv_head():
+    mc = preset_config("tiny-hybrid").replace(num_kv_heads=1)
+    source, cpu, f32 = RandomWeights(mc), torch.device("cpu"), torch.float32
+    (layer,) = mc.full_attention_layers
+    whole = source.layer_weights(layer, cpu, f32).mixer
+    for rank in range(2):
+        mixer = ShardedWeights(source, TensorShard(rank, 2)).layer_weights(layer, cpu, f32).mixer
+        assert torch.equal(mixer.k_proj, whole.k_proj) and torch.equal(mixer.v_proj, whole.v_proj)
+        assert mixer.q_proj.shape[0] == whole.q_proj.shape[0] // 2
 
 
 def test_a_hybrid_rank_has_its_share_of_gated_deltanet_heads():
@@ -148,3 +192,16 @@ def test_block_tables_travel_as_new_rows_and_restart_after_preemption():
     again.block_table.append_block([8, 9])
     delta = step(again, c)
     assert delta.forget == ("a",) and delta.rows[0].start == 0 and len(mirror) == 2
+
+
+def test_plan_sizes_a_replicated_kv_head_whole(capsys):
+    """tiny has 2 KV heads: at -tp 4 each is on 2 ranks, and a rank's KV page holds one
+    whole head (16 tokens x 1 head x 32 dims of K and V, fp32), not half of one."""
+    assert main(["plan", "--model", "tiny", "--memory-budget", "400MiB", "-tp", "4"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "the model's 2 KV head(s) are fewer than the ranks, so each is replicated on 2 ranks" in out
+    )
+    assert f"kv page {2 * 16 * 1 * 32 * 4} B" in out
+    assert main(["plan", "--model", "tiny", "--memory-budget", "400MiB", "-tp", "2"]) == 0
+    assert "replicated" not in capsys.readouterr().out  # 2 heads on 2 ranks: split

@@ -131,3 +131,80 @@ def test_tp2_tokens_equal_tp1_on_a_hybrid_checkpoint(workers, hybrid_checkpoints
         assert two.experts.counters.evictions > 0 and two.tp.reports[0].num_evictions > 0
     else:
         assert two.scheduler.num_preemptions > 0
+
+
+@pytest.fixture(scope="module")
+def mqa_checkpoint(tmp_path_factory):
+    """A transformers-built Qwen2-MoE with one KV head (MQA) and q/k/v biases: at TP=2 both
+    ranks hold that head and its biases whole."""
+    import torch
+    import transformers
+
+    torch.manual_seed(4321)
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=256, initializer_range=0.15,
+        moe_intermediate_size=32, shared_expert_intermediate_size=96, num_experts=8,
+        num_experts_per_tok=4, norm_topk_prob=False, eos_token_id=None,
+    )  # fmt: skip
+    model = transformers.Qwen2MoeForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp("qwen2_moe_mqa")
+    model.save_pretrained(path)
+    return model, path
+
+
+@pytest.fixture(scope="module")
+def hybrid_mqa_checkpoint(hybrid_checkpoints, tmp_path_factory):
+    """The Qwen3-Next fixture's shapes with one KV head in its gated attention layers."""
+    import copy
+
+    import torch
+
+    config = copy.deepcopy(hybrid_checkpoints["qwen3_next"][0].config)
+    config.num_key_value_heads = 1
+    torch.manual_seed(4321)
+    model = type(hybrid_checkpoints["qwen3_next"][0])(config).eval()
+    path = tmp_path_factory.mktemp("qwen3_next_mqa")
+    model.save_pretrained(path)
+    return model, path
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "mode", "pool"),
+    [
+        ("mqa_checkpoint", "elastic", tight_pool(kv_blocks=10, requests=0)),
+        ("hybrid_mqa_checkpoint", "resident", tight_pool(kv_blocks=12, requests=4)),
+    ],
+)
+def test_tp2_replicates_a_single_kv_head_and_gives_transformers_tokens(
+    workers, request, checkpoint, mode, pool
+):
+    import torch
+
+    model, path = request.getfixturevalue(checkpoint)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(512) for _ in range(rng.randint(20, 50))] for _ in range(4)]
+    config = EngineConfig(
+        model=str(path),
+        dtype="float32",
+        max_num_batched_tokens=64,
+        loading_buffer_slots=8,
+        tunables=Tunables(mode=mode, expert_offload_limit=6),
+    )
+    two = build(workers, config, pool)
+    # A rank caches the whole KV head: its KV page is 16 tokens x 1 head x Dh of K and of V
+    # (fp32), not half of one, and `rimuru plan -tp 2` sizes the same pages and pool.
+    mc = two.model_config
+    assert (mc.num_heads, mc.num_kv_heads) == (2, 1)
+    assert two.geometry.kv_page_bytes == 2 * 16 * 1 * mc.head_dim * 4
+    (planned,) = plan_capacity(two.config, (mode,)).policies
+    assert planned.plan.num_huge_pages == two.plan.num_huge_pages
+    ours = two.generate(prompts, PARAMS["greedy"])
+    two.check_invariants()
+    two.close()
+    for prompt, tokens in zip(prompts, ours, strict=True):
+        with torch.no_grad():
+            ref = model.generate(
+                torch.tensor([prompt]), do_sample=False, max_new_tokens=16, attention_mask=None
+            )[0, len(prompt) :].tolist()
+        assert tokens == ref
