@@ -9,7 +9,9 @@ percentiles; the table is the last thing printed.
     python bench/loadtest_grpc.py --clients 64 --duration 60 --target 127.0.0.1:50052
 
 Without --target the server runs in its own process (`python -m rimuru serve --port 0`
-plus --serve-args), so client and server do not share a GIL.
+plus --serve-args), so client and server do not share a GIL, and its resident memory is
+sampled every --rss-every seconds: a long run is the soak test that a server's memory
+stays flat (`--duration 1800`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra `rimuru serve` flags for the local server",
     )
     p.add_argument("--json", default=None, help="also write the summary to this file")
+    p.add_argument(
+        "--rss-every", type=float, default=10.0, help="seconds between samples of the local "
+        "server's resident memory (Linux /proc)"
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.clients < 1 or args.duration <= 0 or args.max_tokens < 1 or args.temperature < 0:
         p.error("--clients and --max-tokens must be >= 1, --duration > 0, --temperature >= 0")
@@ -90,6 +96,29 @@ class LocalServer:
             if "health SERVING" in line or "did not start" in line:
                 self.ready.set()
         self.ready.set()
+
+    def rss_mib(self) -> float | None:
+        """The server process's resident memory now (None where /proc is not)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            return None
+        return kib / 1024
+
+    def sample_rss(self, every: float, until: threading.Event) -> list[tuple[float, float]]:
+        """(seconds since the call, MiB) every `every` seconds until `until` is set; the
+        list fills in from a thread while the load runs."""
+        samples: list[tuple[float, float]] = []
+        start = time.monotonic()
+
+        def sample() -> None:
+            while not until.wait(every):
+                if (mib := self.rss_mib()) is not None:
+                    samples.append((time.monotonic() - start, mib))
+
+        threading.Thread(target=sample, daemon=True).start()
+        return samples
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -171,19 +200,32 @@ def format_table(s: dict) -> str:
         f"({s['request_throughput']:.2f} req/s), {s['output_tok_s']:.1f} output tok/s, "
         f"{s['prompt_tok_s']:.1f} prompt tok/s; failed: {failed}"
     )
+    rss = s.get("server_rss_mib") or []
+    if len(rss) >= 2:  # the first sample is taken after warm-up's allocations settle
+        first, last = rss[0][1], rss[-1][1]
+        peak = max(m for _, m in rss)
+        head += (
+            f"\nserver RSS: {first:.1f} MiB at {rss[0][0]:.0f} s, {last:.1f} MiB at "
+            f"{rss[-1][0]:.0f} s ({last - first:+.1f} MiB), peak {peak:.1f} MiB"
+        )
     return head + "\n" + "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     server = None if args.target else LocalServer(args.serve_args)
+    done, rss = threading.Event(), []
     try:
         target = args.target or f"127.0.0.1:{server.port}"
+        if server is not None:
+            rss = server.sample_rss(args.rss_every, done)
         results, duration = asyncio.run(run_load(args, target))
     finally:
+        done.set()
         if server is not None:
             server.close()
     summary = summarize(results, duration, args.clients)
+    summary["server_rss_mib"] = [[round(t, 1), round(m, 1)] for t, m in rss]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

@@ -58,12 +58,12 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from rimuru.dataplane.adjust.order import ExpertKey, Residency, hottest
 from rimuru.dataplane.adjust.payoff import DECODE_ONLY, CostView, StepMix, eviction_pays
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import HotnessRanking, Tunables
-
-ExpertKey = tuple[int, int]  # (layer, expert)
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,6 @@ def route_probability(p: float, step: StepShape) -> float:
         return decode
     mixed = 1.0 - keep ** (max(1, step.tokens) + step.mix.extra_tokens)
     return decode + step.mix.mixed_share * (mixed - decode)
-
-
-Residency = Sequence[frozenset[int] | set[int]]  # per layer: the experts in pool pages
 
 
 def _offloaded(
@@ -208,7 +205,7 @@ def decide(
         raise ValueError("shortfall and free page counts must be >= 0")
     if len(resident) != ranking.num_layers:
         raise ValueError(f"residency has {len(resident)} layers, ranking {ranking.num_layers}")
-    if tunables.mode != "elastic":
+    if not memory_policy(tunables).moves_boundary:
         return AdjusterDecision()
     n_evict = num_to_evict(shortfall, num_free_expert_pages, tunables)
     if n_evict:
@@ -218,7 +215,7 @@ def decide(
                 return AdjusterDecision()
             spent = max(expected_copies(ranking, resident, step, counted), measured)
             checks.append(_within_budget(tunables.copy_budget - spent, step, counted))
-        if tunables.elastic_rule == "cost" and costs is not None:
+        if memory_policy(tunables).prices_copies and costs is not None:
             checks.append(_paying(costs, step.top_k if step else 1))
         return AdjusterDecision(evict=_coldest(n_evict, ranking, resident, tunables, checks))
     n_load = num_to_load(shortfall, num_free_expert_pages, tunables)
@@ -294,29 +291,6 @@ def _coldest(
         offloaded[layer] += 1
         if pos + 1 < len(queues[layer]) and offloaded[layer] < t.expert_offload_limit:
             heapq.heappush(heap, (ranking.share(layer, queues[layer][pos + 1]), layer, pos + 1))
-    return tuple(chosen)
-
-
-def hottest(n: int, ranking: HotnessRanking, resident: Residency) -> tuple[ExpertKey, ...]:
-    # A layer with every expert resident is skipped whole: the grow rule asks every round
-    # that has free pages, most of them with nothing offloaded.
-    everyone = ranking.num_experts
-    queues = [
-        [e for e in ranking.order[layer] if e not in resident[layer]]
-        if len(resident[layer]) < everyone
-        else []
-        for layer in range(ranking.num_layers)
-    ]
-    heap = [(-ranking.probability(layer, q[0]), layer, 0) for layer, q in enumerate(queues) if q]
-    heapq.heapify(heap)
-    chosen: list[ExpertKey] = []
-    while heap and len(chosen) < n:
-        _, layer, pos = heapq.heappop(heap)
-        chosen.append((layer, queues[layer][pos]))
-        if pos + 1 < len(queues[layer]):
-            heapq.heappush(
-                heap, (-ranking.probability(layer, queues[layer][pos + 1]), layer, pos + 1)
-            )
     return tuple(chosen)
 
 

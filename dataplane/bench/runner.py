@@ -8,6 +8,7 @@ greedy unless a temperature is given (bench_params).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -18,6 +19,8 @@ from rimuru.dataplane.bench.results import BenchResult
 from rimuru.dataplane.bench.sampling import bench_params
 from rimuru.dataplane.bench.trace import Trace
 from rimuru.dataplane.engine.engine import Engine, StepStats
+
+log = logging.getLogger(__name__)
 
 
 def run_trace(
@@ -35,7 +38,7 @@ def run_trace(
     start = clock()
     pending = list(zip(arrivals, trace.requests, strict=True))
     ids: list[str] = []
-    first_step = len(engine.stats)
+    first_step = engine.step_id
     resident_at_start = engine.experts.num_resident()  # the first step may already evict
     with RequestProgress(
         len(trace), desc=desc or engine.tunables.mode, disable=None if progress else True
@@ -62,8 +65,15 @@ def run_trace(
             )
     duration = clock() - start
     requests = [_request_record(engine, i, start) for i in ids]
-    baseline = engine.stats[first_step - 1] if first_step > 0 else None
-    steps = _step_records(engine.stats[first_step:], baseline, start)
+    baseline = engine.stats.at(first_step)
+    dropped = engine.stats.dropped_since(first_step)
+    if dropped:
+        log.warning(
+            "the run's first %d steps fell out of the engine's step log (%d records kept): "
+            "the per-step records and plots cover its last %d steps",
+            dropped, engine.stats.window, engine.stats.window,
+        )  # fmt: skip
+    steps = _step_records(engine.stats.since(first_step), baseline, start)
     config = {
         k: (v if not hasattr(v, "to_dict") else v.to_dict())
         for k, v in asdict(engine.config).items()

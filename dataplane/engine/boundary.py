@@ -31,6 +31,7 @@ from rimuru.dataplane.engine.scheduler import RoundState
 from rimuru.dataplane.engine.step_cost import StepCostMeter
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import HotnessRanking, Tunables
 
 # The most copy_scale prices copies up by: a meter that still counts copies of experts just
@@ -146,7 +147,7 @@ class ElasticBoundary:
         copy budget the order stays the ranking's: the budget's sum and its admission cap
         price by the ranking, and must count the experts the adjuster offloads."""
         t = self.policy.tunables
-        if t.mode == "elastic" and t.elastic_rule == "cost" and t.copy_budget <= 0:
+        if memory_policy(t).prices_copies and t.copy_budget <= 0:
             live = self.live.ranking(self.experts, step)
             if live is not None:
                 return live
@@ -164,7 +165,7 @@ class ElasticBoundary:
         copy_scale, or measured, the larger) and the batch one eviction's pages buy
         (pages_per_expert over what a running request holds)."""
         t = self.policy.tunables
-        if t.mode != "elastic" or t.elastic_rule != "cost":
+        if not memory_policy(t).prices_copies:
             return None
         prices = self.live.ranking(self.experts, step)
         shares = prices or self.policy.ranking
@@ -216,7 +217,7 @@ class ElasticBoundary:
 
     def _hottest_offloaded_pays(self, batch: int, step: int) -> bool:
         t = self.policy.tunables
-        if t.mode != "elastic" or t.elastic_rule != "cost" or self.experts.fully_resident():
+        if not memory_policy(t).prices_copies or self.experts.fully_resident():
             return True  # (fully resident: nothing to bring back, live routing left unread)
         prices = self.live.ranking(self.experts, step)
         hottest = self._hottest_offloaded_share(prices or self.policy.ranking)

@@ -40,6 +40,7 @@ from rimuru.dataplane.model.config import ModelConfig, parse_dtype
 from rimuru.dataplane.model.hf_layout import build_global_weights, build_layer_weights
 from rimuru.dataplane.model.hybrid_layout import build_hybrid_layer_weights
 from rimuru.dataplane.parallel.shard import shard_config
+from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import HotnessRanking, Tunables
 
 _ROUTER_BIAS_ITEMSIZE = 4  # the presets' skew bias is fp32
@@ -205,8 +206,9 @@ def _policy(
         geometry, plan, len(chosen) + slot_experts, t, config.block_size, mc.num_kv_layers
     )
     least, least_slots = len(chosen), slot_experts
-    if t.mode == "elastic":
-        least = mc.num_moe_layers * max(0, mc.num_experts - t.expert_offload_limit)
+    policy = memory_policy(t)
+    if policy.moves_boundary:
+        least = mc.num_moe_layers * policy.least_kept(mc.num_experts, t)
         least_slots = min(pool_slots, mc.num_experts - least // mc.num_moe_layers)
     at_most = _kv_tokens(
         geometry, plan, least + least_slots, t, config.block_size, mc.num_kv_layers

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from rimuru.dataplane.memory.geometry import BLOCK_SIZE
+from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import Tunables
 
 EXPERT_MATRICES = 3  # w1, w3, w2: an expert takes one page for each
@@ -158,7 +159,7 @@ class EngineConfig:
     @property
     def _copies_on_the_device(self) -> bool:
         """No step reads routing on the host mid-forward (what async scheduling needs)."""
-        return self.tunables.mode == "resident" or self.expert_copy == "device"
+        return not memory_policy(self.tunables).offloads or self.expert_copy == "device"
 
     @property
     def schedules_async(self) -> bool:
@@ -180,8 +181,8 @@ class EngineConfig:
     def with_mode(self, mode: str) -> EngineConfig:
         """This config under another memory policy (bench and plan compare policies): the
         copy budget and the TPOT SLO belong to elastic alone, so the other modes drop them."""
-        elastic = mode == "elastic"
         t = self.tunables
+        elastic = memory_policy(replace(t, mode=mode)).moves_boundary
         return replace(self, tunables=replace(
             t, mode=mode, copy_budget=t.copy_budget if elastic else 0.0,
             tpot_slo_ms=t.tpot_slo_ms if elastic else 0.0,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from rimuru.dataplane.adjust.adjuster import Residency, max_batch_within_budget
 from rimuru.dataplane.engine.expert_manager import ExpertManager
+from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import HotnessRanking, Tunables
 
 
@@ -80,8 +81,9 @@ class CopyControl:
         next burst would start held). Returns the step's expert copies. Without a budget or
         the cost rule the meter is left alone."""
         copies = experts.counters.buffer_copies - self._copies_before
-        priced = tunables.copy_budget > 0 or tunables.elastic_rule == "cost"
-        if tunables.mode != "elastic" or not priced or not self._meter_on:
+        policy = memory_policy(tunables)
+        priced = tunables.copy_budget > 0 or policy.prices_copies
+        if not policy.moves_boundary or not priced or not self._meter_on:
             return copies
         back = all(
             len(r) == len(s) for r, s in zip(experts.resident, self.start_resident, strict=True)
@@ -99,7 +101,7 @@ class CopyControl:
         elastic with a copy budget; then the model's cap, and no one more than runs now (at
         least 1: with nothing running one request is let in) while the measured copies are at
         or past the budget."""
-        if tunables.mode != "elastic" or tunables.copy_budget <= 0:
+        if not memory_policy(tunables).moves_boundary or tunables.copy_budget <= 0:
             return self.max_num_seqs
         key = (experts.residency_version, tunables.copy_budget, ranking)
         cached = self._cap_key

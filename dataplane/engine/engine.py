@@ -60,11 +60,13 @@ from rimuru.dataplane.engine.setup import (
 )
 from rimuru.dataplane.engine.step_cost import StepCostMeter
 from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
+from rimuru.dataplane.engine.step_log import StepLog
 from rimuru.dataplane.engine.step_outputs import add_placeholder, take_sampled, token_output
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.memory.reclaim import DeferredReclaim
+from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import HotnessRanking, Tunables
 
 if TYPE_CHECKING:
@@ -166,7 +168,7 @@ class Engine:
             self.policy, self.allocator, self.kv, self.experts, self.copy_control,
             self.step_cost, config.max_num_seqs, mc.top_k,
         )  # fmt: skip
-        elastic = config.tunables.mode == "elastic"
+        elastic = memory_policy(config.tunables).moves_boundary
         self.scheduler = Scheduler(
             self.kv,
             config.max_num_seqs,
@@ -185,7 +187,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.step_id = 0
         self._in_flight: InFlightStep | None = None  # async scheduling: launched, not read
-        self.stats: list[StepStats] = []
+        self.stats = StepLog()  # bounded: a recent window and totals (step_log.py)
         self.live_policy.check_buffer_fits(self.tunables)
         self.live_policy.load_initial_experts()
         self.experts.counters = ExpertCounters()  # start-up loading is not serving traffic
@@ -308,13 +310,6 @@ class Engine:
             raise ValueError(f"request {request_id!r} is still running: abort it first")
         self.requests.pop(request_id, None)
 
-    def trim_stats(self, keep: int) -> None:
-        """Keep only the last `keep` step records (a server needs the latest, a benchmark all)."""
-        if keep < 1:
-            raise ValueError("keep at least one step record")
-        if len(self.stats) > keep:
-            del self.stats[:-keep]
-
     def has_unfinished_requests(self) -> bool:
         """Requests to run, or a step in flight still to read back (async scheduling)."""
         return self.scheduler.has_unfinished() or self._in_flight is not None
@@ -337,13 +332,13 @@ class Engine:
                 refused += self._keep_alive(
                     self.liveness.preempted_alone(
                         self.requests[out.preempted_alone],
-                        pool_moves=self.tunables.mode == "elastic",
+                        pool_moves=memory_policy(self.tunables).moves_boundary,
                         fits=self.max_kv_tokens(),
                     ),
                     step,
                 )
             running = len(self.scheduler.running)  # before this step's finished leave
-            if self.tunables.mode == "elastic":
+            if memory_policy(self.tunables).moves_boundary:
                 self.boundary.move(out.kv_pages_short, self.scheduler.round_state(step))
             waiting = self.scheduler.waiting
             refused += self._keep_alive(
@@ -376,6 +371,18 @@ class Engine:
         self._finish(request, RequestStatus.FINISHED_REFUSED, step, time.monotonic())
         return [RequestOutput(request.request_id, (), True, "refused", refusal.reason)]
 
+    def _fail(self, request: Request, now: float) -> RequestOutput:
+        """Its logits held a NaN or an infinity: it ends in error, the others run on."""
+        reason = (
+            f"request {request.request_id!r}: the model's logits were not finite at output "
+            f"token {request.num_output_tokens + 1} (NaN or infinity: the weights or the "
+            f"config's numbers, e.g. rope_theta or rms_norm_eps, give no usable logits)"
+        )
+        log.error("%s", reason)
+        request.error = reason
+        self._finish(request, RequestStatus.FINISHED_ERROR, self.step_id, now)
+        return RequestOutput(request.request_id, (), True, "error", reason)
+
     def _launch(self, scheduled, step: int, prev: InFlightStep | None) -> InFlightStep:
         """Queue the step's forward and sampling on the device and start its read-back;
         each request it samples for holds a placeholder until then. `prev`: the step in
@@ -400,9 +407,12 @@ class Engine:
             self.tp.forward_done()
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
-        sampled = None
+        sampled = nonfinite = None
         if sample_requests:
             logits = self.model.compute_logits(batch.sample_hidden(hidden))
+            # a NaN or an infinity is an error for the row it hits, never a token (its
+            # argmax would pass for one); one reduction, read back with the tokens
+            nonfinite = ~torch.isfinite(logits).all(dim=-1)
             sampled = self.sampler.sample_on_device(
                 logits,
                 [r.request_id for r in sample_requests],
@@ -410,18 +420,21 @@ class Engine:
             )
             for r in sample_requests:
                 add_placeholder(r)
-        readback = Readback.start(sampled, self.experts, self.device)
+        readback = Readback.start(sampled, self.experts, self.device, nonfinite)
         return InFlightStep(step, sample_requests, sampled, readback)
 
     def _read_back(self, launched: InFlightStep) -> list[RequestOutput]:
         """Wait for a launched step, free what was released for it, and give its tokens to
         the requests still running (one stopped or aborted since drops its token)."""
-        tokens = launched.readback.wait(self.experts)
+        tokens, nonfinite = launched.readback.wait(self.experts)
         self.reclaim.complete(launched.step)  # its forward has finished (the wait above)
         now = time.monotonic()
         outputs = []
-        for r, token in zip(launched.sampled, tokens, strict=True):
+        for r, token, bad in zip(launched.sampled, tokens, nonfinite, strict=True):
             if r.status.finished:
+                continue
+            if bad:
+                outputs.append(self._fail(r, now))
                 continue
             status = take_sampled(r, token, now, self.model_config.eos_token_ids)
             if status is not None:

@@ -34,6 +34,7 @@ from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.model import MoETransformer
+from rimuru.dataplane.policies import memory_policy
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class GraphPlanner:
             self.loaded.device.type == "cuda"
             and self.paths.use_kernels
             and not c.enforce_eager
-            and (c.tunables.mode != "fixed" or c.expert_copy == "device")
+            and (memory_policy(c.tunables).graphs_with_host_copies() or c.expert_copy == "device")
             and c.moe_path == "paged"
         )
 
@@ -103,7 +104,7 @@ class GraphPlanner:
         return (
             c.cudagraph_mode == "full_and_piecewise"
             and not self.loaded.config.is_hybrid  # its pieces would cut at GDN layers too
-            and (c.expert_copy == "device" or c.tunables.mode == "resident")
+            and (c.expert_copy == "device" or not memory_policy(c.tunables).offloads)
         )
 
     def decode_sizes(self) -> tuple[int, ...]:
@@ -126,7 +127,7 @@ class GraphPlanner:
         except ValueError:
             return False
         expert_pages = plan.pool_bytes // geometry.bytes_of(PageType.EXPERT)
-        margin = t.grow_threshold if t.mode == "elastic" else 0
+        margin = memory_policy(t).free_pages_at_start(t)
         return expert_pages - margin >= mc.num_moe_layers * mc.num_experts * t.pages_per_expert
 
     def plan(self, budget: int, reserve: int, buffers: int) -> GraphPlan:
@@ -150,7 +151,7 @@ class GraphPlanner:
             return GraphPlan(0, self.uses_piecewise())
         # device copy-in: graphs whatever the residency, except resident, which never
         # offloads: there graphs must not push an expert off
-        device_copy = c.expert_copy == "device" and c.tunables.mode != "resident"
+        device_copy = c.expert_copy == "device" and memory_policy(c.tunables).offloads
         if not device_copy and not self.all_experts_fit(budget, reserve, buffers):
             return GraphPlan(0, False)
         mc, bs = loaded.config, c.block_size

@@ -19,7 +19,7 @@ class RequestOutput:
     error: str | None = None  # why, when "refused" (it can never fit) or "error"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepStats:
     step: int
     time: float

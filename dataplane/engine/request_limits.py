@@ -15,6 +15,7 @@ from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.memory.geometry import PageGeometry, PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.model.config import ModelConfig
+from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import Tunables
 
 
@@ -49,15 +50,12 @@ class RequestLimits:
         one in force) may offload were offloaded."""
         mc, t = self.model_config, tunables or self.policy.tunables
         total_expert_pages = self.pool.num_pages(PageType.EXPERT)
-        if t.mode == "elastic":
-            # the adjuster may shrink each layer to E - limit residents (a layer already
-            # below that, after a live lowering of the limit, stays where it is)
-            keep = max(0, mc.num_experts - t.expert_offload_limit)
-            min_resident = sum(min(len(r), keep) for r in self.experts.resident)
-            offloaded = max(mc.num_experts - min(len(r), keep) for r in self.experts.resident)
-        else:
-            min_resident = self.experts.num_resident()
-            offloaded = max(mc.num_experts - len(r) for r in self.experts.resident)
+        # each layer at the fewest residents the policy may leave it (a layer already below
+        # that, after a live lowering of the limit, stays where it is)
+        keep = memory_policy(t).least_kept(mc.num_experts, t)
+        kept = [len(r) if keep is None else min(len(r), keep) for r in self.experts.resident]
+        min_resident = sum(kept)
+        offloaded = max(mc.num_experts - k for k in kept)
         # device copy-in: a loading slot (three pool pages) per expert the most offloading
         # layer leaves on the host
         slots = self.experts.device_copy
@@ -103,7 +101,7 @@ class RequestLimits:
             why = (
                 f"even with expert_offload_limit={t.expert_offload_limit} experts "
                 f"offloaded per layer"
-                if t.mode == "elastic"
+                if memory_policy(t).moves_boundary
                 else f"with the {t.mode} policy's resident experts"
             )
             raise ValueError(

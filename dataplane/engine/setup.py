@@ -23,6 +23,7 @@ from rimuru.dataplane.engine.budget import (
 from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.memory.geometry import SSM_STATE_DTYPE_BYTES, MemoryShape, PageGeometry
 from rimuru.dataplane.model.config import ModelConfig
+from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import Tunables
 
 if TYPE_CHECKING:  # loaded_model.py builds its geometry with page_geometry below
@@ -70,11 +71,7 @@ def buffer_slots(c: EngineConfig, mc: ModelConfig) -> int:
     """Experts per loading buffer: given, or what the policy can leave off a layer."""
     if c.loading_buffer_slots is not None:
         return c.loading_buffer_slots  # >= 1: EngineConfig refuses less
-    if c.tunables.mode == "resident":
-        return 1
-    if c.tunables.mode == "fixed":
-        return mc.num_experts  # whatever the share leaves out of one layer
-    return max(1, min(mc.num_experts, c.tunables.expert_offload_limit))
+    return memory_policy(c.tunables).loading_slots(mc.num_experts, c.tunables)
 
 
 def num_loading_buffers(c: EngineConfig) -> int:
@@ -93,7 +90,7 @@ def loading_buffer_bytes(c: EngineConfig, slots: int, geometry: PageGeometry) ->
 def check_buffer_fits(tunables: Tunables, num_experts: int, slots: int) -> None:
     """Elastic: a layer's offloaded experts must all fit one loading buffer (sized at start)."""
     limit = min(tunables.expert_offload_limit, num_experts)
-    if tunables.mode == "elastic" and limit > slots:
+    if memory_policy(tunables).moves_boundary and limit > slots:
         raise ValueError(
             f"expert_offload_limit={tunables.expert_offload_limit} exceeds the loading "
             f"buffers' {slots} slots set at start-up: restart with loading_buffer_slots "

@@ -35,7 +35,7 @@ from typing import Any
 from rimuru.dataplane.engine.engine import Engine, RequestOutput
 from rimuru.dataplane.engine.request import Request, RequestStatus
 from rimuru.dataplane.serve.engine_state import take_snapshot, warm_up
-from rimuru.dataplane.serve.errors import EngineFailed, InvalidArgument, QueueFull
+from rimuru.dataplane.serve.errors import EngineFailed, InvalidArgument, QueueFull, RequestFailed
 from rimuru.dataplane.serve.events import (
     EngineSnapshot,
     Event,
@@ -53,7 +53,6 @@ from rimuru.dataplane.serve.observer import Observer
 log = logging.getLogger("rimuru.serve.engine")
 
 Sink = Callable[[Event], None]  # called on the event loop
-_KEEP_STEP_STATS = 64  # the engine appends one StepStats a step; a server keeps only recent ones
 
 
 @dataclass
@@ -276,7 +275,6 @@ class EngineLoop:
         started = time.monotonic()
         outputs = engine.step()
         self._needs_reclaim_step = False
-        engine.trim_stats(_KEEP_STEP_STATS)
         for stream in self._streams.values():
             if stream.scheduled_time is None and stream.request.status is not RequestStatus.WAITING:
                 stream.scheduled_time = started
@@ -293,6 +291,17 @@ class EngineLoop:
                 continue
             num_new += len(out.new_token_ids)
             self._post(stream.sink, TokensEvent(tuple(out.new_token_ids)))
+            if out.error is not None:  # the engine gave up on it: the client is told why
+                del self._streams[out.request_id]
+                engine.forget(out.request_id)
+                self._observer.on_aborted(out.finish_reason)
+                error = (
+                    InvalidArgument("prompt", out.error)
+                    if out.finish_reason == "refused"
+                    else RequestFailed(out.error)
+                )
+                self._post(stream.sink, RejectedEvent(error))
+                continue
             if out.finished:
                 del self._streams[out.request_id]
                 engine.forget(out.request_id)

@@ -42,12 +42,18 @@ class EngineFailed(ServeError):
     """The engine thread stopped on an unexpected error; the server is unhealthy."""
 
 
+class RequestFailed(ServeError):
+    """The engine could not finish this one request (its logits were not finite, say);
+    the others run on."""
+
+
 _CODES: dict[type[ServeError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     EngineFailed: grpc.StatusCode.INTERNAL,
+    RequestFailed: grpc.StatusCode.INTERNAL,
 }
 
 
