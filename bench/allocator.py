@@ -15,9 +15,9 @@ import time
 
 from rimuru.dataplane.adjust.adjuster import StepShape, decide
 from rimuru.dataplane.adjust.payoff import CostView, StepCost
-from rimuru.dataplane.engine.kv_cache import KVCacheManager
-from rimuru.dataplane.engine.request import Request, SamplingParams
-from rimuru.dataplane.engine.scheduler import Scheduler
+from rimuru.dataplane.engine.sched.kv_cache import KVCacheManager
+from rimuru.dataplane.engine.sched.request import Request, SamplingParams
+from rimuru.dataplane.engine.sched.scheduler import Scheduler
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
 from rimuru.dataplane.memory.reclaim import DeferredReclaim

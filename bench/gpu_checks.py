@@ -50,12 +50,12 @@ from pathlib import Path
 
 import torch
 
-from rimuru.dataplane.engine.budget import estimate_activation_bytes
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.piecewise_graphs import graph_driver_bytes
-from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.model import PRESETS
+from rimuru.dataplane.engine.graphs.piecewise_graphs import graph_driver_bytes
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.startup.budget import estimate_activation_bytes
+from rimuru.dataplane.engine.startup.config import EngineConfig
+from rimuru.dataplane.model.checkpoint import PRESETS
 from rimuru.policy import MODES, Tunables
 
 MiB = 2**20
@@ -341,7 +341,7 @@ def _padded_kv_checkpoint(path: Path) -> None:
 def padded_kv_pages(device: str) -> str:
     import tempfile
 
-    from rimuru.dataplane.engine.setup import loading_buffer_bytes
+    from rimuru.dataplane.engine.startup.setup import loading_buffer_bytes
     from rimuru.dataplane.memory.geometry import PageType
 
     with tempfile.TemporaryDirectory() as tmp:

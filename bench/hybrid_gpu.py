@@ -35,12 +35,13 @@ from pathlib import Path
 import torch
 
 from rimuru.cli import main as rimuru_main
-from rimuru.dataplane.engine.capacity import non_pool_weight_bytes
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.model import gated_delta, preset_config
-from rimuru.dataplane.model.causal_conv import causal_conv1d
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.startup.capacity import non_pool_weight_bytes
+from rimuru.dataplane.engine.startup.config import EngineConfig
+from rimuru.dataplane.model.checkpoint import preset_config
+from rimuru.dataplane.model.hybrid import gated_delta
+from rimuru.dataplane.model.hybrid.causal_conv import causal_conv1d
 from rimuru.policy import Tunables
 
 GiB = 2**30
@@ -62,7 +63,7 @@ def _err(got: torch.Tensor, want: torch.Tensor) -> str:
 
 
 def kernel_checks() -> list[tuple[str, str]]:
-    from rimuru.dataplane.engine.paged_states import StepPart, _fla_chunk_prefill
+    from rimuru.dataplane.engine.forward.paged_states import StepPart, _fla_chunk_prefill
     from rimuru.kernels import causal_conv_decode, causal_conv_prefill, gated_delta_decode
 
     gdn = preset_config(MODEL).linear_attention

@@ -274,7 +274,7 @@ def check_router(tokens=(64, 256)) -> list[dict]:
     experts weigh the same), the largest weight difference, and each side's time
     (CUDA-graph replays). Then the routing histogram of those ids (every fourth row a graph's
     padding row, added to a running total): equal to torch's, and each side's time."""
-    from rimuru.dataplane.engine.routing_histogram import routing_histogram_torch
+    from rimuru.dataplane.engine.experts.routing_histogram import routing_histogram_torch
     from rimuru.dataplane.model.layers import router_topk as torch_router_topk
     from rimuru.kernels import router_topk, routing_histogram
     from rimuru.kernels.moe_bench import replay_ms

@@ -47,10 +47,10 @@ from roofline import decode_roofline
 from torch.profiler import ProfilerActivity, profile
 
 from rimuru.dataplane.bench.trace import load_trace
-from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EngineConfig
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.flags import on_off
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.startup.config import CUDAGRAPH_MODES, EngineConfig
 from rimuru.dataplane.memory.units import parse_bytes
 from rimuru.policy import Tunables
 

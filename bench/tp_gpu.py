@@ -29,8 +29,8 @@ import torch
 from rimuru.dataplane.bench.arrivals import arrival_times
 from rimuru.dataplane.bench.runner import run_trace
 from rimuru.dataplane.bench.trace import load_trace
-from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.memory.units import parse_bytes
 from rimuru.dataplane.parallel.launch import engine_builder
 from rimuru.policy import MODES, Tunables

@@ -22,7 +22,7 @@ cu_seqlens[S] = T: not checked, that would synchronise with the host). A page id
 padding sequence: its rows of out are zeros and no page is written. The page ids of the
 other sequences must be distinct and < P.
 
-The numerics are the torch path's (dataplane/model/causal_conv.py): the sum in fp32, rounded
+The numerics are the torch path's (dataplane/model/hybrid/causal_conv.py): the sum in fp32, rounded
 to x's dtype (F.conv1d's output), then SiLU in fp32 rounded again.
 
 states is the pool's view of its pages: each page's [C, K-1] is contiguous but the page

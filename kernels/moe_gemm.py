@@ -213,7 +213,7 @@ def _output_tile(
 
 
 # Ints that vary with the batch are not specialised: one compiled variant serves every batch
-# (the engine compiles each variant once at start-up, dataplane/engine/warmup.py).
+# (the engine compiles each variant once at start-up, dataplane/engine/startup/warmup.py).
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_m_blocks", "a_num_rows"])
 def _moe_gemm_kernel(
     a_ptr,  # up: x [T, D] (or, GATHER off, its presorted rows [R, D]); down: act [R, I]

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 
-# T varies with the batch: one compiled variant serves every batch (dataplane/engine/warmup.py).
+# T varies with the batch: one compiled variant serves every batch (dataplane/engine/startup/warmup.py).
 @triton.jit(do_not_specialize=["num_tokens"])
 def _moe_sum_kernel(y_ptr, out_ptr, num_tokens, D, TOP_K: tl.constexpr, BLOCK_D: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)

@@ -7,7 +7,7 @@ Shape key: T = tokens, K = top-k, P = T*K pairs, E = experts.
 
 counts[e] = the pairs of rows with row_mask 1 (every row when None; 0 marks a CUDA graph's
 padding row) routed to expert e; when `total` is given, counts is also added to it in place.
-The same as the torch chain it replaces (rimuru.dataplane.engine.routing_histogram, the CPU
+The same as the torch chain it replaces (rimuru.dataplane.engine.experts.routing_histogram, the CPU
 path: zeros, ones, scatter_add and the add into the total, four to five launches a layer on
 the GPU).
 

@@ -24,17 +24,17 @@ __version__ = "0.1.0"
 # torch) does not import the engine.
 _API = {
     "Engine": "rimuru.dataplane.engine.engine",
-    "EngineConfig": "rimuru.dataplane.engine.config",
-    "SamplingParams": "rimuru.dataplane.engine.request",
+    "EngineConfig": "rimuru.dataplane.engine.startup.config",
+    "SamplingParams": "rimuru.dataplane.engine.sched.request",
     "Tunables": "rimuru.policy",
     "HotnessRanking": "rimuru.policy",
 }
 __all__ = ["Engine", "EngineConfig", "HotnessRanking", "SamplingParams", "Tunables"]
 
 if TYPE_CHECKING:
-    from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.engine.engine import Engine
-    from rimuru.dataplane.engine.request import SamplingParams
+    from rimuru.dataplane.engine.sched.request import SamplingParams
+    from rimuru.dataplane.engine.startup.config import EngineConfig
     from rimuru.policy import HotnessRanking, Tunables
 
 

@@ -16,13 +16,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "rimuru.dataplane.bench.cli",
         "run the serving benchmark (default: CPU, tiny preset)",
     ),
-    "generate": ("rimuru.dataplane.engine.cli_generate", "generate text for one prompt"),
+    "generate": ("rimuru.dataplane.cli.generate", "generate text for one prompt"),
     "profile-hotness": (
-        "rimuru.dataplane.engine.cli_hotness",
+        "rimuru.dataplane.cli.hotness",
         "write the offline hotness ranking of experts from sample prompts",
     ),
     "plan": (
-        "rimuru.dataplane.engine.cli_plan",
+        "rimuru.dataplane.cli.plan",
         "how a memory budget splits and how much KV cache each policy gets (no weights loaded)",
     ),
     "serve": ("rimuru.dataplane.serve.cli", "serve inference over gRPC (data plane)"),

@@ -28,7 +28,7 @@ def test_the_policy_leaf_imports_no_torch_and_no_grpc():
 def test_the_planes_share_one_type():
     # The data plane's engine and the control plane's store speak the very same classes.
     from rimuru.controlplane import store
-    from rimuru.dataplane.engine import config
+    from rimuru.dataplane.engine.startup import config
     from rimuru.policy import Tunables
 
     assert config.Tunables is Tunables is store.Tunables

@@ -37,7 +37,7 @@ evictions would raise the sum again, so the budget also caps admission
 while it binds, and pages that running requests free bring experts back by the usual grow
 rule (hottest first), which lowers the sum and lifts the cap once the experts that come
 back are ones the budget counts. The ranking can be wrong about what is cold, so the engine
-also measures the copies its decode steps make (engine/copy_budget.py) and the budget
+also measures the copies its decode steps make (engine/experts/copy_budget.py) and the budget
 counts the larger figure.
 
 Cost rule (`tunables.elastic_rule = "cost"`, the default; "paper" is the rules above alone):
@@ -46,7 +46,7 @@ the batch its pages buy against the copies it adds, priced over the steps the en
 (decode-only and mixed: the same sum, each term averaged over `StepShape.mix`). The first that does not pay ends the
 round, so `expert_offload_limit` becomes a ceiling the rule stays under by itself. The
 engine then hands `decide` recent routing as the ranking, so that evictions go coldest first
-by the routing that prices them (engine/boundary.py, ElasticBoundary.order).
+by the routing that prices them (engine/sched/boundary.py, ElasticBoundary.order).
 
 `reserve` then turns a decision into a ChangeList with page ids from the allocator.
 """
@@ -123,7 +123,7 @@ def max_batch_within_budget(
     """The largest decode batch B in [1, limit] whose expected copies stay within `budget`;
     1 even when one token passes it (a request must always be able to run). The sum grows
     with B, so a bisection over the offloaded experts (the engine caches the result per
-    residency: engine/copy_budget.py)."""
+    residency: engine/experts/copy_budget.py)."""
     keep = [
         1.0 - min(1.0, top_k * ranking.share(layer, e))
         for layer, e in _offloaded(ranking, resident, counted)
@@ -196,7 +196,7 @@ def decide(
     """Pure: what to evict or load this round (see the module docstring). `step` is needed
     for a copy budget; without it the budget is not applied. `counted`: the experts whose
     absence the budget prices (the start-up residency; None: all). `measured`: copies per
-    decode step lately (the engine's CopyMeter, engine/copy_budget.py); the budget counts the larger of it and the
+    decode step lately (the engine's CopyMeter, engine/experts/copy_budget.py); the budget counts the larger of it and the
     ranking's expectation, and at or past the budget evicts nothing, not even experts the
     ranking calls free (it is evidently wrong about them). `costs`: what the cost rule
     (elastic_rule "cost", payoff.py) prices evictions with; without it (or with the paper

@@ -24,7 +24,7 @@ c and dc are copies per step over the steps the engine runs (`StepMix`): a decod
 routes one token per running request, a mixed one also the prompt chunks scheduled with
 them, which route to nearly every expert. The eviction adds (p: the expert's routing share,
 K: top-k, w: the share of steps that carry prompt tokens, X: the prompt tokens such a step
-carries beyond one per request, both measured by engine/step_cost.py)
+carries beyond one per request, both measured by engine/experts/step_cost.py)
 
     dc = (1 - w) * q(B + dB) + w * q(B + dB + X),   q(N) = 1 - (1 - min(1, K p))^N
 
@@ -60,7 +60,7 @@ batch (`CostView.copy_scale`), never below 1: after an eviction round the measur
 lags the new residency, and a scale below 1 would then price the next round's copies low.
 
 Pure: no torch, no clock. The engine measures the StepCost and the StepMix
-(engine/step_cost.py).
+(engine/experts/step_cost.py).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class CostView:
     batch_per_eviction: float  # dB: pages_per_expert / what a running request holds
     demand: bool  # requests wait or a running one lacks pages: more pages buy batch
     tpot_slo_s: float | None = None  # a decode step may take at most this long
-    # Routing shares to price copies by (recent routing, engine/live_routing.py); None: the
+    # Routing shares to price copies by (recent routing, engine/experts/live_routing.py); None: the
     # ranking's that orders the evictions.
     prices: HotnessRanking | None = None
     recent_step_s: float = 0.0  # decode steps' measured time lately (0: none seen)

@@ -17,10 +17,7 @@ from pathlib import Path
 from rimuru.cli_args import positive_int, target
 from rimuru.dataplane.bench.arrivals import arrival_times, parse_request_rate
 from rimuru.dataplane.bench.goodput import (
-    align_columns,
     find_max_rate,
-    format_goodput_table,
-    format_max_rate_table,
     slo_section,
 )
 from rimuru.dataplane.bench.plots import plot_memory_split, plot_rate_search, plot_rate_sweep
@@ -28,9 +25,10 @@ from rimuru.dataplane.bench.rate_search import RateSearch
 from rimuru.dataplane.bench.results import BenchResult, output_dir, write_results
 from rimuru.dataplane.bench.sampling import bench_params
 from rimuru.dataplane.bench.slo import SLO, parse_slo
+from rimuru.dataplane.bench.tables import format_table, print_slo_tables
 from rimuru.dataplane.bench.trace import check_trace_fits_model, load_trace
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.policy import MODES, parse_modes
 
 DEFAULT_NUM_PROMPTS = 200  # the bundled CPU trace's size
@@ -295,43 +293,7 @@ def _slo_section(slo: SLO | None, results, searches) -> dict | None:
     return slo_section(slo, results, searches) if slo is not None else None
 
 
-def print_slo_tables(
-    slo: SLO | None, results: list[BenchResult], searches: dict[str, RateSearch]
-) -> None:
-    if slo is None:
-        return
-    print(f"\nSLO {slo}: goodput = requests/s within every limit")
-    print(format_goodput_table(slo, results))
-    if searches:
-        print("\nhighest request rate meeting the SLO")
-        print(format_max_rate_table(slo, results, searches))
-
-
 def run_trace(*args, **kwargs):
     from rimuru.dataplane.bench.runner import run_trace as _run_trace
 
     return _run_trace(*args, **kwargs)
-
-
-COLUMNS = (
-    ("policy", "policy", "{}"),
-    ("rate", "request_rate", "{:g}"),
-    ("peak conc", "peak_running", "{}"),
-    ("steps", "forward_steps", "{}"),
-    ("out tok/s", "output_tok_s", "{:.1f}"),
-    ("TTFT p50 ms", "ttft_p50_ms", "{:.0f}"),
-    ("TTFT p99 ms", "ttft_p99_ms", "{:.0f}"),
-    ("TPOT p50 ms", "tpot_p50_ms", "{:.1f}"),
-    ("TPOT p99 ms", "tpot_p99_ms", "{:.1f}"),
-    ("preempt", "preemptions", "{}"),
-    ("evict", "evictions", "{}"),
-    ("loads", "loads", "{}"),
-)
-
-
-def format_table(results: list[BenchResult]) -> str:
-    rows = [[title for title, _, _ in COLUMNS]]
-    for r in results:
-        h = r.headline()
-        rows.append([fmt.format(h[key]) if h[key] is not None else "-" for _, key, fmt in COLUMNS])
-    return align_columns(rows)

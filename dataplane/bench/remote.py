@@ -29,6 +29,7 @@ from rimuru.dataplane.bench.rate_search import RateSearch
 from rimuru.dataplane.bench.results import BenchResult, output_dir, write_results
 from rimuru.dataplane.bench.sampling import bench_params
 from rimuru.dataplane.bench.slo import SLO
+from rimuru.dataplane.bench.tables import format_table, print_slo_tables
 from rimuru.dataplane.bench.trace import Trace
 from rimuru.dataplane.serve.client import StreamResult, open_channel, stream_generate
 from rimuru.v1 import inference_pb2 as pb
@@ -42,8 +43,6 @@ def run_remote(
 ) -> int:
     """The trace at each rate, or with --find-max-rate the search (goodput.py) over the
     server's one policy: each rate is one `_run_all` call, as in-process each is one run."""
-
-    from rimuru.dataplane.bench.cli import format_table, print_slo_tables
 
     out_dir = output_dir(args.output_dir)
     results: list[BenchResult] = []

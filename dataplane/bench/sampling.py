@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 
 
 def bench_params(output_len: int, index: int, temperature: float) -> SamplingParams:

@@ -120,7 +120,7 @@ def check_trace_fits_model(trace: Trace, model: str) -> None:
     """Refuse to replay `trace` on a model whose vocabulary lacks some of its token ids (ids
     mean something only under the tokenizer that made them). Reads the model's config, no
     weights, so the mismatch is refused before an engine's start-up, not at its first prompt."""
-    from rimuru.dataplane.model import PRESETS, model_config  # torch: only when checking
+    from rimuru.dataplane.model.checkpoint import PRESETS, model_config  # torch: only when checking
 
     top, vocab_size = trace.max_token_id, model_config(model).vocab_size
     if top < vocab_size:

@@ -17,40 +17,42 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
-from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
-from rimuru.dataplane.engine.boundary import ElasticBoundary
-from rimuru.dataplane.engine.budget import MemoryPlan, plan_memory
-from rimuru.dataplane.engine.capacity import check_before_loading
-from rimuru.dataplane.engine.config import EngineConfig, check_device_available
-from rimuru.dataplane.engine.copy_budget import CopyControl
-from rimuru.dataplane.engine.cuda_graphs import DecodeGraphs
-from rimuru.dataplane.engine.expert_manager import ExpertCounters, ExpertManager
-from rimuru.dataplane.engine.graph_setup import NO_GRAPHS, CudaGraphs, GraphPlanner
-from rimuru.dataplane.engine.in_flight import InFlightStep, Readback, TokenFill
-from rimuru.dataplane.engine.kv_cache import KVCacheManager
-from rimuru.dataplane.engine.live_policy import LivePolicy
-from rimuru.dataplane.engine.liveness import LivenessGuard, Refusal
-from rimuru.dataplane.engine.loaded_model import load_model
-from rimuru.dataplane.engine.outputs import RequestOutput, StepStats
+from rimuru.dataplane.engine.experts.copy_budget import CopyControl
+from rimuru.dataplane.engine.experts.expert_manager import ExpertCounters, ExpertManager
+from rimuru.dataplane.engine.experts.step_cost import StepCostMeter
+from rimuru.dataplane.engine.forward.block_table_store import DeviceBlockTables
+from rimuru.dataplane.engine.forward.in_flight import InFlightStep, Readback, TokenFill
+from rimuru.dataplane.engine.forward.paged_attention import PagedAttention
+from rimuru.dataplane.engine.forward.paged_states import PagedStates
+from rimuru.dataplane.engine.forward.sampling import Sampler
+from rimuru.dataplane.engine.forward.step_outputs import add_placeholder, take_sampled, token_output
+from rimuru.dataplane.engine.graphs.cuda_graphs import DecodeGraphs
+from rimuru.dataplane.engine.graphs.graph_setup import NO_GRAPHS, CudaGraphs, GraphPlanner
 from rimuru.dataplane.engine.page_accounting import check_page_owners, num_leaked_request_pages
-from rimuru.dataplane.engine.paged_attention import PagedAttention
-from rimuru.dataplane.engine.paged_states import PagedStates
-from rimuru.dataplane.engine.policy_state import PolicyState
-from rimuru.dataplane.engine.request import (
+from rimuru.dataplane.engine.sched.boundary import ElasticBoundary
+from rimuru.dataplane.engine.sched.kv_cache import KVCacheManager
+from rimuru.dataplane.engine.sched.liveness import LivenessGuard, Refusal
+from rimuru.dataplane.engine.sched.outputs import RequestOutput, StepStats
+from rimuru.dataplane.engine.sched.policy_state import PolicyState
+from rimuru.dataplane.engine.sched.request import (
     Request,
     RequestStatus,
     SamplingParams,
     raise_if_failed,
 )
-from rimuru.dataplane.engine.request_limits import RequestLimits
-from rimuru.dataplane.engine.sampling import Sampler
-from rimuru.dataplane.engine.scheduler import Scheduler
-from rimuru.dataplane.engine.setup import (
+from rimuru.dataplane.engine.sched.request_limits import RequestLimits
+from rimuru.dataplane.engine.sched.scheduler import Scheduler
+from rimuru.dataplane.engine.sched.step_log import StepLog
+from rimuru.dataplane.engine.startup.budget import MemoryPlan, plan_memory
+from rimuru.dataplane.engine.startup.capacity import check_before_loading
+from rimuru.dataplane.engine.startup.config import EngineConfig, check_device_available
+from rimuru.dataplane.engine.startup.live_policy import LivePolicy
+from rimuru.dataplane.engine.startup.loaded_model import load_model
+from rimuru.dataplane.engine.startup.setup import (
     activation_reserve,
     budget_bytes,
     buffer_slots,
@@ -58,10 +60,7 @@ from rimuru.dataplane.engine.setup import (
     num_loading_buffers,
     warm_up_kernels,
 )
-from rimuru.dataplane.engine.step_cost import StepCostMeter
 from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
-from rimuru.dataplane.engine.step_log import StepLog
-from rimuru.dataplane.engine.step_outputs import add_placeholder, take_sampled, token_output
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
@@ -70,7 +69,7 @@ from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import HotnessRanking, Tunables
 
 if TYPE_CHECKING:
-    from rimuru.dataplane.parallel.leader import StepLeader
+    from rimuru.dataplane.engine.tp_link import StepLeader
 
 log = logging.getLogger("rimuru.engine")
 
@@ -203,11 +202,6 @@ class Engine:
                 mc.num_moe_layers * mc.num_experts,
                 self.allocator.num_free(PageType.KV),
             )
-
-    @classmethod
-    def from_config(cls, config: EngineConfig | None = None, **overrides) -> Engine:
-        config = replace(config or EngineConfig(), **overrides)
-        return cls(config)
 
     # ------------------------------------------------------------------ policy
     @property
@@ -405,8 +399,7 @@ class Engine:
         )
         if self.tp is not None:
             self.tp.forward_done()
-        for s in scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
+        self.scheduler.computed(scheduled)
         sampled = nonfinite = None
         if sample_requests:
             logits = self.model.compute_logits(batch.sample_hidden(hidden))

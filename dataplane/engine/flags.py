@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rimuru.dataplane.engine.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES, EngineConfig
+from rimuru.dataplane.engine.startup.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES, EngineConfig
 from rimuru.dataplane.memory.units import parse_bytes
 from rimuru.policy import ELASTIC_RULES, MODES, Tunables
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.policy import HotnessRanking
 
 

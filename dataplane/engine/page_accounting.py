@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING
-from rimuru.dataplane.engine.expert_manager import ExpertManager
-from rimuru.dataplane.engine.request import Request
+from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.graphs.cuda_graphs import GRAPH_PADDING
+from rimuru.dataplane.engine.sched.request import Request
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageGeometry, PageType
 from rimuru.dataplane.memory.reclaim import DeferredReclaim, Pending

@@ -10,17 +10,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
-from rimuru.dataplane.engine.cuda_graphs import DecodeGraphs
-from rimuru.dataplane.engine.in_flight import TokenFill
-from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
-from rimuru.dataplane.engine.paged_states import HybridStepMeta, StateMeta
-from rimuru.dataplane.engine.piecewise_graphs import PiecewiseGraphs
-from rimuru.dataplane.engine.pinned_upload import to_device
-from rimuru.dataplane.engine.request import Request
+from rimuru.dataplane.engine.forward.block_table_store import DeviceBlockTables
+from rimuru.dataplane.engine.forward.in_flight import TokenFill
+from rimuru.dataplane.engine.forward.paged_attention import PagedAttentionMeta, SequenceSlice
+from rimuru.dataplane.engine.forward.paged_states import HybridStepMeta, StateMeta
+from rimuru.dataplane.engine.forward.pinned_upload import to_device
+from rimuru.dataplane.engine.graphs.cuda_graphs import DecodeGraphs
+from rimuru.dataplane.engine.graphs.piecewise_graphs import PiecewiseGraphs
+from rimuru.dataplane.engine.sched.request import Request
 from rimuru.dataplane.memory.tables import StatePages
 from rimuru.dataplane.model import MoETransformer
-from rimuru.dataplane.model.hybrid_transformer import HybridTransformer
+from rimuru.dataplane.model.hybrid.transformer import HybridTransformer
 
 
 @dataclass(frozen=True)

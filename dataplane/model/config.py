@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rimuru.dataplane.model.hybrid_config import LinearAttentionConfig
+from rimuru.dataplane.model.linear_attention import LinearAttentionConfig
 
 FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_moe")
 HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_moe")

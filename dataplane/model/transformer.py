@@ -118,7 +118,7 @@ class MoETransformer:
         """input_ids [T], positions [T] -> final-normed hidden states [T, D].
 
         The pieces between two attentions (`embed`, `pre_attention`, `post_attention`) are
-        also what piecewise CUDA graphs capture (engine/piecewise_graphs.py)."""
+        also what piecewise CUDA graphs capture (engine/graphs/piecewise_graphs.py)."""
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
             raise ValueError(
                 f"input_ids and positions must both be 1-D [T] (flattened batch), got "

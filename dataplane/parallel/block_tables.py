@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from rimuru.dataplane.engine.paged_attention import SequenceSlice
-from rimuru.dataplane.engine.request import Request
+from rimuru.dataplane.engine.forward.paged_attention import SequenceSlice
+from rimuru.dataplane.engine.sched.request import Request
 from rimuru.dataplane.memory.tables import BlockTable
 
 _TRAVELLING = BlockTable(0)  # a slice's table while it travels: the delta carries its rows

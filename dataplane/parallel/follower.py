@@ -15,14 +15,14 @@ from dataclasses import replace
 
 import torch
 
-from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
-from rimuru.dataplane.engine.budget import plan_memory
-from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.expert_manager import ExpertManager
-from rimuru.dataplane.engine.loaded_model import load_model
-from rimuru.dataplane.engine.paged_attention import PagedAttention
-from rimuru.dataplane.engine.paged_states import PagedStates
-from rimuru.dataplane.engine.setup import (
+from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.forward.block_table_store import DeviceBlockTables
+from rimuru.dataplane.engine.forward.paged_attention import PagedAttention
+from rimuru.dataplane.engine.forward.paged_states import PagedStates
+from rimuru.dataplane.engine.startup.budget import plan_memory
+from rimuru.dataplane.engine.startup.config import EngineConfig
+from rimuru.dataplane.engine.startup.loaded_model import load_model
+from rimuru.dataplane.engine.startup.setup import (
     activation_reserve,
     budget_bytes,
     buffer_slots,

@@ -7,8 +7,8 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.startup.config import EngineConfig
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from rimuru.dataplane.engine.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
 from rimuru.dataplane.engine.step_forward import StepBatch
 from rimuru.dataplane.parallel.block_tables import BlockTableSender
 from rimuru.dataplane.parallel.groups import RankGroups

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rimuru.dataplane.adjust.adjuster import ChangeList
-from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.engine.step_forward import StepBatch
 from rimuru.dataplane.parallel.block_tables import BlockTableDelta
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rimuru.dataplane.engine.budget import MemoryPlan
-from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.startup.budget import MemoryPlan
+from rimuru.dataplane.engine.startup.config import EngineConfig
+from rimuru.dataplane.model.checkpoint.shard import ShardedWeights, TensorShard
 from rimuru.dataplane.model.ops import LayerOps, TorchOps
 from rimuru.dataplane.model.weights import WeightSource
 from rimuru.dataplane.parallel.groups import RankGroups
 from rimuru.dataplane.parallel.reduce_ops import AllReduceOps
-from rimuru.dataplane.parallel.shard import ShardedWeights, TensorShard
 
 
 def rank_config(config: EngineConfig, rank: int) -> EngineConfig:

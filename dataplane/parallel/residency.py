@@ -22,7 +22,7 @@ import hashlib
 import torch
 
 from rimuru.dataplane.adjust.adjuster import ChangeList, ExpertLoad
-from rimuru.dataplane.engine.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
 from rimuru.dataplane.memory.tables import NOT_PRESENT
 
 

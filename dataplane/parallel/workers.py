@@ -22,15 +22,15 @@ import traceback
 
 import torch
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.model import model_config
+from rimuru.dataplane.engine.startup.config import EngineConfig
+from rimuru.dataplane.model.checkpoint import model_config
+from rimuru.dataplane.model.checkpoint.shard import check_shardable
 from rimuru.dataplane.parallel.follower import follower_main
 from rimuru.dataplane.parallel.groups import RankGroups, rank_zero_store
 from rimuru.dataplane.parallel.leader import StepLeader
 from rimuru.dataplane.parallel.messages import Shutdown, StartEngine
 from rimuru.dataplane.parallel.rank import rank_config
-from rimuru.dataplane.parallel.shard import check_shardable
 from rimuru.dataplane.parallel.watchdog import first_exited, stop_for, watch_followers
 
 log = logging.getLogger("rimuru.parallel")

@@ -17,8 +17,8 @@ import signal
 import socket
 
 from rimuru.cli_args import log_level, port, positive_int, target
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
+from rimuru.dataplane.engine.startup.config import EngineConfig
 
 log = logging.getLogger("rimuru.serve")
 DEFAULT_PORT = 50052  # the control plane's default is 50051
@@ -97,7 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rimuru.dataplane.engine.config import check_device_available
+    from rimuru.dataplane.engine.startup.config import check_device_available
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     config = engine_config(args)  # a ValueError here is reported by rimuru.cli, exit 2
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     check_device_available(config.device)
     import torch
 
-    from rimuru.dataplane.engine.capacity import check_before_loading
+    from rimuru.dataplane.engine.startup.capacity import check_before_loading
 
     # What the engine would refuse only in the background, after the port is open and with
     # exit 1, refused here: exit 2.

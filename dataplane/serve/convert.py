@@ -7,7 +7,7 @@ bad field raises InvalidArgument naming it as the proto spells it.
 
 from __future__ import annotations
 
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.model.tokenizer import Tokenizer
 from rimuru.dataplane.serve.errors import FailedPrecondition, InvalidArgument
 from rimuru.dataplane.serve.events import (

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rimuru.dataplane.engine.engine import Engine, RequestOutput
-from rimuru.dataplane.engine.request import Request, RequestStatus
+from rimuru.dataplane.engine.sched.request import Request, RequestStatus
 from rimuru.dataplane.serve.engine_state import take_snapshot, warm_up
 from rimuru.dataplane.serve.errors import EngineFailed, InvalidArgument, QueueFull, RequestFailed
 from rimuru.dataplane.serve.events import (

@@ -7,7 +7,7 @@ frozen and may be handed to any thread.
 from __future__ import annotations
 
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.serve.events import EngineSnapshot, ModelInfo
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.serve.errors import ServeError
 from rimuru.policy import HotnessRanking, Tunables
 

@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.model.tokenizer import Tokenizer
 from rimuru.dataplane.serve.chat_template import CHATML_END, ChatTemplate
 from rimuru.dataplane.serve.errors import FailedPrecondition, InvalidArgument, ServeError

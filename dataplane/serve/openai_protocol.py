@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.serve.errors import (
     EngineFailed,
     FailedPrecondition,

@@ -25,8 +25,8 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import MetricReader
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.model.tokenizer import Tokenizer, load_tokenizer
 from rimuru.dataplane.parallel.launch import start_engine
 from rimuru.dataplane.serve.control import ControlPlaneLink, PolicyFollower

@@ -60,7 +60,7 @@ class Tunables:
     # Elastic: the expert copies per decode step that the experts the adjuster offloaded
     # may cost: the larger of what the ranking's routing probabilities expect at the batch
     # and what the steps measurably copy; it stops evictions and caps admission
-    # (adjust/adjuster.py, engine/copy_budget.py). Experts offloaded at start-up are
+    # (adjust/adjuster.py, engine/experts/copy_budget.py). Experts offloaded at start-up are
     # outside it. 0 = no budget: offload up to expert_offload_limit whatever it costs.
     copy_budget: float = 0.0
     elastic_rule: str = "cost"

@@ -271,8 +271,8 @@ def test_a_sampled_run_draws_each_request_from_its_own_seed():
     streams, and they are not the greedy ones."""
     from rimuru.dataplane.bench.runner import run_trace
     from rimuru.dataplane.bench.trace import load_trace
-    from rimuru.dataplane.engine.config import EngineConfig
     from rimuru.dataplane.engine.engine import Engine
+    from rimuru.dataplane.engine.startup.config import EngineConfig
 
     trace = load_trace("sharegpt_qwen_cpu").head(6)
 
@@ -288,7 +288,7 @@ def test_a_sampled_run_draws_each_request_from_its_own_seed():
 
 def test_policies_compared_on_cuda_share_one_scheduling():
     from rimuru.dataplane.bench.cli import same_scheduling
-    from rimuru.dataplane.engine.config import EngineConfig
+    from rimuru.dataplane.engine.startup.config import EngineConfig
 
     host = EngineConfig(device="cuda", expert_copy="host").with_mode("resident")
     # auto would schedule resident async and elastic (host copies) synchronously

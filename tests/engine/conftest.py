@@ -2,9 +2,9 @@ from dataclasses import replace
 
 import pytest
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.setup import loading_buffer_bytes
+from rimuru.dataplane.engine.startup.config import EngineConfig
+from rimuru.dataplane.engine.startup.setup import loading_buffer_bytes
 from rimuru.policy import Tunables
 
 MiB = 2**20

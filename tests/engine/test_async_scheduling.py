@@ -5,9 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import PLACEHOLDER, SamplingParams
+from rimuru.dataplane.engine.sched.request import PLACEHOLDER, SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.policy import Tunables
 

@@ -5,8 +5,8 @@ device from the block-table store."""
 import numpy as np
 import torch
 
-from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
-from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
+from rimuru.dataplane.engine.forward.block_table_store import DeviceBlockTables
+from rimuru.dataplane.engine.forward.paged_attention import PagedAttentionMeta, SequenceSlice
 from rimuru.dataplane.memory.tables import BlockTable
 
 

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import MAX_STOP_TOKEN_IDS, SamplingParams
+from rimuru.dataplane.engine.sched.request import MAX_STOP_TOKEN_IDS, SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.policy import Tunables
 
 

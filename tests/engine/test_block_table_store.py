@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
-from rimuru.dataplane.engine.paged_attention import PagedAttentionMeta, SequenceSlice
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.forward.block_table_store import DeviceBlockTables
+from rimuru.dataplane.engine.forward.paged_attention import PagedAttentionMeta, SequenceSlice
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.tables import BlockTable
 

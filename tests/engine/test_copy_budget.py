@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from rimuru.dataplane.adjust.adjuster import StepShape, expected_copies
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.policy import HotnessRanking, Tunables
 
 

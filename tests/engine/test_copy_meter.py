@@ -1,7 +1,7 @@
-"""engine/copy_budget.py's CopyMeter: the copies decode steps make, averaged (the hold it
+"""engine/experts/copy_budget.py's CopyMeter: the copies decode steps make, averaged (the hold it
 drives is tested in test_copy_budget.py)."""
 
-from rimuru.dataplane.engine.copy_budget import CopyMeter
+from rimuru.dataplane.engine.experts.copy_budget import CopyMeter
 
 
 def test_the_meter_averages_decode_steps_only():

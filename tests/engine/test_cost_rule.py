@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from rimuru.dataplane.adjust.payoff import DECODE_ONLY
-from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.engine.step_cost import MIN_DECODE_STEPS, StepCostMeter
+from rimuru.dataplane.engine.experts.step_cost import MIN_DECODE_STEPS, StepCostMeter
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.policy import HotnessRanking, Tunables
 
 
@@ -126,7 +126,7 @@ def test_the_engine_measures_its_copy_and_read_costs_at_start(make_engine):
 def test_past_the_tpot_slo_elastic_admits_no_one_more_while_experts_are_offloaded(make_engine):
     """The SLO by measurement: once decode steps run past it, the batch stops growing, so
     pages that finishing requests free bring experts back instead."""
-    from rimuru.dataplane.engine.scheduler import RoundState
+    from rimuru.dataplane.engine.sched.scheduler import RoundState
 
     engine = make_engine("elastic", tunables=Tunables(expert_offload_limit=16, tpot_slo_ms=1e6))
     engine.step_cost.per_copy = 0.0
@@ -149,7 +149,7 @@ def test_the_cost_rule_evicts_the_coldest_of_recent_routing_not_of_a_stale_ranki
     """Evictions follow live routing once its window is full (boundary.order): a ranking
     that routing has left would offer hot experts first."""
     from rimuru.dataplane.adjust.adjuster import num_to_evict
-    from rimuru.dataplane.engine.scheduler import RoundState
+    from rimuru.dataplane.engine.sched.scheduler import RoundState
     from rimuru.dataplane.memory.geometry import PageType
 
     engine = make_engine("elastic")
@@ -189,7 +189,7 @@ def test_the_cost_rule_evicts_the_coldest_of_recent_routing_not_of_a_stale_ranki
 
 def test_the_boundary_scales_copies_by_what_decode_steps_measured_over_the_shares(make_engine):
     from rimuru.dataplane.adjust.adjuster import StepShape, expected_copies
-    from rimuru.dataplane.engine.boundary import MAX_COPY_SCALE
+    from rimuru.dataplane.engine.sched.boundary import MAX_COPY_SCALE
 
     engine = offloading(make_engine)
     boundary, meter = engine.boundary, engine.copy_control.meter

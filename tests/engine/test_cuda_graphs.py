@@ -7,9 +7,13 @@ bench/gpu_checks.py compares captured replays with eager steps on the GPU."""
 import pytest
 import torch
 
-from rimuru.dataplane.engine.cuda_graphs import GRAPH_PADDING, capture_sizes, decode_driver_bytes
-from rimuru.dataplane.engine.piecewise_graphs import piece_driver_bytes
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.graphs.cuda_graphs import (
+    GRAPH_PADDING,
+    capture_sizes,
+    decode_driver_bytes,
+)
+from rimuru.dataplane.engine.graphs.piecewise_graphs import piece_driver_bytes
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.memory.geometry import PageType
 
 

@@ -4,8 +4,8 @@ CUDA graph could take even with experts offloaded."""
 
 import pytest
 
-from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.memory.geometry import PageType
 
 PARAMS = SamplingParams(max_tokens=16, ignore_eos=True)

@@ -10,16 +10,16 @@ from dataclasses import replace
 
 import pytest
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.flags import engine_config_from_args
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.policy import Tunables
 
 COMMANDS = {
     "serve": "rimuru.dataplane.serve.cli",
     "bench": "rimuru.dataplane.bench.cli",
-    "generate": "rimuru.dataplane.engine.cli_generate",
-    "plan": "rimuru.dataplane.engine.cli_plan",
-    "profile-hotness": "rimuru.dataplane.engine.cli_hotness",
+    "generate": "rimuru.dataplane.cli.generate",
+    "plan": "rimuru.dataplane.cli.plan",
+    "profile-hotness": "rimuru.dataplane.cli.hotness",
 }
 # Every value differs from its default, so a flag a command drops or defaults differently
 # shows. (--mode is elastic: bench and plan take --policies instead and compare modes.)

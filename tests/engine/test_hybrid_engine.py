@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import RequestStatus, SamplingParams
-from rimuru.dataplane.engine.setup import page_geometry
+from rimuru.dataplane.engine.sched.request import RequestStatus, SamplingParams
+from rimuru.dataplane.engine.startup.loaded_model import page_geometry
 from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
 from rimuru.dataplane.memory.geometry import PageType
-from rimuru.dataplane.model import preset_config
+from rimuru.dataplane.model.checkpoint import preset_config
 
 FAMILIES = ["qwen3_next", "qwen3_5_moe"]
 # 70 tokens: three 32-token prefill chunks, and across the chunked rule's 64-token chunk

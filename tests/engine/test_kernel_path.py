@@ -12,9 +12,9 @@ SCRIPT = r"""
 import json, random, torch
 torch.set_num_threads(1)
 from rimuru.policy import Tunables
-from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 rng = random.Random(3)
 prompts = [[rng.randrange(151_000) for _ in range(rng.randint(6, 14))] for _ in range(3)]
 out = {}

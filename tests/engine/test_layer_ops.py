@@ -5,8 +5,8 @@ checked against the torch path in test_kernel_path.py.)"""
 import pytest
 import torch
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.model.ops import TorchOps, TritonOps
 
 MiB = 2**20

@@ -1,11 +1,11 @@
-"""A policy push applied live (engine/live_policy.py): all of it or none of it, and never one
+"""A policy push applied live (engine/startup/live_policy.py): all of it or none of it, and never one
 that would strand a request already accepted."""
 
 from dataclasses import replace
 
 import pytest
 
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.policy import HotnessRanking, Tunables
 
 PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)

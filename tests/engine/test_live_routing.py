@@ -1,11 +1,11 @@
-"""Recent routing for the cost rule's prices (engine/live_routing.py): a decayed window of
+"""Recent routing for the cost rule's prices (engine/experts/live_routing.py): a decayed window of
 the expert manager's cumulative counts, read every few steps."""
 
 import random
 
 import pytest
 
-from rimuru.dataplane.engine.live_routing import LiveRouting
+from rimuru.dataplane.engine.experts.live_routing import LiveRouting
 
 
 def test_the_window_decays_old_routing_and_adds_the_new():

@@ -1,4 +1,4 @@
-"""The liveness rule (engine/liveness.py): at any budget around a model's resident size,
+"""The liveness rule (engine/sched/liveness.py): at any budget around a model's resident size,
 under every policy, with chunked prefill on and off, every request finishes with
 transformers' tokens or is refused, within a bound of steps; never a spin.
 
@@ -18,10 +18,10 @@ import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import RequestStatus, SamplingParams
-from rimuru.dataplane.engine.setup import buffer_slots, loading_buffer_bytes
+from rimuru.dataplane.engine.sched.request import RequestStatus, SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
+from rimuru.dataplane.engine.startup.setup import buffer_slots, loading_buffer_bytes
 from rimuru.policy import Tunables
 
 PROMPTS = [

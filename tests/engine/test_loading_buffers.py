@@ -3,7 +3,7 @@ layer does not use, so a correctly predicted expert is copied once, not twice.""
 
 import torch
 
-from rimuru.dataplane.engine.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry
 from rimuru.dataplane.memory.pool import UnifiedPool

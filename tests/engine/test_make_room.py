@@ -4,9 +4,9 @@ request is preempted only once the limit binds. Tokens do not depend on either."
 
 import random
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.policy import Tunables
 
 MiB = 2**20

@@ -8,8 +8,8 @@ import pytest
 import torch
 import transformers
 
-from rimuru.dataplane.engine.capacity import non_pool_weight_bytes
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.startup.capacity import non_pool_weight_bytes
 from rimuru.dataplane.memory.geometry import PageType
 
 PROMPTS = [[(7 * i + 3 * j) % 512 for j in range(20 + 9 * i)] for i in range(6)]

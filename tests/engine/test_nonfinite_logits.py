@@ -3,9 +3,9 @@ sampled as a token, and the other requests in the same steps run on unchanged.""
 
 import pytest
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import RequestStatus, SamplingParams
+from rimuru.dataplane.engine.sched.request import RequestStatus, SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
 
 POISONED = 77  # a token id whose embedding row is corrupted (NaN) below
 HEALTHY = [[1, 2, 3, 4], [9, 8, 7]]

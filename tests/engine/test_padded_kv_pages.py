@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.memory.geometry import PagePadding, PageType
 
 PROMPTS = [[(5 * i + 11 * j) % 256 for j in range(18 + 13 * i)] for i in range(5)]

@@ -3,9 +3,9 @@ still owns, expert pages no resident expert accounts for."""
 
 import pytest
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.memory.geometry import PageType
 
 

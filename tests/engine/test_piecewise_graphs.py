@@ -8,10 +8,10 @@ A CPU cannot capture, so the pieces run over their static inputs eagerly here
 import pytest
 import torch
 
-from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.graph_setup import GraphPlan, graph_memory_plan
-from rimuru.dataplane.engine.piecewise_graphs import piecewise_sizes
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.graphs.graph_setup import GraphPlan, graph_memory_plan
+from rimuru.dataplane.engine.graphs.piecewise_graphs import piecewise_sizes
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
 
 
 def test_piecewise_sizes_cover_every_step_up_to_max_num_batched_tokens():

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from rimuru.cli import main
-from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.startup.capacity import PolicyCapacity, plan_capacity
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.policy import HotnessRanking
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.memory.geometry import PageType
 
 PARAMS = [

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.memory.units import format_bytes, parse_bytes
 
 
@@ -39,7 +39,7 @@ def test_a_budget_above_the_hosts_memory_is_refused_naming_both():
 def test_on_the_cpu_the_smallest_budget_the_plan_accepts_builds_the_engine(mode):
     """The check is no stricter than the engine: at the smallest budget the plan accepts (to
     a MiB) the engine builds; a MiB below, the check refuses with its message."""
-    from rimuru.dataplane.engine.capacity import plan_capacity
+    from rimuru.dataplane.engine.startup.capacity import plan_capacity
 
     def fits(budget: int) -> bool:
         c = EngineConfig(model="tiny", memory_budget=budget).with_mode(mode)

@@ -2,9 +2,9 @@
 
 import torch
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.profile_run import prepare_profiling_forward
+from rimuru.dataplane.engine.forward.profile_run import prepare_profiling_forward
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.kernels import fused_moe_paged_reference
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rimuru.dataplane.engine.request import Request, SamplingParams
+from rimuru.dataplane.engine.sched.request import Request, SamplingParams
 
 
 @pytest.mark.parametrize(("start", "n"), [(0, 3), (1, 4), (3, 2), (4, 1), (5, 1), (0, 6)])

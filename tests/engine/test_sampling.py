@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.engine.sampling import SAMPLING_EPS, Sampler, limit_support
+from rimuru.dataplane.engine.forward.sampling import SAMPLING_EPS, Sampler, limit_support
+from rimuru.dataplane.engine.sched.request import SamplingParams
 
 LOGITS = torch.tensor([3.0, 2.5, 2.0, -1.0, -2.0])  # probabilities ~ .48 .29 .18 .02 .01
 
@@ -209,7 +209,7 @@ def test_greedy_rows_are_the_argmax_whatever_else_is_drawn(race):
 def test_two_level_race_follows_the_weights_across_blocks():
     """Weight only at 5 (block 0), 1030 (block 1) and 2400 (the partial block 2), 1 : 2 : 1:
     the race picks them at those frequencies and never a token of zero weight."""
-    from rimuru.dataplane.engine.sampling import RACE_BLOCK, num_race_draws, two_level_race
+    from rimuru.dataplane.engine.forward.sampling import RACE_BLOCK, num_race_draws, two_level_race
 
     assert RACE_BLOCK < 1030 < 2 * RACE_BLOCK < 2400 < 2500
     n = 8000  # standard error of each frequency <= 0.0056
@@ -224,7 +224,7 @@ def test_two_level_race_follows_the_weights_across_blocks():
 
 
 def test_base_2_scores_keep_the_same_support_given_their_unit():
-    from rimuru.dataplane.engine.sampling import LN2, LOG2E
+    from rimuru.dataplane.engine.forward.sampling import LN2, LOG2E
 
     natural = torch.randn(6, 300, generator=torch.Generator().manual_seed(3)) * 2
     params = [

@@ -2,9 +2,9 @@
 
 import pytest
 
-from rimuru.dataplane.engine.kv_cache import KVCacheManager
-from rimuru.dataplane.engine.request import Request, SamplingParams
-from rimuru.dataplane.engine.scheduler import Scheduler
+from rimuru.dataplane.engine.sched.kv_cache import KVCacheManager
+from rimuru.dataplane.engine.sched.request import Request, SamplingParams
+from rimuru.dataplane.engine.sched.scheduler import Scheduler
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry
 from rimuru.dataplane.memory.reclaim import DeferredReclaim
@@ -116,7 +116,7 @@ def test_admit_limit_caps_admission_and_claims_no_pages_for_who_waits():
 def test_a_steps_running_gauge_counts_the_batch_before_it_finishes(make_engine):
     """Four one-token requests run in one step and all finish in it: the step's record says
     4 running (its batch), not the 0 left after it."""
-    from rimuru.dataplane.engine.request import SamplingParams
+    from rimuru.dataplane.engine.sched.request import SamplingParams
 
     engine = make_engine("resident")
     for i in range(4):

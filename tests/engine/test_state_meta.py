@@ -2,7 +2,7 @@
 
 import torch
 
-from rimuru.dataplane.engine.paged_states import StateMeta
+from rimuru.dataplane.engine.forward.paged_states import StateMeta
 from rimuru.dataplane.memory.tables import StatePages
 
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from rimuru.dataplane.engine.request import Request, SamplingParams
-from rimuru.dataplane.engine.scheduler import ScheduledRequest
+from rimuru.dataplane.engine.sched.request import Request, SamplingParams
+from rimuru.dataplane.engine.sched.scheduler import ScheduledRequest
 from rimuru.dataplane.engine.step_forward import StepBatch
 
 

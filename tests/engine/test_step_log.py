@@ -2,10 +2,10 @@
 
 import pytest
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import SamplingParams
-from rimuru.dataplane.engine.step_log import StepLog
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.sched.step_log import StepLog
+from rimuru.dataplane.engine.startup.config import EngineConfig
 
 
 def test_an_engine_keeps_the_last_records_and_counts_every_step():

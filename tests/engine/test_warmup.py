@@ -10,8 +10,8 @@ import sys
 import torch
 import triton
 
-from rimuru.dataplane.engine.profile_run import ScratchSeq
-from rimuru.dataplane.engine.warmup import warmup_batches
+from rimuru.dataplane.engine.forward.profile_run import ScratchSeq
+from rimuru.dataplane.engine.startup.warmup import warmup_batches
 from rimuru.kernels import decode_warmup_contexts, fused_moe_variant
 from rimuru.kernels.moe_configs import GemmTile, MoeConfig
 from rimuru.kernels.paged_decode import _default_split
@@ -72,9 +72,9 @@ def test_decode_contexts_reach_every_split_padding():
 
 
 _TRITON_RUN = """
-from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.warmup import warm_up, warmup_batches
+from rimuru.dataplane.engine.startup.warmup import warm_up, warmup_batches
 from rimuru.kernels import fused_moe_variant
 
 engine = Engine(EngineConfig(use_kernels=True, activation_reserve=0), log_plan=False)

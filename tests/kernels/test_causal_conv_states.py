@@ -1,5 +1,5 @@
 """causal_conv_decode / causal_conv_prefill under Triton's interpreter: the kernels against
-their torch references and against the model's causal_conv1d (dataplane/model/causal_conv.py),
+their torch references and against the model's causal_conv1d (dataplane/model/hybrid/causal_conv.py),
 on padded pages.
 
 The pool views its state pages as [P, slot] sliced to [P, C, K-1]: the page stride is the
@@ -13,7 +13,7 @@ import itertools
 import pytest
 import torch
 
-from rimuru.dataplane.model.causal_conv import causal_conv1d
+from rimuru.dataplane.model.hybrid.causal_conv import causal_conv1d
 from rimuru.kernels import (
     causal_conv_decode,
     causal_conv_decode_reference,

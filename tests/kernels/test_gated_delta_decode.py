@@ -1,5 +1,5 @@
 """gated_delta_decode under Triton's interpreter: the kernel against its torch reference and
-against the model's gated delta rule (dataplane/model/gated_delta.py), on padded pages.
+against the model's gated delta rule (dataplane/model/hybrid/gated_delta.py), on padded pages.
 
 The pool views its state pages as [P, slot] sliced to [P, Hv, Dk, Dv]: the page stride is
 the slot. Every slot's padding holds NaN here, so a kernel that stepped pages by their own
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rimuru.dataplane.model.gated_delta import chunked, recurrent
+from rimuru.dataplane.model.hybrid.gated_delta import chunked, recurrent
 from rimuru.kernels import gated_delta_decode, gated_delta_decode_reference
 
 HK, HV, NUM_PAGES = 2, 4, 8  # GQA: value head h reads key head h // 2

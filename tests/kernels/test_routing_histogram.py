@@ -4,7 +4,7 @@ counts, padding rows left out, the running total updated in the same launch."""
 import pytest
 import torch
 
-from rimuru.dataplane.engine.routing_histogram import routing_histogram_torch as reference
+from rimuru.dataplane.engine.experts.routing_histogram import routing_histogram_torch as reference
 from rimuru.kernels.routing_histogram import routing_histogram
 
 

@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from rimuru.cli import main
-from rimuru.dataplane.engine.capacity import PolicyCapacity, plan_capacity
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
+from rimuru.dataplane.engine.startup.capacity import PolicyCapacity, plan_capacity
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.policy import MODES, HotnessRanking, Tunables
 
@@ -142,8 +142,8 @@ def test_plan_follows_the_hotness_ranking_like_the_engine(tmp_path):
 def test_the_plans_non_pool_weights_are_what_the_engine_holds(preset):
     """Shapes alone (meta tensors) against the loaded model: q, k and v fused into one
     matrix at load (its views not counted twice), a hybrid's GDN and gated attention."""
-    from rimuru.dataplane.engine.capacity import non_pool_weight_bytes
     from rimuru.dataplane.engine.engine import Engine
+    from rimuru.dataplane.engine.startup.capacity import non_pool_weight_bytes
 
     engine = Engine(EngineConfig(model=preset, activation_reserve=0), log_plan=False)
     skew = engine.config.router_skew

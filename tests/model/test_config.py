@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rimuru.cli import main
-from rimuru.dataplane.model import PRESETS, config_from_hf, load_config
+from rimuru.dataplane.model.checkpoint import PRESETS, config_from_hf, load_config
 
 # The public config.json values of the three real models (the keys the parser reads).
 QWEN15_MOE_A27B = {

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_next import modeling_qwen3_next as hf_next
 
-from rimuru.dataplane.model import gated_delta
-from rimuru.dataplane.model.causal_conv import causal_conv1d
+from rimuru.dataplane.model.hybrid import gated_delta
+from rimuru.dataplane.model.hybrid.causal_conv import causal_conv1d
 
 T, HK, HV, DK, DV = 37, 2, 4, 8, 6
 

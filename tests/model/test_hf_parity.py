@@ -10,13 +10,13 @@ import torch
 from safetensors.torch import save_file
 
 from rimuru.dataplane.model import (
-    CheckpointWeights,
     ContiguousKVAttention,
     ContiguousKVMeta,
     DenseExperts,
     MoETransformer,
     WeightSource,
 )
+from rimuru.dataplane.model.checkpoint import CheckpointWeights
 
 FAMILIES = ["qwen2_moe", "qwen3_moe", "mixtral"]
 # Dense layers between MoE layers (conftest.py): Qwen2's layers 0 and 2, Qwen3's layer 1.

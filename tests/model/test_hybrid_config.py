@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from rimuru.cli import main
-from rimuru.dataplane.model import PRESETS, config_from_hf
+from rimuru.dataplane.model.checkpoint import PRESETS, config_from_hf
 
 
 # The fields the published config.json sets where transformers' class defaults do not.

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rimuru.dataplane.model import CheckpointWeights
-from rimuru.dataplane.model.hybrid_reference import HybridReference
+from rimuru.dataplane.model.checkpoint import CheckpointWeights
+from rimuru.dataplane.model.hybrid.reference import HybridReference
 
 # A 70-token prompt crosses the chunked rule's 64-token chunk boundary.
 PROMPTS = [[(37 * i + 11) % 512 for i in range(70)], [5, 17, 300, 42, 9, 511, 77], [100]]

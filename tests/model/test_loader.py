@@ -12,9 +12,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from rimuru.cli import main
-from rimuru.dataplane.model import CheckpointWeights, model_config, open_weights
-from rimuru.dataplane.model.loader import CheckpointError
-from rimuru.dataplane.model.presets import RandomWeights
+from rimuru.dataplane.model.checkpoint import CheckpointWeights, model_config, open_weights
+from rimuru.dataplane.model.checkpoint.loader import CheckpointError
+from rimuru.dataplane.model.checkpoint.presets import RandomWeights
 from tests.model.test_hf_parity import batch_prefill, build
 
 PROMPT = [5, 17, 300, 42, 9, 511, 77]

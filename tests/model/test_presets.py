@@ -6,15 +6,13 @@ import pytest
 import torch
 
 from rimuru.dataplane.model import (
-    PRESETS,
     ContiguousKVAttention,
     ContiguousKVMeta,
     DenseExperts,
     MoETransformer,
-    RandomWeights,
-    preset_config,
 )
-from rimuru.dataplane.model.presets import zipf_router_bias
+from rimuru.dataplane.model.checkpoint import PRESETS, RandomWeights, preset_config
+from rimuru.dataplane.model.checkpoint.presets import zipf_router_bias
 
 # name: (layers, D, experts, I, top-k, heads, kv heads, head dim, shared size, vocab)
 PUBLIC_SHAPES = {

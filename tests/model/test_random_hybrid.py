@@ -8,14 +8,14 @@ import dataclasses
 
 import torch
 
-from rimuru.dataplane.model import PRESETS
-from rimuru.dataplane.model.hybrid_reference import HybridReference
-from rimuru.dataplane.model.hybrid_weights import (
+from rimuru.dataplane.model.checkpoint import PRESETS
+from rimuru.dataplane.model.checkpoint.presets import RandomWeights, zipf_router_bias
+from rimuru.dataplane.model.hybrid.reference import HybridReference
+from rimuru.dataplane.model.hybrid.weights import (
     GatedAttentionWeights,
     GatedDeltaNetWeights,
     HybridLayerWeights,
 )
-from rimuru.dataplane.model.presets import RandomWeights, zipf_router_bias
 
 CPU, F32 = torch.device("cpu"), torch.float32
 TINY_HYBRID = PRESETS["tiny-hybrid"]

@@ -12,8 +12,8 @@ from rimuru.dataplane.model import (
     DenseExperts,
     ExpertWeights,
     MoETransformer,
-    RandomWeights,
 )
+from rimuru.dataplane.model.checkpoint import RandomWeights
 
 
 @pytest.fixture(scope="module")

@@ -147,7 +147,7 @@ def test_the_pod_starts_the_engine_the_spec_means(rd_name, request, monkeypatch)
     parser and builder, give exactly the EngineConfig the spec's values mean."""
     import os
 
-    from rimuru.dataplane.engine.config import EngineConfig
+    from rimuru.dataplane.engine.startup.config import EngineConfig
     from rimuru.dataplane.serve.cli import engine_config as serve_engine_config
 
     spec = _parse(request.getfixturevalue(rd_name))

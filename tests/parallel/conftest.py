@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.setup import loading_buffer_bytes, page_geometry
+from rimuru.dataplane.engine.startup.config import EngineConfig
+from rimuru.dataplane.engine.startup.loaded_model import page_geometry
+from rimuru.dataplane.engine.startup.setup import loading_buffer_bytes
 from rimuru.dataplane.memory.geometry import PageGeometry
-from rimuru.dataplane.model import MoETransformer, open_weights
+from rimuru.dataplane.model import MoETransformer
+from rimuru.dataplane.model.checkpoint import open_weights
+from rimuru.dataplane.model.checkpoint.shard import ShardedWeights, TensorShard
 from rimuru.dataplane.model.config import ModelConfig
-from rimuru.dataplane.model.hybrid_transformer import HybridTransformer
-from rimuru.dataplane.parallel.shard import ShardedWeights, TensorShard
+from rimuru.dataplane.model.hybrid.transformer import HybridTransformer
 from rimuru.dataplane.parallel.workers import TensorParallelWorkers
 
 MiB = 2**20

@@ -97,8 +97,8 @@ def test_a_killed_rank_zero_takes_its_follower_down(run):
 # changes must catch it (the check that keeps every rank's residency rank 0's).
 _WRONG_DIGEST = """
 import rimuru.dataplane.parallel.leader as leader
-from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.parallel.launch import engine_builder
 
 leader.table_digest = lambda table: "0" * 32
@@ -122,8 +122,8 @@ def test_rank_0_failing_inside_a_forward_stops_the_other_ranks_at_once():
     """The other ranks wait in the forward's collectives for rank 0, which failed after
     sending the step: closing the engine kills them, it does not wait for the collective's
     timeout (minutes)."""
-    from rimuru.dataplane.engine.config import EngineConfig
-    from rimuru.dataplane.engine.request import SamplingParams
+    from rimuru.dataplane.engine.sched.request import SamplingParams
+    from rimuru.dataplane.engine.startup.config import EngineConfig
     from rimuru.dataplane.engine.step_forward import StepBatch
     from rimuru.dataplane.parallel.workers import TensorParallelWorkers
 

@@ -9,21 +9,21 @@ import torch
 
 from rimuru.cli import main
 from rimuru.dataplane.adjust.adjuster import ChangeList, ExpertLoad
-from rimuru.dataplane.engine.block_table_store import DeviceBlockTables
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
-from rimuru.dataplane.engine.paged_attention import SequenceSlice
-from rimuru.dataplane.engine.request import Request, RequestStatus, SamplingParams
+from rimuru.dataplane.engine.forward.block_table_store import DeviceBlockTables
+from rimuru.dataplane.engine.forward.paged_attention import SequenceSlice
+from rimuru.dataplane.engine.sched.request import Request, RequestStatus, SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.memory.tables import NOT_PRESENT, ExpertPageTable
-from rimuru.dataplane.model import RandomWeights, preset_config
-from rimuru.dataplane.parallel.block_tables import BlockTableMirror, BlockTableSender
-from rimuru.dataplane.parallel.residency import ResidencyDiff, table_digest
-from rimuru.dataplane.parallel.shard import (
+from rimuru.dataplane.model.checkpoint import RandomWeights, preset_config
+from rimuru.dataplane.model.checkpoint.shard import (
     ShardedWeights,
     TensorShard,
     check_shardable,
     shard_config,
 )
+from rimuru.dataplane.parallel.block_tables import BlockTableMirror, BlockTableSender
+from rimuru.dataplane.parallel.residency import ResidencyDiff, table_digest
 
 
 def test_ranks_slices_put_together_are_the_whole_layer():

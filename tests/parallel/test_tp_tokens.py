@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from rimuru.dataplane.engine.capacity import plan_capacity
-from rimuru.dataplane.engine.config import EngineConfig
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.startup.capacity import plan_capacity
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.policy import Tunables
 
 from .conftest import MiB, build, tight_pool

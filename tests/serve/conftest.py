@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.serve.server import ServerHandle, create_server
 from rimuru.policy import Tunables
 from rimuru.v1 import inference_pb2 as pb

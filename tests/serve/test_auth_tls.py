@@ -8,7 +8,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.serve.client import open_channel, stream_generate
 from rimuru.rpc import TlsFiles
 from rimuru.v1 import inference_pb2 as pb

@@ -19,9 +19,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rimuru.cli import main
 from rimuru.dataplane.bench.trace import load_trace
-from rimuru.dataplane.engine.config import EngineConfig
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.v1 import inference_pb2 as pb
 from rimuru.v1 import inference_pb2_grpc as pb_grpc
 

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rimuru.dataplane.engine.config import EngineConfig
+from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.serve.server import create_server
 from rimuru.v1 import inference_pb2 as pb
 from rimuru.v1 import inference_pb2_grpc as pb_grpc

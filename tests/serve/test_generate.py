@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.engine.request import MAX_STOP_TOKEN_IDS, SamplingParams
+from rimuru.dataplane.engine.sched.request import MAX_STOP_TOKEN_IDS, SamplingParams
 from rimuru.dataplane.model.tokenizer import load_tokenizer
 from rimuru.dataplane.serve.convert import sampling_to_proto
 from rimuru.v1 import inference_pb2 as pb
