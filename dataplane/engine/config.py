@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from rimuru.dataplane.memory.geometry import BLOCK_SIZE
-from rimuru.dataplane.policies import memory_policy
+from rimuru.dataplane.policies import memory_policy, policy_named
 from rimuru.policy import Tunables
 
 EXPERT_MATRICES = 3  # w1, w3, w2: an expert takes one page for each
@@ -182,7 +182,7 @@ class EngineConfig:
         """This config under another memory policy (bench and plan compare policies): the
         copy budget and the TPOT SLO belong to elastic alone, so the other modes drop them."""
         t = self.tunables
-        elastic = memory_policy(replace(t, mode=mode)).moves_boundary
+        elastic = policy_named(mode, t.elastic_rule).moves_boundary
         return replace(self, tunables=replace(
             t, mode=mode, copy_budget=t.copy_budget if elastic else 0.0,
             tpot_slo_ms=t.tpot_slo_ms if elastic else 0.0,

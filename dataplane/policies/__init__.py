@@ -18,8 +18,15 @@ _BY_NAME: dict[tuple[str, str | None], MemoryPolicy] = {
 
 def memory_policy(tunables: Tunables) -> MemoryPolicy:
     """The policy object `tunables` name (Tunables has checked both names already)."""
-    rule = tunables.elastic_rule if tunables.mode == "elastic" else None
-    return _BY_NAME[(tunables.mode, rule)]
+    return policy_named(tunables.mode, tunables.elastic_rule)
 
 
-__all__ = ["Elastic", "ElasticPaper", "Fixed", "MemoryPolicy", "Resident", "memory_policy"]
+def policy_named(mode: str, elastic_rule: str = "cost") -> MemoryPolicy:
+    """The policy a mode (and, for elastic, its rule) names; ValueError for no policy."""
+    key = (mode, elastic_rule if mode == "elastic" else None)
+    if key not in _BY_NAME:
+        raise ValueError(f"no memory policy is named {mode!r} (rule {elastic_rule!r})")
+    return _BY_NAME[key]
+
+
+__all__ = ["Elastic", "ElasticPaper", "Fixed", "MemoryPolicy", "Resident", "memory_policy", "policy_named"]

@@ -10,6 +10,7 @@ from rimuru.dataplane.policies import (
     Fixed,
     Resident,
     memory_policy,
+    policy_named,
 )
 from rimuru.policy import Tunables
 
@@ -46,3 +47,10 @@ def test_what_each_policy_answers():
     )
     assert [p.free_pages_at_start(t) for p in (resident, fixed, elastic)] == [0, 0, 5]
     assert [p.graphs_with_host_copies() for p in (resident, fixed, elastic)] == [1, 0, 1]
+
+
+def test_a_policy_is_named_by_mode_and_rule():
+    assert type(policy_named("elastic", "paper")) is ElasticPaper
+    assert type(policy_named("fixed", "paper")) is Fixed
+    with pytest.raises(ValueError, match="no memory policy is named 'lru'"):
+        policy_named("lru")
