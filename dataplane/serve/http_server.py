@@ -14,7 +14,7 @@ too and an idle or half-sent request must not hold it for ever:
     request head      > receive_timeout_s  -> closed (uvicorn times out only idle keep-alive)
     request body      > receive_timeout_s  -> 408 (openai_api.read_body)
     request body      > max_body_bytes     -> 413 before it is read (openai_api.read_body)
-    head bytes        > max_head_bytes     -> 400 (h11's incomplete-event limit)
+    head bytes        > max_head_bytes     -> 400, OpenAI's shape (h11's incomplete-event limit)
     idle keep-alive   > keep_alive_timeout_s -> closed (uvicorn's own timeout_keep_alive)
 """
 
@@ -86,9 +86,10 @@ class _BoundedH11(H11Protocol):
     """uvicorn's HTTP/1.1 protocol plus the bound it lacks: a deadline for a request head
     (uvicorn times out only an idle keep-alive)."""
 
-    def __init__(self, *args, receive_timeout_s: float, **kwargs) -> None:
+    def __init__(self, *args, receive_timeout_s: float, max_head_bytes: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._receive_timeout_s = receive_timeout_s
+        self._max_head_bytes = max_head_bytes
         self._head_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -104,6 +105,16 @@ class _BoundedH11(H11Protocol):
         if self._receiving_head():
             return
         self._cancel_head_deadline()
+
+    def send_400_response(self, msg: str) -> None:
+        # h11 refused the bytes (malformed, or a head over max_head_bytes): uvicorn's plain
+        # text answer, in OpenAI's shape. The connection is done either way.
+        message = (
+            f"invalid HTTP request: a malformed request line or headers, or more than "
+            f"{self._max_head_bytes} bytes of them"
+        )
+        self.transport.write(_refusal(message, "400 Bad Request", "invalid_request_error"))
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -231,7 +242,11 @@ class HttpServer:
                 self.max_connections,
                 limits.max_connections,
             )
-        protocol = functools.partial(_BoundedH11, receive_timeout_s=limits.receive_timeout_s)
+        protocol = functools.partial(
+            _BoundedH11,
+            receive_timeout_s=limits.receive_timeout_s,
+            max_head_bytes=limits.max_head_bytes,
+        )
         config = uvicorn.Config(
             app,
             http=protocol,

@@ -8,6 +8,7 @@ is checked not to stall the event loop that also serves gRPC.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -263,7 +264,10 @@ asyncio.run(main())
 """
 
 
-async def test_connections_past_the_descriptor_limit_are_refused_without_a_log_storm():
+@contextlib.asynccontextmanager
+async def _server_with_few_descriptors():
+    """(command, port) of an HttpServer in a process limited to 96 descriptors; on exit,
+    the lines it logged are checked: the cap's warning, then the ones the test expects."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -279,27 +283,62 @@ async def test_connections_past_the_descriptor_limit_are_refused_without_a_log_s
 
     port, cap = map(int, (await proc.stdout.readline()).split())
     assert cap == 48  # half of 96: the rest stays for everything else the process opens
-    # Out of descriptors for another reason: connections wait in the backlog, one warning
-    # is logged (not a traceback per accept), and they are served once descriptors free up.
-    await command(b"exhaust\n")
-    async with httpx.AsyncClient(timeout=30) as http:
-        url = f"http://127.0.0.1:{port}/health"
-        waiting = [asyncio.ensure_future(http.get(url)) for _ in range(20)]
-        await asyncio.sleep(2.5)  # a few of the acceptor's one-second retries
-        assert not any(w.done() for w in waiting)
-        await command(b"release\n")
-        assert [r.status_code for r in await asyncio.gather(*waiting)] == [200] * 20
-    held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(cap)]
-    # Twice the descriptors the server has, all at once: each is answered 503 and closed.
-    more = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(192)))
-    answers = await asyncio.gather(*(asyncio.wait_for(r.read(), 10) for r, _ in more))
-    assert all(a.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") for a in answers)
-    for _, writer in more + held:
-        writer.close()
-    proc.stdin.close()
-    _, stderr = await proc.communicate()
+    logged: list[str] = []
+    try:
+        yield command, port, logged
+    finally:
+        proc.stdin.close()
+        _, stderr = await proc.communicate()
+        logged += stderr.decode().splitlines()
     assert proc.returncode == 0
-    lines = stderr.decode().splitlines()
-    assert lines[0] == "HTTP connections capped at 48 (half the descriptor limit), not 4096"
-    assert lines[1].startswith("HTTP: out of file descriptors (Too many open files)")
-    assert len(lines) == 2
+
+
+async def test_connections_past_the_cap_are_answered_503_at_accept():
+    async with _server_with_few_descriptors() as (_, port, logged):
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(48)]
+        # Four times what the server may hold, all at once: each is answered and closed
+        # at accept, so the refused never pile up descriptors.
+        more = await asyncio.gather(
+            *(asyncio.open_connection("127.0.0.1", port) for _ in range(192))
+        )
+        answers = await asyncio.gather(*(asyncio.wait_for(r.read(), 10) for r, _ in more))
+        assert all(a.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") for a in answers)
+        for _, writer in more + held:
+            writer.close()
+    assert logged == ["HTTP connections capped at 48 (half the descriptor limit), not 4096"]
+
+
+async def test_out_of_descriptors_the_acceptor_waits_without_a_log_storm():
+    async with _server_with_few_descriptors() as (command, port, logged):
+        # Out of descriptors for another reason (gRPC holds many too): connections wait
+        # in the backlog, one warning is logged (not a traceback per accept), and they
+        # are served once descriptors free up.
+        await command(b"exhaust\n")
+        async with httpx.AsyncClient(timeout=30) as http:
+            url = f"http://127.0.0.1:{port}/health"
+            waiting = [asyncio.ensure_future(http.get(url)) for _ in range(20)]
+            await asyncio.sleep(2.5)  # a few of the acceptor's one-second retries
+            assert not any(w.done() for w in waiting)
+            await command(b"release\n")
+            assert [r.status_code for r in await asyncio.gather(*waiting)] == [200] * 20
+    assert logged[0] == "HTTP connections capped at 48 (half the descriptor limit), not 4096"
+    assert logged[1].startswith("HTTP: out of file descriptors (Too many open files)")
+    assert len(logged) == 2
+
+
+async def test_an_oversize_or_malformed_head_is_an_openai_400(start_data_plane):
+    dp = await start_data_plane(http_address=("127.0.0.1", 0))
+    port = dp.handle.http.port
+    message = (
+        "invalid HTTP request: a malformed request line or headers, or more than 16384 "
+        "bytes of them"
+    )
+    for head in (
+        # Over 16 KiB and still no end of the head (h11 bounds what it buffers unparsed).
+        b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 70_000,
+        b"NOT A REQUEST\r\n\r\n",
+    ):
+        status, body = _status_and_json(await _raw_exchange(port, head))
+        assert (status, body) == (400, _error(message))
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(_url(dp, "/health"))).status_code == 200
