@@ -12,8 +12,8 @@ too and an idle or half-sent request must not hold it for ever:
 
     open connections  > max_connections    -> 503 and closed at accept, before any parsing
     request head      > receive_timeout_s  -> closed (uvicorn times out only idle keep-alive)
-    request body      > receive_timeout_s  -> 408 (openai_api.read_body)
-    request body      > max_body_bytes     -> 413 before it is read (openai_api.read_body)
+    request body      > receive_timeout_s  -> 408 (openai_app.read_body)
+    request body      > max_body_bytes     -> 413 before it is read (openai_app.read_body)
     head bytes        > max_head_bytes     -> 400, OpenAI's shape (h11's incomplete-event limit)
     idle keep-alive   > keep_alive_timeout_s -> closed (uvicorn's own timeout_keep_alive)
 """

@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP routes, served from the same DataPlane (and engine thread) as gRPC.
+"""OpenAI-compatible HTTP handlers, served from the same DataPlane (and engine thread) as
+gRPC; openai_app.py is the FastAPI app that routes to them.
 
     POST /v1/completions, /v1/chat/completions   JSON, or server-sent events (`stream`)
     GET  /v1/models, /health, /metrics
@@ -12,7 +13,8 @@ choice i uses seed + i, as vLLM does).
 
 What must stay true, because one event loop also serves every gRPC stream:
   * nothing sized by the client runs on the loop unbounded: the body is capped before it
-    is read (413), parsed, validated and tokenized on a worker thread, and stop strings are
+    is read (413, openai_app.read_body), then parsed, validated and tokenized on a worker
+    thread, and stop strings are
     bounded in number and length and matched in O(1) a character (stop_strings.py);
   * a request is refused (400/413/429, an OpenAI error object) before its response starts:
     a streaming response's 200 is sent only once the engine has admitted every choice.
@@ -21,26 +23,19 @@ What must stay true, because one event loop also serves every gRPC stream:
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException
 
 from rimuru.dataplane.engine.request import SamplingParams
 from rimuru.dataplane.model.tokenizer import Tokenizer
 from rimuru.dataplane.serve.chat_template import CHATML_END, ChatTemplate, encode_conversation
-from rimuru.dataplane.serve.errors import (
-    FailedPrecondition,
-    InvalidArgument,
-    QueueFull,
-    ServeError,
-)
+from rimuru.dataplane.serve.errors import FailedPrecondition, InvalidArgument, ServeError
 from rimuru.dataplane.serve.events import (
     Event,
     FinishedEvent,
@@ -49,18 +44,13 @@ from rimuru.dataplane.serve.events import (
     RejectedEvent,
     TokensEvent,
 )
-from rimuru.dataplane.serve.http_server import HttpLimits
 from rimuru.dataplane.serve.openai_protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     FINISH_REASONS,
     MAX_CHOICES,
-    BodyTooLarge,
     ChatCompletionRequest,
     CompletionRequest,
-    MethodNotAllowed,
     ModelNotFound,
-    RequestTimeout,
-    RouteNotFound,
     chunk,
     error_body,
     http_error,
@@ -73,7 +63,6 @@ from rimuru.dataplane.serve.plane import SERVING, DataPlane, RequestStream
 from rimuru.dataplane.serve.stop_strings import StopSet, StopStrings
 
 _CLIENT_GONE_STATUS = 499  # nginx's "client closed request": never seen by the client
-_RETRY_AFTER_S = "1"  # a full waiting queue drains within a few steps
 
 
 class _ClientGone(Exception):
@@ -135,7 +124,7 @@ class _Job:
 
 
 class OpenAIRoutes:
-    """The handlers; the FastAPI app (create_app) only routes to them."""
+    """The handlers; the FastAPI app (openai_app.create_app) only routes to them."""
 
     def __init__(self, plane: DataPlane, chat_template: ChatTemplate) -> None:
         self._plane = plane
@@ -464,113 +453,3 @@ def _delta_row(c: _Choice, delta: _Delta, chat: bool, token_ids: bool) -> dict:
     if token_ids:
         row["token_ids"] = list(delta.token_ids)
     return row
-
-
-def create_app(
-    plane: DataPlane,
-    chat_template: ChatTemplate,
-    registry=None,
-    api_token: str | None = None,
-    limits: HttpLimits | None = None,
-) -> FastAPI:
-    """The HTTP app over `plane`; `registry`: the prometheus_client registry for /metrics;
-    `api_token`: the /v1/ routes need `Authorization: Bearer <api_token>` (401 otherwise),
-    /health and /metrics stay open, as gRPC health does; `limits`: the body's size and time
-    to arrive (the HttpServer applies the rest)."""
-    limits = limits or HttpLimits()
-    app = FastAPI(title="rimuru", docs_url=None, redoc_url=None, openapi_url=None)
-    routes = OpenAIRoutes(plane, chat_template)
-
-    if api_token is not None:
-        expected = f"Bearer {api_token}".encode()
-
-        @app.middleware("http")
-        async def bearer_token(request: Request, call_next):
-            if request.url.path.startswith("/v1/"):
-                presented = request.headers.getlist("authorization")
-                if len(presented) != 1 or not hmac.compare_digest(presented[0].encode(), expected):
-                    message = "this API needs one `Authorization: Bearer <token>` header"
-                    body = error_body(message, "authentication_error")
-                    return JSONResponse(body, status_code=401)
-            return await call_next(request)
-
-    @app.exception_handler(ServeError)
-    async def serve_error(_request: Request, exc: ServeError) -> JSONResponse:
-        status, body = http_error(exc)
-        headers = {"Retry-After": _RETRY_AFTER_S} if isinstance(exc, QueueFull) else None
-        return JSONResponse(body, status_code=status, headers=headers)
-
-    @app.exception_handler(HTTPException)
-    async def framework_error(request: Request, exc: HTTPException) -> JSONResponse:
-        # The router's own answers (unknown path, wrong method) in OpenAI's shape too.
-        if exc.status_code == 405:
-            error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
-        elif exc.status_code == 404:
-            error = RouteNotFound(f"no route {request.method} {request.url.path}")
-        else:
-            return JSONResponse(
-                error_body(str(exc.detail), "invalid_request_error"),
-                status_code=exc.status_code,
-                headers=exc.headers,
-            )
-        status, body = http_error(error)
-        return JSONResponse(body, status_code=status, headers=exc.headers)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        raw = await read_body(request, limits)
-        return await routes.completions(raw, request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        raw = await read_body(request, limits)
-        return await routes.chat_completions(raw, request)
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return routes.models()
-
-    @app.get("/health")
-    async def health() -> Response:
-        return routes.health()
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        if registry is None:
-            return JSONResponse(error_body("no metrics here", "not_found_error"), status_code=404)
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app
-
-
-async def read_body(request: Request, limits: HttpLimits) -> bytes:
-    """The whole body, or BodyTooLarge as soon as it is known to exceed the limit (from
-    Content-Length before a byte is read, else once the chunks received pass it), or
-    RequestTimeout when it has not all arrived within receive_timeout_s."""
-    max_bytes = limits.max_body_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise BodyTooLarge(_too_large(max_bytes))
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(limits.receive_timeout_s):
-            async for part in request.stream():
-                size += len(part)
-                if size > max_bytes:
-                    raise BodyTooLarge(_too_large(max_bytes))
-                chunks.append(part)
-    except TimeoutError:
-        raise RequestTimeout(
-            f"the request body did not arrive within {limits.receive_timeout_s:g} s "
-            "(rimuru serve --http-receive-timeout)"
-        ) from None
-    return b"".join(chunks)
-
-
-def _too_large(max_bytes: int) -> str:
-    return (
-        f"the request body is larger than {max_bytes} bytes, the most this server accepts "
-        "(rimuru serve --http-max-body-bytes)"
-    )

@@ -174,7 +174,7 @@ async def create_server(
     if http_address is not None:  # imported here: a gRPC-only server needs no FastAPI
         from rimuru.dataplane.serve.chat_template import load_chat_template
         from rimuru.dataplane.serve.http_server import HttpLimits, HttpServer
-        from rimuru.dataplane.serve.openai_api import create_app
+        from rimuru.dataplane.serve.openai_app import create_app
 
         limits = http_limits or HttpLimits()
         template = load_chat_template(engine_config.model)
