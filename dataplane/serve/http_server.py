@@ -83,7 +83,8 @@ def _refusal(message: str, status: str, kind: str) -> bytes:
 
 
 class _BoundedH11(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol plus the bound it lacks: a deadline for a request head
+    """uvicorn's HTTP/1.1 protocol plus the bound it lacks: a deadline for a request head,
+    from the connection's start or from the first byte of a keep-alive's next request
     (uvicorn times out only an idle keep-alive)."""
 
     def __init__(self, *args, receive_timeout_s: float, max_head_bytes: int, **kwargs) -> None:
@@ -116,10 +117,12 @@ class _BoundedH11(H11Protocol):
         self.transport.write(_refusal(message, "400 Bad Request", "invalid_request_error"))
         self.transport.close()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._await_head()  # the next request's head, once it starts, has a deadline too
+    def data_received(self, data: bytes) -> None:
+        # The first bytes of a keep-alive connection's next request start its deadline (while
+        # it idles, uvicorn's keep-alive timeout governs); a new connection's started at once.
+        if self._head_deadline is None and self._receiving_head():
+            self._await_head()
+        super().data_received(data)
 
     def _receiving_head(self) -> bool:
         return self.cycle is None or self.cycle.response_complete

@@ -237,6 +237,21 @@ async def test_a_full_queue_refuses_a_stream_with_429_before_the_200(
     await eventually(released, what="every request released")
 
 
+async def test_a_keep_alive_connection_s_next_head_has_a_deadline_too(start_data_plane):
+    limits = HttpLimits(receive_timeout_s=0.5, keep_alive_timeout_s=60)
+    dp = await start_data_plane(http_address=("127.0.0.1", 0), http_limits=limits)
+    reader, writer = await asyncio.open_connection("127.0.0.1", dp.handle.http.port)
+    for _ in range(2):  # idle past the head deadline between: the keep-alive governs that
+        writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 OK\r\n")
+        await asyncio.sleep(1.0)
+    writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n")  # and then a head that never ends
+    started = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the server
+    assert time.monotonic() - started < 5  # at the head's deadline, not the keep-alive's 60 s
+    writer.close()
+
+
 _SERVER_WITH_FEW_DESCRIPTORS = r"""
 import asyncio, os, resource, sys
 from fastapi import FastAPI
