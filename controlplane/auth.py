@@ -5,13 +5,14 @@ Two credentials, so a data-plane pod (which must hold one) cannot rewrite policy
     method                               needs
     SetPolicy, UploadRanking             the operator token (--token-file)
     WatchPolicy, ReportRouting           the data-plane token (--dataplane-token-file);
-                                         without one: ReportRouting the operator token
-                                         (one shared token, as before), WatchPolicy none
+                                         without one, the operator token (one shared token)
     reads (GetPolicy, ListSubscribers..) none
 
 ReportRouting is a write: routing reports move the online hotness ranking, which becomes
-new policy versions pushed to every data plane. A call with more than one
-`authorization` header is refused whatever they hold.
+new policy versions pushed to every data plane. WatchPolicy registers a subscriber (the
+registry is bounded, so an open watch lets anyone crowd out the real data planes) and
+receives every policy and ranking. A call with more than one `authorization` header is
+refused whatever they hold.
 """
 
 from __future__ import annotations
@@ -36,9 +37,7 @@ class BearerTokenInterceptor(BearerTokens):
         if dataplane_token == token:
             raise ValueError("the data-plane token must differ from the operator token")
         tokens = dict.fromkeys(OPERATOR_METHODS, token)
-        tokens[REPORT_ROUTING] = dataplane_token or token
-        if dataplane_token:
-            tokens[WATCH_POLICY] = dataplane_token
+        tokens[REPORT_ROUTING] = tokens[WATCH_POLICY] = dataplane_token or token
         super().__init__(
             tokens,
             "policy writes: the operator token, rimuru policy --token-file PATH; data planes: "

@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dataplane-token-file",
         default=_env("DATAPLANE_TOKEN_FILE"),
         help="file holding the data planes' bearer token, which WatchPolicy and ReportRouting "
-        "need (and which allows nothing else); unset = ReportRouting takes the operator "
-        "token and WatchPolicy none (RIMURU_CP_DATAPLANE_TOKEN_FILE)",
+        "need (and which allows nothing else); unset = both take the operator token "
+        "(RIMURU_CP_DATAPLANE_TOKEN_FILE)",
     )
     parser.add_argument(
         "--insecure",
@@ -126,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if token is not None and dataplane_token is None:
         log.warning(
-            "no --dataplane-token-file: data planes report routing with the operator token, "
-            "so every pod holding it can also set policy"
+            "no --dataplane-token-file: data planes watch policy and report routing with the "
+            "operator token, so every pod holding it can also set policy"
         )
     tls = TlsFiles.read(args.tls_cert, args.tls_key) if args.tls_cert else None
     asyncio.run(_serve(args, hotness, token, dataplane_token, tls))

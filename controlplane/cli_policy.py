@@ -55,11 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     set_parser = verbs.add_parser(
         "set", parents=[common], help="write a new version; prints its number"
     )
-    set_parser.add_argument(
-        "--token-file",
-        default=os.environ.get("RIMURU_CP_TOKEN_FILE"),
-        help="file holding the bearer token (RIMURU_CP_TOKEN_FILE)",
-    )
+    _add_token_file(set_parser, "the operator token")
     set_parser.add_argument("--mode", choices=MODES)
     for name in INT_TUNABLES:
         set_parser.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
@@ -80,11 +76,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     watch = verbs.add_parser(
         "watch", parents=[common], help="print each pushed version (ACKs them) until Ctrl-C"
     )
+    _add_token_file(watch, "the data planes' token (the operator's where it is the only one)")
     watch.add_argument("--node-id", default=f"rimuru-policy-watch-{os.getpid()}")
     watch.add_argument(
         "--count", type=int, default=0, help="exit after this many pushes (0 = until Ctrl-C)"
     )
     verbs.add_parser("subscribers", parents=[common], help="list data planes and ACK/NACK state")
+
+
+def _add_token_file(parser: argparse.ArgumentParser, which: str) -> None:
+    parser.add_argument(
+        "--token-file",
+        default=os.environ.get("RIMURU_CP_TOKEN_FILE"),
+        help=f"file holding the bearer token: {which} (RIMURU_CP_TOKEN_FILE)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -185,7 +190,11 @@ async def _watch(args: argparse.Namespace) -> int:
     )
     seen = 0
     async with channel:
-        call = pb_grpc.PolicyDiscoveryServiceStub(channel).WatchPolicy(requests())
+        token = read_token(args.token_file) if args.token_file else None
+        metadata = (("authorization", f"Bearer {token}"),) if token else None
+        call = pb_grpc.PolicyDiscoveryServiceStub(channel).WatchPolicy(
+            requests(), metadata=metadata
+        )
         try:
             async for update in call:
                 _print_json(_policy_json(convert.policy_from_proto(update.policy)))

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from rimuru.controlplane.convert import check_push_fits
 from rimuru.controlplane.errors import InvalidArgument, NotFound
 from rimuru.controlplane.hotness import HotnessAggregator, HotnessConfig, check_report
 from rimuru.controlplane.policy import Policy, check_deployment
@@ -23,6 +24,7 @@ from rimuru.controlplane.ranking import Ranking, check_ranking_id
 from rimuru.controlplane.store import PolicyStore
 from rimuru.controlplane.subscribers import Subscriber, SubscriberRegistry, Watch
 from rimuru.policy import HotnessRanking, Tunables, check_pushable
+from rimuru.rpc import MAX_MESSAGE_BYTES
 
 ONLINE_RANKING_ID = "online"
 log = logging.getLogger(__name__)
@@ -145,8 +147,17 @@ class ControlPlane:
             check_deployment(deployment)
         return self.subscribers.list(deployment)
 
-    def report_routing(self, deployment: str, layers: Mapping[int, Sequence[int]]) -> Policy | None:
-        """Fold in one report; returns the new version if online hotness pushed one."""
+    def report_routing(
+        self,
+        deployment: str,
+        layers: Mapping[int, Sequence[int]],
+        max_push_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> Policy | None:
+        """Fold in one report; returns the new version if online hotness pushed one.
+
+        A proposal whose push would exceed max_push_bytes (the data planes' receive limit)
+        is refused here (InvalidArgument on the report), as an upload is: stored, it would
+        end every watch with RESOURCE_EXHAUSTED, a push no data plane can receive or NACK."""
         check_deployment(deployment)
         table = check_report(layers)
         self._check_shape(deployment, (len(table), len(table[0])), "layers")
@@ -161,6 +172,7 @@ class ControlPlane:
         )
         if proposal is None:
             return None
+        check_push_fits(deployment, policy.tunables, proposal, max_push_bytes, "layers")
         _, new_policy = self.store.set_ranking(
             deployment, ONLINE_RANKING_ID, proposal, reason="online-hotness"
         )

@@ -44,7 +44,8 @@ async def create_server(
     token: the operator's (policy writes); dataplane_token: the data planes' (WatchPolicy,
     ReportRouting); auth.py says what each allows. No token = everything open.
     max_message_bytes: the send and receive limit; a ranking or policy whose push would
-    exceed it is refused (INVALID_ARGUMENT), so every push fits a data plane's limit.
+    exceed it is refused (INVALID_ARGUMENT), uploaded or proposed by online hotness from
+    routing reports, so every push fits a data plane's limit.
     Call it in the event loop that will run the server; the caller starts and stops it.
     """
     if dataplane_token and not token:
@@ -60,7 +61,7 @@ async def create_server(
         PolicyServicer(plane, max_message_bytes), server
     )
     control_pb2_grpc.add_PolicyDiscoveryServiceServicer_to_server(
-        PolicyDiscoveryServicer(plane), server
+        PolicyDiscoveryServicer(plane, max_message_bytes), server
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -91,8 +91,11 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
 
 
 class PolicyDiscoveryServicer(pb_grpc.PolicyDiscoveryServiceServicer):
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(self, plane: ControlPlane, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        """max_message_bytes: an online-hotness version whose push would be larger is
+        refused with the report that proposed it."""
         self._plane = plane
+        self._max_message_bytes = max_message_bytes
 
     @maps_errors
     async def WatchPolicy(self, request_iterator, context):
@@ -152,7 +155,7 @@ class PolicyDiscoveryServicer(pb_grpc.PolicyDiscoveryServiceServicer):
             layers = {entry.layer: list(entry.counts) for entry in report.layers}
             if len(layers) != len(report.layers):
                 raise InvalidArgument("layers.layer", "each layer may appear once per report")
-            policy = self._plane.report_routing(report.deployment, layers)
+            policy = self._plane.report_routing(report.deployment, layers, self._max_message_bytes)
             if policy is not None:
                 log.info(
                     "deployment %s: version %d (online hotness)", policy.deployment, policy.version

@@ -86,6 +86,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="OpenAI-compatible HTTP API port (/v1/completions, /v1/chat/completions, "
         "/v1/models, /health, /metrics), 0 = any (default: off)",
     )
+    option(
+        "--http-max-body-bytes",
+        default=str(4 * 1024 * 1024),
+        type=positive_int,
+        help="HTTP: a larger request body is refused with 413 before it is read "
+        "(default: 4 MiB, gRPC's message limit)",
+    )
+    option(
+        "--http-max-connections",
+        default="4096",
+        type=positive_int,
+        help="HTTP: open connections past this are answered 503 and closed at once "
+        "(default: 4096, and at most half the process's file-descriptor limit)",
+    )
+    option(
+        "--http-receive-timeout",
+        default="30",
+        type=float,
+        help="HTTP: seconds a request head, and then its body, may take to arrive (default: 30)",
+    )
+    option(
+        "--http-keep-alive-timeout",
+        default="5",
+        type=float,
+        help="HTTP: seconds an idle keep-alive connection stays open (default: 5)",
+    )
     option("--drain-grace-seconds", default="30", type=float, help="SIGTERM: drain for this long")
     option("--threads", default="1", type=positive_int, help="torch CPU threads")
     option(
@@ -113,10 +139,12 @@ def run(args: argparse.Namespace) -> int:
     check_before_loading(config, torch.device(config.device))
     link = control_plane_link(args)
     api_token, tls = own_port_security(args)
+    limits = http_limits(args)
+    raise_descriptor_limit()
 
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    return asyncio.run(_serve(args, config, link, api_token, tls))
+    return asyncio.run(_serve(args, config, link, api_token, tls, limits))
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -164,7 +192,35 @@ def own_port_security(args: argparse.Namespace):
     return (read_token(args.api_token_file) if args.api_token_file else None), tls
 
 
-async def _serve(args: argparse.Namespace, config, link, api_token, tls) -> int:
+def http_limits(args: argparse.Namespace):
+    from rimuru.dataplane.serve.http_server import HttpLimits
+
+    return HttpLimits(
+        max_body_bytes=args.http_max_body_bytes,
+        max_connections=args.http_max_connections,
+        receive_timeout_s=args.http_receive_timeout,
+        keep_alive_timeout_s=args.http_keep_alive_timeout,
+    )
+
+
+_TARGET_NOFILE = 65535  # vLLM's set_ulimit target
+
+
+def raise_descriptor_limit() -> None:
+    """The soft file-descriptor limit up to the hard one (at most 65535), as vLLM does: a
+    container's default soft limit of 1024 is too few for a server's connections."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = _TARGET_NOFILE if hard == resource.RLIM_INFINITY else min(hard, _TARGET_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the file-descriptor limit from %d: %s", soft, exc)
+
+
+async def _serve(args: argparse.Namespace, config, link, api_token, tls, limits) -> int:
     from rimuru.dataplane.serve.plane import FAILED
     from rimuru.dataplane.serve.server import create_server
     from rimuru.dataplane.serve.telemetry import PrometheusEndpoint
@@ -180,6 +236,7 @@ async def _serve(args: argparse.Namespace, config, link, api_token, tls) -> int:
         control_plane=link,
         metric_readers=[endpoint.reader] if endpoint else [],
         http_address=(args.host, args.http_port) if args.http_port is not None else None,
+        http_limits=limits,
         api_token=api_token,
         tls=tls,
     )

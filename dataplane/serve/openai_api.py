@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP routes, served from the same DataPlane (and engine thread) as gRPC.
+"""OpenAI-compatible HTTP handlers, served from the same DataPlane (and engine thread) as
+gRPC; openai_app.py is the FastAPI app that routes to them.
 
     POST /v1/completions, /v1/chat/completions   JSON, or server-sent events (`stream`)
     GET  /v1/models, /health, /metrics
@@ -9,25 +10,31 @@
 
 Each choice is an independent engine request (n > 1, or a batch of prompts; with a seed,
 choice i uses seed + i, as vLLM does).
+
+What must stay true, because one event loop also serves every gRPC stream:
+  * nothing sized by the client runs on the loop unbounded: the body is capped before it
+    is read (413, openai_app.read_body), then parsed, validated and tokenized on a worker
+    thread, and stop strings are
+    bounded in number and length and matched in O(1) a character (stop_strings.py);
+  * a request is refused (400/413/429, an OpenAI error object) before its response starts:
+    a streaming response's 200 is sent only once the engine has admitted every choice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.model.tokenizer import Tokenizer
-from rimuru.dataplane.serve.chat_template import CHATML_END, ChatTemplate
+from rimuru.dataplane.serve.chat_template import CHATML_END, ChatTemplate, encode_conversation
 from rimuru.dataplane.serve.errors import FailedPrecondition, InvalidArgument, ServeError
 from rimuru.dataplane.serve.events import (
     Event,
@@ -49,10 +56,11 @@ from rimuru.dataplane.serve.openai_protocol import (
     http_error,
     model_list,
     now,
+    parse_body,
     usage,
 )
 from rimuru.dataplane.serve.plane import SERVING, DataPlane, RequestStream
-from rimuru.dataplane.serve.stop_strings import StopStrings
+from rimuru.dataplane.serve.stop_strings import StopSet, StopStrings
 
 _CLIENT_GONE_STATUS = 499  # nginx's "client closed request": never seen by the client
 
@@ -111,11 +119,12 @@ class _Job:
     prompts: list[list[int]]
     body: CompletionRequest | ChatCompletionRequest
     max_tokens: list[int]  # per prompt
+    stop_set: StopSet
     extra_stop_token_ids: tuple[int, ...] = ()
 
 
 class OpenAIRoutes:
-    """The handlers; the FastAPI app (create_app) only routes to them."""
+    """The handlers; the FastAPI app (openai_app.create_app) only routes to them."""
 
     def __init__(self, plane: DataPlane, chat_template: ChatTemplate) -> None:
         self._plane = plane
@@ -123,34 +132,14 @@ class OpenAIRoutes:
         self._created = now()
 
     # ------------------------------------------------------------------ endpoints
-    async def completions(self, body: CompletionRequest, request: Request) -> Response:
-        info = self._admit(body)
-        prompts = body.prompts()
-        ids = [
-            self._prompt_ids(p, info, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
-            for i, p in enumerate(prompts)
-        ]
-        max_tokens = [
-            self._max_tokens(body.max_tokens, len(p), info, DEFAULT_COMPLETION_MAX_TOKENS)
-            for p in ids
-        ]
-        job = _Job(f"cmpl-{uuid.uuid4().hex}", ids, body, max_tokens)
+    async def completions(self, raw: bytes, request: Request) -> Response:
+        info = self._plane.require_serving()
+        job = await asyncio.to_thread(self._completion_job, raw, info)
         return await self._respond(job, request, info, chat=False)
 
-    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
-        info = self._admit(body)
-        tokenizer = self._require_tokenizer("messages", info)
-        try:
-            text = self._chat_template.render(body.conversation())
-        except ValueError as exc:
-            raise InvalidArgument("messages", str(exc)) from None
-        ids = self._prompt_ids(text, info, "messages")
-        max_tokens = self._max_tokens(body.requested_max_tokens, len(ids), info, None)
-        extra_stop: tuple[int, ...] = ()
-        if self._chat_template.is_chatml:  # base models' EOS is not ChatML's end of turn
-            end = tokenizer.encode(CHATML_END)
-            extra_stop = tuple(end) if len(end) == 1 else ()
-        job = _Job(f"chatcmpl-{uuid.uuid4().hex}", [ids], body, [max_tokens], extra_stop)
+    async def chat_completions(self, raw: bytes, request: Request) -> Response:
+        info = self._plane.require_serving()
+        job = await asyncio.to_thread(self._chat_job, raw, info)
         return await self._respond(job, request, info, chat=True)
 
     def models(self) -> dict:
@@ -164,8 +153,46 @@ class OpenAIRoutes:
         return JSONResponse(body, status_code=503)
 
     # ------------------------------------------------------------------ validation
-    def _admit(self, body: CompletionRequest | ChatCompletionRequest) -> ModelInfo:
-        info = self._plane.require_serving()
+    # The *_job methods run on a worker thread: everything there grows with the body.
+    def _completion_job(self, raw: bytes, info: ModelInfo) -> _Job:
+        body = parse_body(CompletionRequest, raw)
+        self._admit(body, info)
+        prompts = body.prompts()
+        _check_num_choices(len(prompts), body)
+        ids = [
+            self._prompt_ids(p, info, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+            for i, p in enumerate(prompts)
+        ]
+        max_tokens = [
+            self._max_tokens(body.max_tokens, len(p), info, DEFAULT_COMPLETION_MAX_TOKENS)
+            for p in ids
+        ]
+        stop_set = StopSet(body.stop_strings)
+        return _Job(f"cmpl-{uuid.uuid4().hex}", ids, body, max_tokens, stop_set)
+
+    def _chat_job(self, raw: bytes, info: ModelInfo) -> _Job:
+        body = parse_body(ChatCompletionRequest, raw)
+        self._admit(body, info)
+        _check_num_choices(1, body)
+        tokenizer = self._require_tokenizer("messages", info)
+        conversation = body.conversation()
+        try:
+            ids = encode_conversation(self._chat_template, tokenizer, conversation)
+        except InvalidArgument:
+            raise
+        except ValueError as exc:  # the template refused the conversation
+            raise InvalidArgument("messages", str(exc)) from None
+        if not ids:
+            raise InvalidArgument("messages", "render to an empty prompt")
+        max_tokens = self._max_tokens(body.requested_max_tokens, len(ids), info, None)
+        extra_stop: tuple[int, ...] = ()
+        if self._chat_template.is_chatml:  # base models' EOS is not ChatML's end of turn
+            end = tokenizer.encode(CHATML_END)
+            extra_stop = tuple(end) if len(end) == 1 else ()
+        stop_set = StopSet(body.stop_strings)
+        return _Job(f"chatcmpl-{uuid.uuid4().hex}", [ids], body, [max_tokens], stop_set, extra_stop)
+
+    def _admit(self, body: CompletionRequest | ChatCompletionRequest, info: ModelInfo) -> None:
         if body.model != info.model_name:
             raise ModelNotFound(
                 f"model {body.model!r} does not exist here; this server serves "
@@ -174,7 +201,6 @@ class OpenAIRoutes:
         body.check_supported()
         if body.stop_strings:
             self._require_tokenizer("stop", info)
-        return info
 
     def _require_tokenizer(self, name: str, info: ModelInfo) -> Tokenizer:
         if self._plane.tokenizer is None:
@@ -218,8 +244,6 @@ class OpenAIRoutes:
     # ------------------------------------------------------------------ serving
     async def _respond(self, job: _Job, request: Request, info: ModelInfo, chat: bool) -> Response:
         body = job.body
-        if len(job.prompts) * body.n > MAX_CHOICES:
-            raise InvalidArgument("n", f"prompts x n must be at most {MAX_CHOICES}")
         arrival = time.monotonic()
         params = [
             body.sampling_params(max_tokens, i, job.extra_stop_token_ids)
@@ -230,8 +254,7 @@ class OpenAIRoutes:
         check = None
         if body.stream:
             # A request the engine would refuse (it can never fit in the pool) still gets a
-            # 400, not an error inside a 200 stream: the engine thread validates them in the
-            # round that adds them (this call is ahead of them in its inbox).
+            # 400, not an error inside a 200 stream: this call is ahead of them in its inbox.
             requests = list(zip(prompts, params, strict=True))
             check = self._plane.engine.call(lambda engine: _validate(engine, requests))
         choices: list[_Choice] = []
@@ -239,19 +262,22 @@ class OpenAIRoutes:
             for index, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
                 spec = GenerateSpec(f"{job.request_id}-{index}", tuple(prompt), p, arrival)
                 stream = self._plane.open_stream(spec)
-                choices.append(self._choice(index, stream, len(prompt), p, body.stop_strings))
+                choices.append(self._choice(index, stream, len(prompt), p, job.stop_set))
         except BaseException:
             for c in choices:
                 c.stream.close()
             raise
-        events = _Events(choices, request)
         if check is not None:
             try:
                 await asyncio.wrap_future(check)
+                firsts = await self._admitted(choices)
             except BaseException:
-                events.close()
+                for c in choices:
+                    c.stream.close()
                 raise
+            events = _Events(choices, request, firsts)
             return self._stream(job, choices, events, info, chat)
+        events = _Events(choices, request)
         try:
             async for _ in events:
                 pass
@@ -265,11 +291,32 @@ class OpenAIRoutes:
             chunk(kind, job.request_id, info.model_name, now(), rows, _usage(choices))
         )
 
+    async def _admitted(self, choices: list[_Choice]) -> dict[int, Event]:
+        """Wait until the engine has taken or refused every choice; raise the first refusal
+        (a full queue: 429) so that no 200 is sent for a stream that would only fail.
+
+        The engine thread applies its inbox in order, so this call runs after the choices'
+        submits: a choice absent from engine.requests then was refused (its RejectedEvent is
+        on its way) or has already finished; either way its first event comes without waiting
+        for a forward. Returns those first events, by choice index, for the response."""
+        engine_ids = [c.stream.engine_id for c in choices]
+        present = await asyncio.wrap_future(
+            self._plane.engine.call(lambda engine: [i in engine.requests for i in engine_ids])
+        )
+        firsts: dict[int, Event] = {}
+        for c, taken in zip(choices, present, strict=True):
+            if not taken:
+                event = await c.stream.next_event()
+                if isinstance(event, RejectedEvent):
+                    raise event.error
+                firsts[c.index] = event
+        return firsts
+
     def _choice(
-        self, index: int, stream: RequestStream, num_prompt: int, params, stop_strings
+        self, index: int, stream: RequestStream, num_prompt: int, params, stop_set: StopSet
     ) -> _Choice:
         tokenizer = self._plane.tokenizer
-        stop = StopStrings(stop_strings)
+        stop = StopStrings(stop_set)
         if tokenizer is None:
             return _Choice(index, stream, num_prompt, lambda ids: "", lambda: "", stop)
         detok = tokenizer.detokenizer()
@@ -327,9 +374,14 @@ class _Events:
     engine aborts them) when the client goes or the response completes, so no request
     outlives its HTTP exchange, whoever iterates this and however the response ends."""
 
-    def __init__(self, choices: list[_Choice], request: Request) -> None:
+    def __init__(
+        self, choices: list[_Choice], request: Request, firsts: dict[int, Event] | None = None
+    ) -> None:
+        """firsts: events already taken off some choices' streams (by _admitted), by index."""
         self._choices = choices
         self._queue: asyncio.Queue = asyncio.Queue()
+        for index, event in (firsts or {}).items():
+            self._queue.put_nowait((choices[index], event))
         self._tasks = [asyncio.ensure_future(self._pump(c)) for c in choices]
         self._tasks.append(asyncio.ensure_future(self._watch(request)))
 
@@ -363,6 +415,14 @@ class _Events:
             choice.stream.close()
 
 
+def _check_num_choices(num_prompts: int, body: CompletionRequest | ChatCompletionRequest) -> None:
+    if num_prompts * body.n > MAX_CHOICES:
+        raise InvalidArgument(
+            "n", f"prompts x n is {num_prompts} x {body.n}; at most {MAX_CHOICES} choices"
+        )
+    body.check_seed(body.n)
+
+
 def _usage(choices: list[_Choice]) -> dict:
     # Every choice counts its prompt, as OpenAI does for n > 1.
     return usage(sum(c.num_prompt_tokens for c in choices), sum(len(c.token_ids) for c in choices))
@@ -393,64 +453,3 @@ def _delta_row(c: _Choice, delta: _Delta, chat: bool, token_ids: bool) -> dict:
     if token_ids:
         row["token_ids"] = list(delta.token_ids)
     return row
-
-
-def create_app(
-    plane: DataPlane, chat_template: ChatTemplate, registry=None, api_token: str | None = None
-) -> FastAPI:
-    """The HTTP app over `plane`; `registry`: the prometheus_client registry for /metrics;
-    `api_token`: the /v1/ routes need `Authorization: Bearer <api_token>` (401 otherwise),
-    /health and /metrics stay open, as gRPC health does."""
-    app = FastAPI(title="rimuru", docs_url=None, redoc_url=None, openapi_url=None)
-    routes = OpenAIRoutes(plane, chat_template)
-
-    if api_token is not None:
-        expected = f"Bearer {api_token}".encode()
-
-        @app.middleware("http")
-        async def bearer_token(request: Request, call_next):
-            if request.url.path.startswith("/v1/"):
-                presented = request.headers.getlist("authorization")
-                if len(presented) != 1 or not hmac.compare_digest(presented[0].encode(), expected):
-                    message = "this API needs one `Authorization: Bearer <token>` header"
-                    body = error_body(message, "authentication_error")
-                    return JSONResponse(body, status_code=401)
-            return await call_next(request)
-
-    @app.exception_handler(ServeError)
-    async def serve_error(_request: Request, exc: ServeError) -> JSONResponse:
-        status, body = http_error(exc)
-        return JSONResponse(body, status_code=status)
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_body(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        message = f"{param or 'body'}: {first.get('msg', 'invalid request body')}"
-        return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
-
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await routes.completions(body, request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await routes.chat_completions(body, request)
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return routes.models()
-
-    @app.get("/health")
-    async def health() -> Response:
-        return routes.health()
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        if registry is None:
-            return JSONResponse(error_body("no metrics here", "not_found_error"), status_code=404)
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app

@@ -9,12 +9,13 @@ vLLM's extensions are accepted under vLLM's names: `top_k`, `stop_token_ids`,
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from rimuru.dataplane.engine.sched.request import SamplingParams
+from rimuru.dataplane.engine.sched.request import MAX_SEED, SamplingParams
 from rimuru.dataplane.serve.errors import (
     EngineFailed,
     FailedPrecondition,
@@ -24,13 +25,40 @@ from rimuru.dataplane.serve.errors import (
     Unavailable,
 )
 
+# Bounds on what one request may ask of the event loop: each is refused with a 400 naming
+# it before any work is queued (docs/serving.md lists them).
 MAX_CHOICES = 128  # prompts x n in one request
+MAX_STOP_STRINGS = 1024  # as many as gRPC's stop token ids (vLLM caps its id lists at 1024)
+MAX_STOP_STRING_CHARS = 16384  # all stop strings together: the matcher's size per request
+# The roles OpenAI defines and chat templates know; any other string would be pasted into the
+# prompt as the template's role header (a role of "user<|im_end|>..." forges turns).
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
 FINISH_REASONS = {"length": "length", "stopped": "stop", "aborted": "abort"}
 
 
 class ModelNotFound(ServeError):
     """The request names a model this server does not serve (HTTP 404)."""
+
+
+class InvalidBody(ServeError):
+    """The body is no JSON object (truncated, not UTF-8, nested too deep): HTTP 400, no param."""
+
+
+class BodyTooLarge(ServeError):
+    """The request body is over --http-max-body-bytes (HTTP 413); nothing of it was parsed."""
+
+
+class RequestTimeout(ServeError):
+    """The body did not arrive in time (HTTP 408)."""
+
+
+class RouteNotFound(ServeError):
+    """No route at this path (HTTP 404)."""
+
+
+class MethodNotAllowed(ServeError):
+    """The path exists, not with this method (HTTP 405)."""
 
 
 class StreamOptions(BaseModel):
@@ -41,14 +69,15 @@ class _SamplingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    max_tokens: int | None = None
+    # Integers are strict: JSON's true and 1.0 are not counts, seeds or token ids.
+    max_tokens: StrictInt | None = None
     temperature: float = 1.0  # OpenAI's default (the engine's own default is greedy)
     top_p: float = 1.0
-    top_k: int = 0
-    n: int = 1
-    seed: int | None = None
+    top_k: StrictInt = 0
+    n: StrictInt = 1
+    seed: StrictInt | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: list[StrictInt] = Field(default_factory=list)
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -69,6 +98,28 @@ class _SamplingRequest(BaseModel):
                 raise InvalidArgument(name, "is not supported by this server")
         if not 1 <= self.n <= MAX_CHOICES:
             raise InvalidArgument("n", f"must lie in [1, {MAX_CHOICES}], got {self.n}")
+        stop = self.stop_strings
+        if len(stop) > MAX_STOP_STRINGS:
+            raise InvalidArgument(
+                "stop", f"holds {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed"
+            )
+        num_chars = sum(len(s) for s in stop)
+        if num_chars > MAX_STOP_STRING_CHARS:
+            raise InvalidArgument(
+                "stop",
+                f"holds {num_chars} characters in all; at most {MAX_STOP_STRING_CHARS} are allowed",
+            )
+
+    def check_seed(self, num_choices: int) -> None:
+        """Choice i samples with seed + i: the last one must still be a valid seed."""
+        if self.seed is None or not 0 <= self.seed <= MAX_SEED:
+            return  # SamplingParams refuses an out-of-range seed itself, naming it
+        if self.seed + num_choices - 1 > MAX_SEED:
+            raise InvalidArgument(
+                "seed",
+                f"choice i samples with seed + i, so with {num_choices} choices the seed must be "
+                f"at most 2**64 - {num_choices}; got {self.seed}",
+            )
 
     def _more_defaults(self) -> dict[str, tuple]:
         return {}
@@ -106,7 +157,9 @@ class _SamplingRequest(BaseModel):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    # Checked by prompts(), not by pydantic: a union's error names its members, not the
+    # element at fault, and a token id must be a JSON integer (not true, not 1.0).
+    prompt: str | list
     echo: bool = False
     suffix: str | None = None
 
@@ -115,11 +168,40 @@ class CompletionRequest(_SamplingRequest):
 
     def prompts(self) -> list[str | list[int]]:
         """One prompt, or a batch of them; each is text or token ids."""
-        if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
-            return [self.prompt]
-        if not self.prompt:
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt:
             raise InvalidArgument("prompt", "is empty: give text or at least one token id")
-        return list(self.prompt)
+        if isinstance(prompt[0], int) and not isinstance(prompt[0], bool):
+            return [_token_ids(prompt, "prompt")]
+        if isinstance(prompt[0], str):
+            for i, p in enumerate(prompt):
+                if not isinstance(p, str):
+                    raise InvalidArgument(f"prompt[{i}]", "a batch of text prompts holds strings")
+            return list(prompt)
+        if isinstance(prompt[0], list):
+            return [_token_ids(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        raise InvalidArgument(
+            "prompt[0]",
+            f"{_json(prompt[0])} is no prompt: give a string, token ids (integers), "
+            "a list of strings or a list of token-id lists",
+        )
+
+
+def _token_ids(ids, name: str) -> list[int]:
+    if not isinstance(ids, list):
+        raise InvalidArgument(name, f"{_json(ids)} is not a list of token ids")
+    for i, t in enumerate(ids):
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise InvalidArgument(f"{name}[{i}]", f"{_json(t)} is not a token id (an integer)")
+    return ids
+
+
+def _json(value) -> str:
+    """A short JSON spelling of a rejected value, for an error message."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class ContentPart(BaseModel):
@@ -151,7 +233,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    max_completion_tokens: StrictInt | None = None  # OpenAI's newer name for max_tokens
     tools: list | None = None
     response_format: dict | None = None
 
@@ -161,6 +243,12 @@ class ChatCompletionRequest(_SamplingRequest):
     def conversation(self) -> list[dict[str, str]]:
         if not self.messages:
             raise InvalidArgument("messages", "is empty: give at least one message")
+        for i, m in enumerate(self.messages):
+            if m.role not in CHAT_ROLES:
+                raise InvalidArgument(
+                    f"messages[{i}].role",
+                    f"{_json(m.role)} is not a role: use one of {', '.join(CHAT_ROLES)}",
+                )
         return [{"role": m.role, "content": m.text(i)} for i, m in enumerate(self.messages)]
 
     @property
@@ -170,6 +258,40 @@ class ChatCompletionRequest(_SamplingRequest):
             if self.max_completion_tokens is not None
             else self.max_tokens
         )
+
+
+def parse_body(model: type[BaseModel], raw: bytes) -> BaseModel:
+    """A request model from raw JSON bytes; InvalidArgument naming the field otherwise."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: ValidationError) -> ServeError:
+    first = exc.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":  # truncated, not UTF-8, nested too deep, ...
+        detail = first["msg"].removeprefix("Invalid JSON: ")
+        return InvalidBody(f"the request body is not valid JSON: {detail}")
+    param = _param(first["loc"])
+    if not param:
+        return InvalidBody("the request body must be a JSON object")
+    return InvalidArgument(param, first["msg"])
+
+
+def _param(loc: tuple) -> str:
+    """messages.0.content -> messages[0].content. A union's errors name its member types in
+    the location (`str`, `list[int]`, `ContentPart`): those are no part of the JSON path."""
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part.isidentifier() and part.islower() and part not in _TYPE_NAMES:
+            param += f".{part}" if param else part
+    return param
+
+
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
 # ---------------------------------------------------------------------------- responses
@@ -214,8 +336,13 @@ def now() -> int:
 # HTTP status and OpenAI error type of each domain error: the HTTP twin of errors._CODES.
 _HTTP: dict[type[ServeError], tuple[int, str]] = {
     InvalidArgument: (400, "invalid_request_error"),
+    InvalidBody: (400, "invalid_request_error"),
     FailedPrecondition: (400, "invalid_request_error"),
     ModelNotFound: (404, "not_found_error"),
+    RouteNotFound: (404, "not_found_error"),
+    MethodNotAllowed: (405, "invalid_request_error"),
+    RequestTimeout: (408, "invalid_request_error"),
+    BodyTooLarge: (413, "invalid_request_error"),
     QueueFull: (429, "rate_limit_error"),
     Unavailable: (503, "service_unavailable_error"),
     EngineFailed: (500, "internal_error"),

@@ -53,6 +53,10 @@ class RequestStream:
             self._plane._forget(self)
         self._events.put_nowait(event)
 
+    async def next_event(self) -> Event:
+        """The next event; iterating afterwards goes on from the one after it."""
+        return await self._events.get()
+
     async def __aiter__(self) -> AsyncIterator[Event]:
         while True:
             event = await self._events.get()

@@ -20,6 +20,7 @@ import asyncio
 import inspect
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -116,14 +117,24 @@ class PolicyWatcher:
         self.model_shape = (0, 0)
         self.last_applied: pb.PolicyUpdate | None = None
         self.num_connects = 0
+        self.num_pushes = 0  # updates received, applied or NACKed
         self.connected = False
         self._changed = asyncio.Condition()
 
     async def run(self) -> None:
-        """Follow the control plane until cancelled."""
+        """Follow the control plane until cancelled.
+
+        The backoff starts over only after a stream that was up: it delivered a push, or
+        it lasted the longest delay. One that connected and ended without either is a
+        refusal, whatever its code: a control plane that refuses a watch at once (registry
+        full, bad identity) may end it while the opening is still in flight, and gRPC's
+        client then reports CANCELLED or INTERNAL in place of the server's status;
+        restarting the backoff on those would reconnect to a full control plane every few
+        tens of milliseconds."""
         attempt = 0
         while True:
-            num_connects_before = self.num_connects
+            num_pushes_before = self.num_pushes
+            started = time.monotonic()
             refused = False
             try:
                 await self._follow_once()
@@ -137,8 +148,11 @@ class PolicyWatcher:
                         "limit? Both planes must use rimuru.rpc.MAX_MESSAGE_BYTES)"
                     )
             await self._set_connected(False)
-            if self.num_connects > num_connects_before and not refused:
-                attempt = 0  # it was up: start over from the shortest delay
+            was_up = self.num_pushes > num_pushes_before or (
+                time.monotonic() - started >= self._backoff.max_s
+            )
+            if was_up and not refused:
+                attempt = 0  # start over from the shortest delay
             delay = self._backoff.delay(attempt, self._rng)
             attempt += 1
             log.warning(
@@ -176,6 +190,7 @@ class PolicyWatcher:
                 await self._set_connected(True)
                 newest_on_stream = 0
                 async for update in call:
+                    self.num_pushes += 1
                     answers.put_nowait(await self._handle(update, newest_on_stream))
                     if update.version > newest_on_stream and self.applied_version == update.version:
                         newest_on_stream = update.version

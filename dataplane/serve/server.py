@@ -46,7 +46,7 @@ from rimuru.rpc import (
 from rimuru.v1 import inference_pb2, inference_pb2_grpc
 
 if TYPE_CHECKING:
-    from rimuru.dataplane.serve.http_server import HttpServer
+    from rimuru.dataplane.serve.http_server import HttpLimits, HttpServer
 
 log = logging.getLogger("rimuru.serve")
 
@@ -124,6 +124,7 @@ async def create_server(
     tracer_provider: trace.TracerProvider | None = None,
     tokenizer: Callable[[ModelInfo], Tokenizer | None] = default_tokenizer,
     http_address: tuple[str, int] | None = None,
+    http_limits: HttpLimits | None = None,
     api_token: str | None = None,
     tls: TlsFiles | None = None,
 ) -> tuple[grpc.aio.Server, int, ServerHandle]:
@@ -133,7 +134,7 @@ async def create_server(
     `handle.start()` on its own thread.
     `tokenizer` picks the model's tokenizer (None: token ids only, text is refused).
     `http_address` (host, port): also serve the OpenAI-compatible HTTP API there
-    (`handle.http.port`), with its own /metrics.
+    (`handle.http.port`), with its own /metrics, within `http_limits` (default HttpLimits()).
     `api_token`: Inference calls need `authorization: Bearer <api_token>` (UNAUTHENTICATED
     otherwise); `tls`: serve TLS instead of plaintext.
     """
@@ -172,11 +173,14 @@ async def create_server(
     http = None
     if http_address is not None:  # imported here: a gRPC-only server needs no FastAPI
         from rimuru.dataplane.serve.chat_template import load_chat_template
-        from rimuru.dataplane.serve.http_server import HttpServer
-        from rimuru.dataplane.serve.openai_api import create_app
+        from rimuru.dataplane.serve.http_server import HttpLimits, HttpServer
+        from rimuru.dataplane.serve.openai_app import create_app
 
-        app = create_app(plane, load_chat_template(engine_config.model), registry, api_token)
-        http = HttpServer(app, *http_address)
+        limits = http_limits or HttpLimits()
+        template = load_chat_template(engine_config.model)
+        http = HttpServer(
+            create_app(plane, template, registry, api_token, limits), *http_address, limits
+        )
     return server, port, ServerHandle(server, plane, metrics, health_servicer, follower, http)
 
 

@@ -87,3 +87,19 @@ async def test_two_authorization_headers_are_refused(stubs):
     assert await _code(policy.SetPolicy(set_request, metadata=twice)) == (
         grpc.StatusCode.UNAUTHENTICATED
     )
+
+
+async def test_with_one_shared_token_watches_need_it_too():
+    plane = ControlPlane.open(None)
+    server, port = await create_server("127.0.0.1:0", plane, token=OPERATOR)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            discovery = pb_grpc.PolicyDiscoveryServiceStub(channel)
+            assert await _watch_code(discovery, None) == grpc.StatusCode.UNAUTHENTICATED
+            assert await _watch_code(discovery, bearer("guess")) == grpc.StatusCode.UNAUTHENTICATED
+            assert await _watch_code(discovery, bearer(OPERATOR)) == grpc.StatusCode.OK
+        assert [s.node_id for s in plane.list_subscribers()] == ["pod-w"]
+    finally:
+        await server.stop(None)
+        plane.close()

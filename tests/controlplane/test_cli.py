@@ -96,7 +96,10 @@ def test_controlplane_process_and_policy_verbs(tmp_path, token_file, capsys):
         code, _, err = policy(capsys, "set", *target, "--pages-per-expert", "2")
         assert code == 1 and "UNAUTHENTICATED" in err
 
-        code, out, _ = policy(capsys, "watch", *target, "--node-id", "cli-node", "--count", "1")
+        code, _, err = policy(capsys, "watch", *target, "--node-id", "cli-node", "--count", "1")
+        assert code == 1 and "UNAUTHENTICATED" in err  # a watch needs the token too
+        watch = ("watch", *target, *auth, "--node-id", "cli-node", "--count", "1")
+        code, out, _ = policy(capsys, *watch)
         assert code == 0 and json.loads(out)["version"] == 2
         code, out, _ = policy(capsys, "subscribers", *target)
         row = json.loads(out)

@@ -41,7 +41,7 @@ async def test_malformed_bytes_are_invalid_argument_everywhere(channel, auth, ca
             _messages(GARBAGE), metadata=auth, timeout=10
         ),
         "PolicyDiscoveryRequest": channel.stream_stream(WATCH_POLICY)(
-            _messages(GARBAGE), timeout=10
+            _messages(GARBAGE), metadata=auth, timeout=10
         ),
     }
     for message, call in calls.items():
@@ -49,7 +49,9 @@ async def test_malformed_bytes_are_invalid_argument_everywhere(channel, auth, ca
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, message
         assert error.details() == f"malformed request: not a serialized rimuru.v1.{message}"
     # A watch whose opening was fine and whose answer is not.
-    watch = channel.stream_stream(WATCH_POLICY)(_messages(opening, GARBAGE), timeout=10)
+    watch = channel.stream_stream(WATCH_POLICY)(
+        _messages(opening, GARBAGE), metadata=auth, timeout=10
+    )
     assert (await _failure(watch)).code() == grpc.StatusCode.INVALID_ARGUMENT
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     refusals = [r for r in caplog.records if r.name == "rimuru.rpc"]

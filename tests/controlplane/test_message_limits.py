@@ -8,6 +8,7 @@ import asyncio
 import grpc
 import pytest
 
+from rimuru.controlplane.hotness import HotnessConfig
 from rimuru.dataplane.serve.policy_watch import Backoff, PolicyWatcher
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
@@ -72,6 +73,7 @@ async def test_an_oversize_push_backs_off_instead_of_reconnecting_every_half_sec
         "qwen",
         apply=lambda update: None,
         backoff=Backoff(initial_s=0.05, multiplier=2.0, jitter=0.0),
+        token=TOKEN,
         max_message_bytes=LIMIT,
     )
     async with running(watcher.run()):
@@ -80,3 +82,27 @@ async def test_an_oversize_push_backs_off_instead_of_reconnecting_every_half_sec
     # restarted after each connect would reconnect every 0.05 s (about 25 times).
     assert 2 <= watcher.num_connects <= 6
     assert watcher.applied_version == 0
+
+
+async def test_an_online_hotness_version_whose_push_exceeds_the_limit_is_refused(
+    start_control_plane,
+):
+    hotness = HotnessConfig(min_tokens_per_layer=0, min_interval_s=0.0)
+    cp = await start_control_plane(token=TOKEN, hotness=hotness, max_message_bytes=LIMIT)
+    async with grpc.aio.insecure_channel(cp.target) as channel:
+        stub = pb_grpc.PolicyServiceStub(channel)
+        before = await set_policy(stub, AUTH, online_hotness=True)
+        discovery = pb_grpc.PolicyDiscoveryServiceStub(channel)
+        # 16 layers x 64 experts: a ranking push of about 9 KiB, over the 4 KiB limit.
+        rows = [pb.LayerRoutingCounts(layer=i, counts=range(1, 65)) for i in range(16)]
+        report = pb.RoutingReport(node_id="pod-a", deployment="qwen", layers=rows)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await discovery.ReportRouting(iter([report]), metadata=AUTH)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details().startswith("layers: its push to the data planes would be ")
+        assert info.value.details().endswith(
+            f"over the {LIMIT}-byte message limit both planes share "
+            "(rimuru.rpc.MAX_MESSAGE_BYTES); nothing stored"
+        )
+        # Nothing was stored, so nothing a data plane could not receive is ever pushed.
+        assert await stub.GetPolicy(pb.GetPolicyRequest(deployment="qwen")) == before

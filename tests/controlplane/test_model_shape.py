@@ -28,7 +28,7 @@ async def test_an_upload_of_another_shape_is_refused_and_the_old_ranking_stays(
     policy_stub, discovery_stub, auth
 ):
     await set_policy(policy_stub, auth)
-    node = RawNode(discovery_stub, "pod-a", shape=(2, 4))
+    node = RawNode(discovery_stub, "pod-a", shape=(2, 4), metadata=AUTH)
     await node.push()  # subscribed: the control plane knows the shape now
     good = await policy_stub.UploadRanking(
         pb.UploadRankingRequest(deployment="qwen", ranking_id="good", layers=layers(2, 4)),
@@ -54,7 +54,7 @@ async def test_an_online_ranking_of_another_shape_is_refused(start_control_plane
         policy_stub = pb_grpc.PolicyServiceStub(channel)
         discovery = pb_grpc.PolicyDiscoveryServiceStub(channel)
         await set_policy(policy_stub, AUTH, online_hotness=True)
-        node = RawNode(discovery, "pod-a", shape=(2, 4))
+        node = RawNode(discovery, "pod-a", shape=(2, 4), metadata=AUTH)
         await node.push()
         report = pb.RoutingReport(
             node_id="x",

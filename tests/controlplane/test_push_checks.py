@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 
 from rimuru.dataplane.serve.convert import policy_change
 from rimuru.dataplane.serve.policy_watch import Backoff, PolicyWatcher
@@ -79,3 +80,43 @@ async def test_forbidden_pushes_are_nacked_and_the_old_version_stays():
     assert [a.version_info for a in servicer.answers] == [0, 3, 3, 3, 3, 3, 6]
     assert servicer.answers[0].error_detail.startswith("version:")
     assert "shrink_threshold" in servicer.answers[2].error_detail
+
+
+class RefusingControlPlane(pb_grpc.PolicyDiscoveryServiceServicer):
+    """Ends every watch right after its opening with `code`, as a full registry does; a
+    client that was still writing its opening sees CANCELLED or INTERNAL instead."""
+
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self.code = code
+        self.num_watches = 0
+
+    async def WatchPolicy(self, request_iterator, context):
+        await anext(aiter(request_iterator))
+        self.num_watches += 1
+        await context.abort(self.code, "")
+        yield  # an async generator, as a streaming handler is
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL])
+async def test_a_watch_ended_before_any_push_backs_off_whatever_its_code(code):
+    servicer = RefusingControlPlane(code)
+    server = grpc.aio.server()
+    pb_grpc.add_PolicyDiscoveryServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    watcher = PolicyWatcher(
+        f"127.0.0.1:{port}",
+        "pod",
+        "qwen",
+        apply=lambda update: None,
+        backoff=Backoff(initial_s=0.05, multiplier=2.0, jitter=0.0),
+    )
+    try:
+        async with running(watcher.run()):
+            await asyncio.sleep(1.5)
+    finally:
+        await server.stop(None)
+    # Growing delays watch at about 0, 0.05, 0.15, 0.35, 0.75 and 1.55 s; restarting the
+    # backoff after each connect would watch every 0.05 s (about 25 times).
+    assert 2 <= servicer.num_watches <= 6
+    assert watcher.num_pushes == 0

@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from rimuru.v1 import control_pb2 as pb
+from tests.controlplane.conftest import TOKEN
 
 GOOD = pb.Tunables(
     mode=pb.MODE_ELASTIC,
@@ -16,6 +17,9 @@ GOOD = pb.Tunables(
     max_grow_per_round=5,
     pages_per_expert=3,
 )
+
+# The control plane of these tests has one token: watches need it (auth.py).
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 
 class RawNode:
@@ -96,7 +100,7 @@ async def eventually(predicate, timeout: float = 5.0) -> None:
 
 async def test_ack_nack_and_stale_nonces(policy_stub, discovery_stub, auth):
     await set_policy(policy_stub, auth, expert_offload_limit=1)
-    node = RawNode(discovery_stub, "pod-a")
+    node = RawNode(discovery_stub, "pod-a", metadata=AUTH)
     first = await node.push()
     assert first.version == 1 and first.policy.tunables.expert_offload_limit == 1
     assert first.nonce and not first.HasField("ranking")
@@ -160,14 +164,14 @@ async def test_reconnect_pushes_only_when_newer(policy_stub, discovery_stub, aut
     for limit in (1, 2):
         await set_policy(policy_stub, auth, expert_offload_limit=limit)
     # A node that already runs version 2 gets nothing on connect.
-    up_to_date = RawNode(discovery_stub, "pod-b", version=2)
+    up_to_date = RawNode(discovery_stub, "pod-b", version=2, metadata=AUTH)
     await up_to_date.no_push()
     assert (await subscriber(policy_stub, "pod-b")).applied_version == 2
     # One on version 1 gets version 2 at once.
-    behind = RawNode(discovery_stub, "pod-c", version=1)
+    behind = RawNode(discovery_stub, "pod-c", version=1, metadata=AUTH)
     assert (await behind.push()).version == 2
     # Every open stream of the deployment gets the next version, nobody else's.
-    other = RawNode(discovery_stub, "pod-d", deployment="mixtral")
+    other = RawNode(discovery_stub, "pod-d", deployment="mixtral", metadata=AUTH)
     await set_policy(policy_stub, auth, expert_offload_limit=3)
     assert (await up_to_date.push()).version == 3
     assert (await behind.push()).version == 3
@@ -183,7 +187,7 @@ async def test_a_node_ahead_of_a_control_plane_that_lost_its_history_gets_its_po
     old one's version 3 must get the current policy, not wait for version 4. A NACKed
     version is not pushed again."""
     await set_policy(policy_stub, auth, expert_offload_limit=2)  # version 1
-    ahead = RawNode(discovery_stub, "pod-e", version=3)
+    ahead = RawNode(discovery_stub, "pod-e", version=3, metadata=AUTH)
     update = await ahead.push()
     assert update.version == 1 and update.policy.tunables.expert_offload_limit == 2
     ahead.send(3, update.nonce, error="not today")  # NACK: keeps running version 3
@@ -203,9 +207,9 @@ async def _applied(policy_stub, node_id: str, version: int) -> bool:
 
 async def test_a_connected_node_id_is_not_taken_over(policy_stub, discovery_stub, auth):
     await set_policy(policy_stub, auth)
-    owner = RawNode(discovery_stub, "pod-e")
+    owner = RawNode(discovery_stub, "pod-e", metadata=AUTH)
     push = await owner.push()
-    intruder = RawNode(discovery_stub, "pod-e", version=1)
+    intruder = RawNode(discovery_stub, "pod-e", version=1, metadata=AUTH)
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await intruder.push()
     assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
@@ -217,7 +221,7 @@ async def test_a_connected_node_id_is_not_taken_over(policy_stub, discovery_stub
     # Once the owner's stream is gone, a reconnect takes the record over.
     owner.call.cancel()
     await eventually(lambda: _disconnected(policy_stub, "pod-e"))
-    again = RawNode(discovery_stub, "pod-e", version=1)
+    again = RawNode(discovery_stub, "pod-e", version=1, metadata=AUTH)
     assert (await again.push()).version == 2
     assert (await subscriber(policy_stub, "pod-e")).connected
     again.call.cancel()
@@ -228,7 +232,7 @@ async def _disconnected(policy_stub, node_id: str) -> bool:
 
 
 async def test_watch_with_bad_identity_is_invalid_argument(discovery_stub):
-    node = RawNode(discovery_stub, "", deployment="qwen")
+    node = RawNode(discovery_stub, "", deployment="qwen", metadata=AUTH)
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await node.push()
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -335,3 +335,22 @@ def test_serve_log_level_is_checked_also_when_it_comes_from_the_environment(
     parser = argparse.ArgumentParser(prog="rimuru serve")
     add_arguments(parser)
     assert parser.parse_args([]).log_level == "CRITICAL"
+
+
+def test_serve_http_bounds_come_from_flags_and_environment(monkeypatch):
+    import argparse
+
+    from rimuru.dataplane.serve.cli import add_arguments, http_limits
+    from rimuru.dataplane.serve.http_server import HttpLimits
+
+    def parse(*argv: str) -> HttpLimits:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        return http_limits(parser.parse_args(list(argv)))
+
+    assert parse() == HttpLimits()
+    monkeypatch.setenv("RIMURU_HTTP_MAX_CONNECTIONS", "10")
+    limits = parse("--http-max-body-bytes", "1000", "--http-receive-timeout", "2.5")
+    assert limits == HttpLimits(max_body_bytes=1000, max_connections=10, receive_timeout_s=2.5)
+    with pytest.raises(ValueError, match=r"receive_timeout_s must be > 0 seconds; got 0\.0"):
+        parse("--http-receive-timeout", "0")

@@ -16,7 +16,7 @@ import pytest
 
 from rimuru.dataplane.serve.chat_template import chatml
 from rimuru.dataplane.serve.plane import DRAINING
-from rimuru.dataplane.serve.stop_strings import StopStrings
+from rimuru.dataplane.serve.stop_strings import StopSet, StopStrings
 from rimuru.v1 import inference_pb2 as pb
 
 MODEL = "tiny"
@@ -156,13 +156,13 @@ async def test_stop_strings_trim_the_text_and_end_the_request(dp, client):
 
 
 def test_stop_strings_hold_back_only_what_could_still_match():
-    s = StopStrings(("abc",))
+    s = StopStrings(StopSet(("abc",)))
     assert s.add("xxa") == "xx"  # "a" may start "abc"
     assert s.add("bd") == "abd"
     assert s.add("ab") == ""
     assert s.add("cz") == "" and s.stopped
-    assert StopStrings(("END",)).add("no") == "no"
-    t = StopStrings(("END",))
+    assert StopStrings(StopSet(("END",))).add("no") == "no"
+    t = StopStrings(StopSet(("END",)))
     assert t.add("E") == "" and t.flush() == "E"
 
 
