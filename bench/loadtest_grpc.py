@@ -34,7 +34,7 @@ import numpy as np
 
 from rimuru.dataplane.bench.trace import load_trace
 from rimuru.dataplane.engine.sched.request import SamplingParams
-from rimuru.dataplane.serve.client import StreamResult, stream_generate
+from rimuru.dataplane.serve.grpc_front.client import StreamResult, stream_generate
 from rimuru.v1 import inference_pb2_grpc as pb_grpc
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from rimuru.operator.spec_error import SpecError
 
-WAITING_REQUESTS_METRIC = "rimuru_num_requests_waiting"  # dataplane/serve/telemetry.py
+WAITING_REQUESTS_METRIC = "rimuru_num_requests_waiting"  # dataplane/serve/plane/telemetry.py
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from rimuru.dataplane.bench.sampling import bench_params
 from rimuru.dataplane.bench.slo import SLO
 from rimuru.dataplane.bench.tables import format_table, print_slo_tables
 from rimuru.dataplane.bench.trace import Trace
-from rimuru.dataplane.serve.client import StreamResult, open_channel, stream_generate
+from rimuru.dataplane.serve.grpc_front.client import StreamResult, open_channel, stream_generate
 from rimuru.v1 import inference_pb2 as pb
 from rimuru.v1 import inference_pb2_grpc as pb_grpc
 

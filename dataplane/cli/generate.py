@@ -111,7 +111,7 @@ def _generate(engine, args: argparse.Namespace, token_ids: list[int] | None, par
 def _remote(args: argparse.Namespace, token_ids: list[int] | None, params) -> int:
     import grpc
 
-    from rimuru.dataplane.serve.convert import sampling_to_proto
+    from rimuru.dataplane.serve.grpc_front.convert import sampling_to_proto
     from rimuru.rpc import read_root_certificates, read_token
     from rimuru.v1 import inference_pb2 as pb
     from rimuru.v1 import inference_pb2_grpc as pb_grpc

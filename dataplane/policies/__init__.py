@@ -29,4 +29,12 @@ def policy_named(mode: str, elastic_rule: str = "cost") -> MemoryPolicy:
     return _BY_NAME[key]
 
 
-__all__ = ["Elastic", "ElasticPaper", "Fixed", "MemoryPolicy", "Resident", "memory_policy", "policy_named"]
+__all__ = [
+    "Elastic",
+    "ElasticPaper",
+    "Fixed",
+    "MemoryPolicy",
+    "Resident",
+    "memory_policy",
+    "policy_named",
+]

@@ -156,7 +156,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def control_plane_link(args: argparse.Namespace):
-    from rimuru.dataplane.serve.control import ControlPlaneLink
+    from rimuru.dataplane.serve.grpc_front.control import ControlPlaneLink
 
     if not args.control_plane:
         return None
@@ -193,7 +193,7 @@ def own_port_security(args: argparse.Namespace):
 
 
 def http_limits(args: argparse.Namespace):
-    from rimuru.dataplane.serve.http_server import HttpLimits
+    from rimuru.dataplane.serve.http_front.http_server import HttpLimits
 
     return HttpLimits(
         max_body_bytes=args.http_max_body_bytes,
@@ -221,9 +221,9 @@ def raise_descriptor_limit() -> None:
 
 
 async def _serve(args: argparse.Namespace, config, link, api_token, tls, limits) -> int:
-    from rimuru.dataplane.serve.plane import FAILED
+    from rimuru.dataplane.serve.plane.plane import FAILED
+    from rimuru.dataplane.serve.plane.telemetry import PrometheusEndpoint
     from rimuru.dataplane.serve.server import create_server
-    from rimuru.dataplane.serve.telemetry import PrometheusEndpoint
 
     endpoint = None
     if args.metrics_port is not None:

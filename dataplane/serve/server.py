@@ -29,12 +29,12 @@ from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.model.tokenizer import Tokenizer, load_tokenizer
 from rimuru.dataplane.parallel.launch import start_engine
-from rimuru.dataplane.serve.control import ControlPlaneLink, PolicyFollower
-from rimuru.dataplane.serve.engine_loop import EngineLoop
-from rimuru.dataplane.serve.events import ModelInfo
-from rimuru.dataplane.serve.plane import SERVING, DataPlane
-from rimuru.dataplane.serve.servicer import InferenceServicer
-from rimuru.dataplane.serve.telemetry import ServeMetrics, prometheus_reader
+from rimuru.dataplane.serve.grpc_front.control import ControlPlaneLink, PolicyFollower
+from rimuru.dataplane.serve.grpc_front.servicer import InferenceServicer
+from rimuru.dataplane.serve.plane.engine_loop import EngineLoop
+from rimuru.dataplane.serve.plane.events import ModelInfo
+from rimuru.dataplane.serve.plane.plane import SERVING, DataPlane
+from rimuru.dataplane.serve.plane.telemetry import ServeMetrics, prometheus_reader
 from rimuru.rpc import (
     EXCLUSIVE_PORT,
     BearerTokens,
@@ -46,7 +46,7 @@ from rimuru.rpc import (
 from rimuru.v1 import inference_pb2, inference_pb2_grpc
 
 if TYPE_CHECKING:
-    from rimuru.dataplane.serve.http_server import HttpLimits, HttpServer
+    from rimuru.dataplane.serve.http_front.http_server import HttpLimits, HttpServer
 
 log = logging.getLogger("rimuru.serve")
 
@@ -172,9 +172,9 @@ async def create_server(
     follower = PolicyFollower(control_plane, engine_loop) if control_plane is not None else None
     http = None
     if http_address is not None:  # imported here: a gRPC-only server needs no FastAPI
-        from rimuru.dataplane.serve.chat_template import load_chat_template
-        from rimuru.dataplane.serve.http_server import HttpLimits, HttpServer
-        from rimuru.dataplane.serve.openai_app import create_app
+        from rimuru.dataplane.serve.http_front.chat_template import load_chat_template
+        from rimuru.dataplane.serve.http_front.http_server import HttpLimits, HttpServer
+        from rimuru.dataplane.serve.http_front.openai_app import create_app
 
         limits = http_limits or HttpLimits()
         template = load_chat_template(engine_config.model)

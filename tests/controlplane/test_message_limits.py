@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from rimuru.controlplane.hotness import HotnessConfig
-from rimuru.dataplane.serve.policy_watch import Backoff, PolicyWatcher
+from rimuru.dataplane.serve.grpc_front.policy_watch import Backoff, PolicyWatcher
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 from tests.controlplane.conftest import TOKEN

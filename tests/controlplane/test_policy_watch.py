@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from rimuru.dataplane.serve.policy_watch import Backoff, PolicyWatcher, RoutingReporter
+from rimuru.dataplane.serve.grpc_front.policy_watch import Backoff, PolicyWatcher, RoutingReporter
 from rimuru.policy import Tunables
 from rimuru.v1 import control_pb2 as pb
 

@@ -7,8 +7,8 @@ import asyncio
 import grpc
 import pytest
 
-from rimuru.dataplane.serve.convert import policy_change
-from rimuru.dataplane.serve.policy_watch import Backoff, PolicyWatcher
+from rimuru.dataplane.serve.grpc_front.convert import policy_change
+from rimuru.dataplane.serve.grpc_front.policy_watch import Backoff, PolicyWatcher
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
 from tests.controlplane.test_policy_watch import running

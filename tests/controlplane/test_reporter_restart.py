@@ -5,7 +5,7 @@ import contextlib
 
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.server import create_server
-from rimuru.dataplane.serve.policy_watch import Backoff, RoutingReporter
+from rimuru.dataplane.serve.grpc_front.policy_watch import Backoff, RoutingReporter
 
 
 async def test_reporter_reconnects_after_the_control_plane_restarts():

@@ -12,7 +12,7 @@ import grpc
 
 from rimuru.cli import main
 from rimuru.dataplane.engine.engine import Engine
-from rimuru.dataplane.serve.convert import sampling_to_proto
+from rimuru.dataplane.serve.grpc_front.convert import sampling_to_proto
 from rimuru.v1 import inference_pb2 as pb
 
 from .test_generate import PARAMS, _prompts

@@ -9,7 +9,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rimuru.dataplane.engine.sched.request import SamplingParams
-from rimuru.dataplane.serve.client import open_channel, stream_generate
+from rimuru.dataplane.serve.grpc_front.client import open_channel, stream_generate
 from rimuru.rpc import TlsFiles
 from rimuru.v1 import inference_pb2 as pb
 from rimuru.v1 import inference_pb2_grpc as pb_grpc

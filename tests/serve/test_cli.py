@@ -341,7 +341,7 @@ def test_serve_http_bounds_come_from_flags_and_environment(monkeypatch):
     import argparse
 
     from rimuru.dataplane.serve.cli import add_arguments, http_limits
-    from rimuru.dataplane.serve.http_server import HttpLimits
+    from rimuru.dataplane.serve.http_front.http_server import HttpLimits
 
     def parse(*argv: str) -> HttpLimits:
         parser = argparse.ArgumentParser()

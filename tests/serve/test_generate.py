@@ -11,7 +11,7 @@ import pytest
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.sched.request import MAX_STOP_TOKEN_IDS, SamplingParams
 from rimuru.dataplane.model.tokenizer import load_tokenizer
-from rimuru.dataplane.serve.convert import sampling_to_proto
+from rimuru.dataplane.serve.grpc_front.convert import sampling_to_proto
 from rimuru.v1 import inference_pb2 as pb
 
 PARAMS = [

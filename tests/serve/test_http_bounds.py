@@ -16,8 +16,8 @@ from dataclasses import replace
 
 import httpx
 
-from rimuru.dataplane.serve.http_server import HttpLimits
-from rimuru.dataplane.serve.openai_protocol import (
+from rimuru.dataplane.serve.http_front.http_server import HttpLimits
+from rimuru.dataplane.serve.http_front.openai_protocol import (
     MAX_CHOICES,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
@@ -283,7 +283,7 @@ async def test_a_keep_alive_connection_s_next_head_has_a_deadline_too(start_data
 _SERVER_WITH_FEW_DESCRIPTORS = r"""
 import asyncio, os, resource, sys
 from fastapi import FastAPI
-from rimuru.dataplane.serve.http_server import HttpServer
+from rimuru.dataplane.serve.http_front.http_server import HttpServer
 
 resource.setrlimit(resource.RLIMIT_NOFILE, (96, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 app = FastAPI()

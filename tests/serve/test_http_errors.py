@@ -7,7 +7,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from rimuru.dataplane.serve.chat_template import ChatTemplate, chatml, encode_conversation
+from rimuru.dataplane.serve.http_front.chat_template import (
+    ChatTemplate,
+    chatml,
+    encode_conversation,
+)
 
 MODEL = "tiny"
 IDS = [9707, 11, 1879, 0, 576, 6722, 315, 9625, 374]

@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from rimuru.dataplane.serve.http_server import HttpLimits
+from rimuru.dataplane.serve.http_front.http_server import HttpLimits
 from rimuru.v1 import inference_pb2 as pb
 
 MODEL = "tiny"

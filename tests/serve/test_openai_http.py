@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from rimuru.dataplane.serve.chat_template import chatml
-from rimuru.dataplane.serve.plane import DRAINING
-from rimuru.dataplane.serve.stop_strings import StopSet, StopStrings
+from rimuru.dataplane.serve.http_front.chat_template import chatml
+from rimuru.dataplane.serve.http_front.stop_strings import StopSet, StopStrings
+from rimuru.dataplane.serve.plane.plane import DRAINING
 from rimuru.v1 import inference_pb2 as pb
 
 MODEL = "tiny"
@@ -200,7 +200,7 @@ async def test_chat_uses_chatml_and_equals_grpc(dp, client):
 
 
 async def test_chat_template_from_the_model_directory(tmp_path):
-    from rimuru.dataplane.serve.chat_template import load_chat_template
+    from rimuru.dataplane.serve.http_front.chat_template import load_chat_template
 
     assert load_chat_template("tiny").is_chatml
     (tmp_path / "tokenizer_config.json").write_text(

@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from rimuru.controlplane.hotness import HotnessConfig
-from rimuru.dataplane.serve.control import ControlPlaneLink
-from rimuru.dataplane.serve.policy_watch import Backoff
+from rimuru.dataplane.serve.grpc_front.control import ControlPlaneLink
+from rimuru.dataplane.serve.grpc_front.policy_watch import Backoff
 from rimuru.v1 import control_pb2 as cpb
 from rimuru.v1 import control_pb2_grpc as cpb_grpc
 

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from rimuru.dataplane.serve.telemetry import PrometheusEndpoint
+from rimuru.dataplane.serve.plane.telemetry import PrometheusEndpoint
 from rimuru.v1 import inference_pb2 as pb
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9] * 20]

@@ -6,8 +6,8 @@ import grpc
 
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.server import TlsFiles, create_server
-from rimuru.dataplane.serve.control import ControlPlaneLink
-from rimuru.dataplane.serve.policy_watch import Backoff
+from rimuru.dataplane.serve.grpc_front.control import ControlPlaneLink
+from rimuru.dataplane.serve.grpc_front.policy_watch import Backoff
 from rimuru.v1 import control_pb2 as cpb
 from rimuru.v1 import control_pb2_grpc as cpb_grpc
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.model.tokenizer import Tokenizer
-from rimuru.dataplane.serve.errors import FailedPrecondition, InvalidArgument
-from rimuru.dataplane.serve.events import (
+from rimuru.dataplane.serve.plane.errors import FailedPrecondition, InvalidArgument
+from rimuru.dataplane.serve.plane.events import (
     EngineSnapshot,
     FinishedEvent,
     GenerateSpec,

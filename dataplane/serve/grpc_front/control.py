@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rimuru.dataplane.serve import convert
-from rimuru.dataplane.serve.engine_loop import EngineLoop
-from rimuru.dataplane.serve.errors import EngineFailed
-from rimuru.dataplane.serve.events import EngineSnapshot
-from rimuru.dataplane.serve.policy_watch import Backoff, PolicyWatcher, RoutingReporter
+from rimuru.dataplane.serve.grpc_front import convert
+from rimuru.dataplane.serve.grpc_front.policy_watch import Backoff, PolicyWatcher, RoutingReporter
+from rimuru.dataplane.serve.plane.engine_loop import EngineLoop
+from rimuru.dataplane.serve.plane.errors import EngineFailed
+from rimuru.dataplane.serve.plane.events import EngineSnapshot
 from rimuru.v1 import control_pb2 as cpb
 
 log = logging.getLogger("rimuru.serve.control")

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from rimuru.dataplane.engine.sched.request import MAX_SEED, SamplingParams
-from rimuru.dataplane.serve.errors import (
+from rimuru.dataplane.serve.plane.errors import (
     EngineFailed,
     FailedPrecondition,
     InvalidArgument,

@@ -6,10 +6,10 @@ import time
 
 from opentelemetry import trace
 
-from rimuru.dataplane.serve import convert
-from rimuru.dataplane.serve.errors import FailedPrecondition, grpc_errors
-from rimuru.dataplane.serve.events import FinishedEvent, RejectedEvent, TokensEvent
-from rimuru.dataplane.serve.plane import DataPlane
+from rimuru.dataplane.serve.grpc_front import convert
+from rimuru.dataplane.serve.plane.errors import FailedPrecondition, grpc_errors
+from rimuru.dataplane.serve.plane.events import FinishedEvent, RejectedEvent, TokensEvent
+from rimuru.dataplane.serve.plane.plane import DataPlane
 from rimuru.v1 import inference_pb2 as pb
 from rimuru.v1 import inference_pb2_grpc as pb_grpc
 

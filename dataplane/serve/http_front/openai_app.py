@@ -15,11 +15,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from rimuru.dataplane.serve.chat_template import ChatTemplate
-from rimuru.dataplane.serve.errors import QueueFull, ServeError
-from rimuru.dataplane.serve.http_server import HttpLimits
-from rimuru.dataplane.serve.openai_api import OpenAIRoutes
-from rimuru.dataplane.serve.openai_protocol import (
+from rimuru.dataplane.serve.http_front.chat_template import ChatTemplate
+from rimuru.dataplane.serve.http_front.http_server import HttpLimits
+from rimuru.dataplane.serve.http_front.openai_api import OpenAIRoutes
+from rimuru.dataplane.serve.http_front.openai_protocol import (
     BodyTooLarge,
     MethodNotAllowed,
     RequestTimeout,
@@ -27,7 +26,8 @@ from rimuru.dataplane.serve.openai_protocol import (
     error_body,
     http_error,
 )
-from rimuru.dataplane.serve.plane import DataPlane
+from rimuru.dataplane.serve.plane.errors import QueueFull, ServeError
+from rimuru.dataplane.serve.plane.plane import DataPlane
 
 _RETRY_AFTER_S = "1"  # a full waiting queue drains within a few steps
 

@@ -20,9 +20,9 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from rimuru.dataplane.model.tokenizer import Tokenizer
-from rimuru.dataplane.serve.engine_loop import EngineLoop
-from rimuru.dataplane.serve.errors import EngineFailed, Unavailable
-from rimuru.dataplane.serve.events import (
+from rimuru.dataplane.serve.plane.engine_loop import EngineLoop
+from rimuru.dataplane.serve.plane.errors import EngineFailed, Unavailable
+from rimuru.dataplane.serve.plane.events import (
     EngineSnapshot,
     Event,
     FinishedEvent,

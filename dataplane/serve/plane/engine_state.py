@@ -9,7 +9,7 @@ from __future__ import annotations
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.memory.geometry import PageType
-from rimuru.dataplane.serve.events import EngineSnapshot, ModelInfo
+from rimuru.dataplane.serve.plane.events import EngineSnapshot, ModelInfo
 
 
 def warm_up(engine: Engine) -> ModelInfo:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from rimuru.dataplane.engine.sched.request import SamplingParams
-from rimuru.dataplane.serve.errors import ServeError
+from rimuru.dataplane.serve.plane.errors import ServeError
 from rimuru.policy import HotnessRanking, Tunables
 
 

@@ -34,9 +34,14 @@ from typing import Any
 
 from rimuru.dataplane.engine.engine import Engine, RequestOutput
 from rimuru.dataplane.engine.sched.request import Request, RequestStatus
-from rimuru.dataplane.serve.engine_state import take_snapshot, warm_up
-from rimuru.dataplane.serve.errors import EngineFailed, InvalidArgument, QueueFull, RequestFailed
-from rimuru.dataplane.serve.events import (
+from rimuru.dataplane.serve.plane.engine_state import take_snapshot, warm_up
+from rimuru.dataplane.serve.plane.errors import (
+    EngineFailed,
+    InvalidArgument,
+    QueueFull,
+    RequestFailed,
+)
+from rimuru.dataplane.serve.plane.events import (
     EngineSnapshot,
     Event,
     FinishedEvent,
@@ -48,7 +53,7 @@ from rimuru.dataplane.serve.events import (
     TokensEvent,
     Usage,
 )
-from rimuru.dataplane.serve.observer import Observer
+from rimuru.dataplane.serve.plane.observer import Observer
 
 log = logging.getLogger("rimuru.serve.engine")
 

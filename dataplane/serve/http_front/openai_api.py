@@ -34,17 +34,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.model.tokenizer import Tokenizer
-from rimuru.dataplane.serve.chat_template import CHATML_END, ChatTemplate, encode_conversation
-from rimuru.dataplane.serve.errors import FailedPrecondition, InvalidArgument, ServeError
-from rimuru.dataplane.serve.events import (
-    Event,
-    FinishedEvent,
-    GenerateSpec,
-    ModelInfo,
-    RejectedEvent,
-    TokensEvent,
+from rimuru.dataplane.serve.http_front.chat_template import (
+    CHATML_END,
+    ChatTemplate,
+    encode_conversation,
 )
-from rimuru.dataplane.serve.openai_protocol import (
+from rimuru.dataplane.serve.http_front.openai_protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     FINISH_REASONS,
     MAX_CHOICES,
@@ -59,8 +54,17 @@ from rimuru.dataplane.serve.openai_protocol import (
     parse_body,
     usage,
 )
-from rimuru.dataplane.serve.plane import SERVING, DataPlane, RequestStream
-from rimuru.dataplane.serve.stop_strings import StopSet, StopStrings
+from rimuru.dataplane.serve.http_front.stop_strings import StopSet, StopStrings
+from rimuru.dataplane.serve.plane.errors import FailedPrecondition, InvalidArgument, ServeError
+from rimuru.dataplane.serve.plane.events import (
+    Event,
+    FinishedEvent,
+    GenerateSpec,
+    ModelInfo,
+    RejectedEvent,
+    TokensEvent,
+)
+from rimuru.dataplane.serve.plane.plane import SERVING, DataPlane, RequestStream
 
 _CLIENT_GONE_STATUS = 499  # nginx's "client closed request": never seen by the client
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from rimuru.dataplane.engine.sched.request import SamplingParams
-from rimuru.dataplane.serve.convert import sampling_to_proto
+from rimuru.dataplane.serve.grpc_front.convert import sampling_to_proto
 from rimuru.rpc import message_size_options
 from rimuru.v1 import inference_pb2 as pb
 from rimuru.v1 import inference_pb2_grpc as pb_grpc

@@ -6,7 +6,7 @@ Called on the engine thread, between steps: implementations must be thread-safe 
 
 from __future__ import annotations
 
-from rimuru.dataplane.serve.events import EngineSnapshot, FinishedEvent
+from rimuru.dataplane.serve.plane.events import EngineSnapshot, FinishedEvent
 
 
 class Observer:

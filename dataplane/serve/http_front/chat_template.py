@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rimuru.dataplane.model.tokenizer import QWEN_SPECIALS_IN_TEXT, Tokenizer
-from rimuru.dataplane.serve.errors import InvalidArgument
+from rimuru.dataplane.serve.plane.errors import InvalidArgument
 
 log = logging.getLogger("rimuru.serve")
 

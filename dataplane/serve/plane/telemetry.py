@@ -32,8 +32,8 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 
-from rimuru.dataplane.serve.events import EngineSnapshot, FinishedEvent
-from rimuru.dataplane.serve.observer import Observer
+from rimuru.dataplane.serve.plane.events import EngineSnapshot, FinishedEvent
+from rimuru.dataplane.serve.plane.observer import Observer
 
 # Bucket boundaries (seconds). GenAI ones are the semantic conventions' advisory buckets.
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
