@@ -33,6 +33,10 @@ before long benchmarks, so a GPU-only bug costs a minute, not a run.
    (decode and piecewise graphs replayed, their decodes' tokens taken on the device) and a
    tight one (preemptions), elastic with device copy-in evicting: the same tokens, no page
    leaked (CUDA only).
+11. hybrid Triton path == torch path: greedy tokens of the fp32 `tiny-hybrid` preset (Gated
+   DeltaNet's states in pool pages) under the three policies in a pool that runs short, and
+   resident and elastic with async scheduling: the same tokens, no page leaked (CUDA only:
+   the presets' random weights differ between CPU and CUDA generators).
 Prints a table last: check, result, detail. Exit status 1 if any check failed.
 """
 
@@ -439,6 +443,47 @@ def async_matches_sync(device: str) -> str:
     return "; ".join(details) + "; tokens identical"
 
 
+def hybrid_paths_agree(device: str) -> str:
+    """The fp32 `tiny-hybrid` preset (Gated DeltaNet + attention + MoE) gives the same greedy
+    tokens under resident, fixed and a tight elastic, with the Triton kernels and with the
+    torch path, synchronously, and resident and elastic with async scheduling (kernels)."""
+    batch = [[(37 * i + 11 * j) % 151_000 for i in range(20 + 17 * j)] for j in range(8)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    base = EngineConfig(
+        model="tiny-hybrid", device=device, activation_reserve=0, max_num_batched_tokens=64,
+        loading_buffer_slots=16, fixed_expert_share=0.9, async_scheduling=False,
+    )  # fmt: skip
+    probe = Engine(base, log_plan=False)
+    mc, g, plan = probe.model_config, probe.geometry, probe.plan
+    # what is not the pool (weights, CUDA graphs, loading buffers), every expert and 1 MiB
+    # for KV and states: pages run short
+    experts = mc.num_moe_layers * mc.num_experts * 3 * g.expert_page_bytes
+    budget = plan.budget_bytes - plan.pool_bytes + experts + MiB
+    del probe
+    runs = [(m, k, False) for m in MODES for k in (True, False)]
+    runs += [(m, True, True) for m in ("resident", "elastic")]
+    first, details = None, []
+    for mode, kernels, scheduled_async in runs:
+        config = replace(
+            base, use_kernels=kernels, memory_budget=budget, async_scheduling=scheduled_async,
+            tunables=Tunables(mode=mode, expert_offload_limit=12),
+        )  # fmt: skip
+        e = Engine(config, log_plan=False)
+        tokens = e.generate(batch, params)
+        e.check_invariants()
+        name = f"{mode}/{'triton' if kernels else 'torch'}" + "/async" * scheduled_async
+        first = first or tokens
+        if tokens != first or e.num_leaked_pages():
+            differ = sum(a != b for a, b in zip(tokens, first, strict=True))
+            raise AssertionError(f"{name}: {differ} of {len(batch)} sequences differ from "
+                                 f"resident/triton, {e.num_leaked_pages()} pages leaked")  # fmt: skip
+        c = e.experts.counters
+        details.append(f"{name} {e.scheduler.num_preemptions}p {c.evictions}e {c.buffer_copies}c")
+    return f"{len(runs)} runs, tokens identical (preemptions, evictions, copies): " + ", ".join(
+        details
+    )
+
+
 CHECKS = {
     "one-block": ("one-block requests", one_block),
     "paths": ("triton == torch tokens", paths_agree),
@@ -450,6 +495,7 @@ CHECKS = {
     "device-copy": ("device copy == host copy", device_copy_matches_host),
     "padded-kv": ("padded KV pages", padded_kv_pages),
     "async": ("async == sync scheduling", async_matches_sync),
+    "hybrid": ("hybrid: triton == torch tokens", hybrid_paths_agree),
 }
 
 

@@ -17,6 +17,11 @@ Sections (each guarded, so one failure still leaves the others' figures):
      path (rows choosing other experts, max weight difference, µs each).
   4. attention: KV write (exact), prefill (chunked, GQA) error and a timing, decode error and
      bandwidth at batch 64 x 2k context for several context splits (CUDA-graph replays).
+  5. hybrid states: Gated DeltaNet's decode kernel and chunked prefill (fla-core when
+     installed: the `hybrid-cuda` extra), the short convolution's decode and prefill kernels,
+     at Qwen3.5-35B-A3B's shapes (16 key / 32 value heads of 128, 8,192 conv channels, kernel
+     4) in bf16 against the fp32 torch references, states read from and written to padded
+     pool pages (max |diff| and relative error).
 The last lines printed are the summary table; full figures go to DIR/kernels_gpu.json.
 """
 
@@ -309,6 +314,105 @@ def check_router(tokens=(64, 256)) -> list[dict]:
     return rows
 
 
+def _pages(num_pages: int, shape: tuple[int, ...], dtype, pad: int) -> torch.Tensor:
+    """A [P, *shape] view whose page stride exceeds the page (a padded pool slot)."""
+    size = 1
+    for d in shape:
+        size *= d
+    slots = torch.randn(num_pages, size + pad, device="cuda").to(dtype)
+    return slots[:, :size].view(num_pages, *shape)
+
+
+def _err(got: torch.Tensor, want: torch.Tensor) -> str:
+    d = (got.float() - want.float()).abs()
+    return f"max abs {d.max().item():.2e}, rel {(d.norm() / want.float().norm()).item():.2e}"
+
+
+def check_hybrid_states() -> list[tuple[str, str]]:
+    """Gated DeltaNet's state kernels at Qwen3.5-35B-A3B's shapes in bf16 against the fp32
+    torch references, states in padded pool slots (rows of (what, error))."""
+    from rimuru.dataplane.engine.forward.paged_states import StepPart, _fla_chunk_prefill
+    from rimuru.dataplane.model import gated_delta, preset_config
+    from rimuru.dataplane.model.hybrid.causal_conv import causal_conv1d
+    from rimuru.kernels import causal_conv_decode, causal_conv_prefill, gated_delta_decode
+
+    gdn = preset_config("qwen3.5-35b-a3b").linear_attention
+    hk, hv, dk, dv = gdn.num_key_heads, gdn.num_value_heads, gdn.key_head_dim, gdn.value_head_dim
+    cc, kernel = gdn.conv_dim, gdn.conv_kernel_size
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+
+    def inputs(t: int):
+        q = torch.nn.functional.normalize(
+            torch.randn(t, hk, dk, device="cuda", generator=gen), dim=-1
+        )
+        k = torch.nn.functional.normalize(
+            torch.randn(t, hk, dk, device="cuda", generator=gen), dim=-1
+        )
+        v = torch.randn(t, hv, dv, device="cuda", generator=gen).bfloat16()
+        g = -torch.rand(t, hv, device="cuda", generator=gen) * 0.5
+        beta = torch.rand(t, hv, device="cuda", generator=gen)
+        return q, k, v, g, beta
+
+    # gated delta rule, decode: 64 sequences, one token each, pages 0, 2, 4, ...
+    states = _pages(160, (hv, dk, dv), torch.float32, pad=4096) * 0.1
+    pages = torch.arange(0, 128, 2, device="cuda")
+    q, k, v, g, beta = inputs(64)
+    before = states[pages].clone()
+    out = gated_delta_decode(q, k, v, g, beta, states, pages)
+    want_o, want_s = [], []
+    for i in range(64):
+        r = slice(i, i + 1)
+        o, s = gated_delta.recurrent(q[r], k[r], v[r].float(), g[r], beta[r], before[i].clone())
+        want_o.append(o)
+        want_s.append(s)
+    rows.append(("gdn decode out (bf16 v)", _err(out, torch.cat(want_o))))
+    rows.append(("gdn decode state", _err(states[pages], torch.stack(want_s))))
+    # chunked prefill of varlen sequences from nonzero states
+    prefill = _fla_chunk_prefill()
+    lengths = [300, 17, 1, 64, 130]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    q, k, v, g, beta = inputs(sum(lengths))
+    pages = torch.tensor([3, 9, 1, 50, 7], device="cuda")
+    before = states[pages].clone()
+    if prefill is None:
+        rows.append(("gdn chunked prefill", "fla-core not installed: torch path"))
+    else:
+        part = StepPart(None, pages[None], pages[None], cu.to(torch.int32), cu, cu.cpu())
+        out = prefill(q, k, v, g, beta, states, pages, part)
+        outs, finals = [], []
+        for i, n in enumerate(lengths):
+            r = slice(int(cu[i]), int(cu[i]) + n)
+            o, s = gated_delta.chunked(q[r], k[r], v[r].float(), g[r], beta[r], before[i].clone())
+            outs.append(o)
+            finals.append(s)
+        rows.append(("gdn prefill out (fla, bf16)", _err(out, torch.cat(outs))))
+        rows.append(("gdn prefill state (fla)", _err(states[pages], torch.stack(finals))))
+    # conv: decode then prefill
+    weight = torch.randn(cc, kernel, device="cuda", generator=gen).bfloat16() * 0.3
+    conv = _pages(80, (cc, kernel - 1), torch.bfloat16, pad=1024)
+    pages = torch.arange(1, 65, device="cuda")
+    x = torch.randn(64, cc, device="cuda", generator=gen).bfloat16()
+    before = conv[pages].clone()
+    out = causal_conv_decode(x, weight, conv, pages)
+    want = [
+        causal_conv1d(x[i : i + 1].float(), weight.float(), before[i].float()) for i in range(64)
+    ]
+    rows.append(("conv decode out", _err(out, torch.cat([w[0] for w in want]))))
+    rows.append(("conv decode state", _err(conv[pages], torch.stack([w[1] for w in want]))))
+    x = torch.randn(sum(lengths), cc, device="cuda", generator=gen).bfloat16()
+    pages = torch.tensor([3, 9, 1, 50, 7], device="cuda")
+    before = conv[pages].clone()
+    out = causal_conv_prefill(x, weight, conv, pages, cu.to(torch.int32))
+    want = [
+        causal_conv1d(x[int(cu[i]) : int(cu[i + 1])].float(), weight.float(), before[i].float())
+        for i in range(len(lengths))
+    ]
+    rows.append(("conv prefill out", _err(out, torch.cat([w[0] for w in want]))))
+    rows.append(("conv prefill state", _err(conv[pages], torch.stack([w[1] for w in want]))))
+    return rows
+
+
 def _max_ulps(got: torch.Tensor, ref: torch.Tensor) -> float:
     """Largest |got - ref| in bf16 ulps of ref (ulp of |v| in [2^e, 2^(e+1)) = 2^(e-7)),
     counted at |ref| >= 1/8 for smaller refs: RoPE's q*cos - rot*sin cancels to near 0,
@@ -327,7 +431,7 @@ def _passed(report: dict, key: str, label: str):
 
 
 def summarize(report: dict) -> None:
-    print("\n==== summary (H200, bf16) ====")
+    print(f"\n==== summary ({report.get('device', 'GPU')}, bf16) ====")
     c = report.get("ceilings")
     if c:
         print(f"ceilings measured: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
@@ -374,6 +478,8 @@ def summarize(report: dict) -> None:
         print(f"  decode 64x2048: default split {dflt['us']:.1f} us = {dflt['bytes_per_s'] / 1e12:.2f} TB/s "
               f"({100 * dflt['bytes_per_s'] / PEAK_BYTES:.0f}% of 4.17); best split {best[0]}: "
               f"{best[1]['us']:.1f} us = {100 * best[1]['bytes_per_s'] / PEAK_BYTES:.0f}% (target >= 70%)")  # fmt: skip
+    for what, error in report.get("hybrid", []):
+        print(f"hybrid {what}: {error}")
 
 
 def main() -> int:
@@ -426,6 +532,11 @@ def main() -> int:
         except Exception as exc:
             traceback.print_exc()
             report["attention"].append({"error": repr(exc)[:300]})
+    try:
+        report["hybrid"] = check_hybrid_states()
+    except Exception as exc:
+        traceback.print_exc()
+        report["hybrid"] = [("hybrid states", f"FAILED {exc!r}"[:300])]
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "kernels_gpu.json").write_text(json.dumps(report, indent=1) + "\n")
     summarize(report)

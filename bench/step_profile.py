@@ -18,7 +18,7 @@ profiles `--steps` decode steps with torch.profiler and reports per step:
   top host ops     self CPU time of the heaviest operators / Python functions
   top kernels      device time of the heaviest kernels (CUDA only; graph replays' kernels
                    are counted one by one)
-  roofline ms      the bytes a decode step must read over HBM bandwidth (bench/roofline.py):
+  roofline ms      the bytes a decode step must read over HBM bandwidth (`decode_roofline`):
                    the experts one more decode step routes to, counted, other weights, KV
 
 `--batch` takes a comma-separated list: one engine serves each batch in turn (drained
@@ -40,10 +40,10 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from roofline import decode_roofline
 from torch.profiler import ProfilerActivity, profile
 
 from rimuru.dataplane.bench.trace import load_trace
@@ -52,6 +52,7 @@ from rimuru.dataplane.engine.flags import on_off
 from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.engine.startup.config import CUDAGRAPH_MODES, EngineConfig
 from rimuru.dataplane.memory.units import parse_bytes
+from rimuru.kernels.moe_bench import PEAK_BYTES
 from rimuru.policy import Tunables
 
 
@@ -139,9 +140,49 @@ def profile_steps(engine: Engine, steps: int, prompts: list[list[int]]) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class Roofline:
+    """A decode step's HBM roofline: the bytes one step must read, over the card's copy
+    bandwidth. Counted: the experts the step routes to (each distinct (layer, expert) once:
+    w1, w3, w2), every other weight a step reads (attention, norms, routers, shared experts,
+    lm_head; not the embedding table, of which a step reads one row per token), and the KV
+    cache each decoding request attends over. Not counted: activations, the KV written,
+    sampling: small beside the weights at these batches, so the bound stays a lower bound on
+    the step time."""
+
+    expert_bytes: int
+    other_weight_bytes: int
+    kv_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.expert_bytes + self.other_weight_bytes + self.kv_bytes
+
+    @property
+    def ms(self) -> float:
+        return self.total_bytes / PEAK_BYTES * 1e3
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "total_bytes": self.total_bytes, "ms": self.ms}
+
+
+def decode_roofline(engine: Engine, distinct_experts: int, contexts: list[int]) -> Roofline:
+    """`distinct_experts`: (layer, expert) pairs the step routed to, summed over layers;
+    `contexts`: each decoding request's tokens attended over."""
+    shape = engine.geometry.shape
+    config = engine.model_config
+    embedding = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
+    kv_per_token = shape.kv_page_bytes // shape.block_size  # one layer's K and V of one token
+    return Roofline(
+        expert_bytes=distinct_experts * 3 * shape.expert_page_bytes,
+        other_weight_bytes=engine.plan.non_pool_weight_bytes - embedding * shape.dtype_bytes,
+        kv_bytes=sum(contexts) * config.num_kv_layers * kv_per_token,
+    )
+
+
 def measure_roofline(engine: Engine) -> dict:
     """One more decode step with routing counted: the distinct experts it touched and the
-    contexts it attended over give its roofline (bench/roofline.py)."""
+    contexts it attended over give its roofline (`decode_roofline`)."""
     running = [r for r in engine.scheduler.running if r.num_tokens_to_compute == 1]
     contexts = [r.num_tokens for r in running]
     if engine.device.type == "cuda":  # async: the step in flight routes before the reset

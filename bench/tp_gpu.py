@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tp_gpu: --tp {args.tp} needs {args.tp} GPUs, {torch.cuda.device_count()} "
               f"visible", file=sys.stderr)  # fmt: skip
         return 2
-    if args.run == "checks":  # fp32 Qwen1.5-MoE-A2.7B (57 GB) fits one H200 for TP=1
+    if args.run == "checks":  # fp32 Qwen1.5-MoE-A2.7B (57 GB) fits one GPU for TP=1
         args.dtype = args.dtype or "float32"
         args.model = args.model or "qwen1.5-moe-a2.7b"
     args.model = args.model or "qwen3-30b-a3b"

@@ -113,8 +113,8 @@ def tiles_for(block_m: int, up: bool) -> list[GemmTile]:
     if block_m <= 32:
         return [GemmTile(n, k, 1, w, s) for n, k, w, s in _SMALL_TILES]
     # block_m = 256 (one block per expert at ~128-256 pairs, 256-row tiles) is not offered:
-    # on an H200 its best tile was 11-27% slower than block_m = 128's for every GEMM at
-    # 1024-4096 tokens (tuner log of commit 66ee080, in git history).
+    # tuned, its best tile was slower than block_m = 128's for every GEMM at 1024-4096 tokens;
+    # offer it again only when a tuner run on the card shows otherwise.
     shapes = _LARGE_UP_TILES if up else _LARGE_DOWN_TILES
     # Tensor-core tiles both ways: pointer loads and TMA descriptors (moe_gemm.py), each
     # with and without tail tiles (an expert's last block computes 1/2 or 1/4 of its rows),
@@ -224,8 +224,8 @@ def precompile(
 
 
 # Tile orders tried on each GEMM's best tile once it is chosen (not on every candidate: six
-# times the list). Wide orders pay for Mixtral's few, large experts at 1024 tokens (1.7-2.1%
-# in the tuner's run at 4f59268); the Qwen shapes' best orders stay near 8.
+# times the list). Wide orders pay for Mixtral's few, large experts at 1024 tokens; the Qwen
+# shapes' best orders stay near 8.
 GROUP_MS = (1, 2, 4, 8, 16, 64)
 
 

@@ -37,7 +37,7 @@ from rimuru.kernels.gated_delta_decode import check_state_pages, check_state_vie
 
 _BLOCK_C_DECODE = 256
 _BLOCK_C_PREFILL = 128
-_BLOCK_T_PREFILL = 16  # with 2 warps: the fastest tile measured on the H200 at C = 8192
+_BLOCK_T_PREFILL = 16  # with 2 warps: the fastest tile timed at C = 8192
 
 
 @triton.jit
@@ -139,8 +139,8 @@ def _conv_prefill_out_kernel(
         weight = tl.load(weight_ptr + c * stride_wc + j * stride_wk, mask=cmask, other=0.0)
         acc += x.to(tl.float32) * weight.to(tl.float32)[None, :]
     # The inputs before a sequence's first new token, in its state: only a tile holding one
-    # of a sequence's first K - 1 rows reads any (most tiles skip this; measured on the H200,
-    # a branch-free loop for these taps kept the one above twice as fast).
+    # of a sequence's first K - 1 rows reads any. Keep it a branch: most tiles skip it, and a
+    # branch-free loop for these taps made the loop above twice as slow when timed.
     if tl.min(tl.where(live, t - start, KERNEL), axis=0) < KERNEL - 1:
         for j in tl.static_range(KERNEL - 1):
             src = t - (KERNEL - 1) + j

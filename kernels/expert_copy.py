@@ -119,8 +119,7 @@ def copy_routed_experts(
     num_warps: int = 4,
 ) -> None:
     """See the module doc. One launch; returns at once (stream-ordered). The keywords set
-    the launch (a GPU probe timed them: docs/benchmarks.md at 7a896af); the defaults are
-    what the engine uses."""
+    the launch, for timing its variants; the defaults are what the engine uses."""
     _check(counts, offloaded, w1, w3, w2, buffer_pages, slot_rows, copied)
     if programs_per_matrix < 1 or block < 16 or block & (block - 1) or num_warps not in (1, 2, 4, 8, 16, 32):  # fmt: skip
         raise ValueError(

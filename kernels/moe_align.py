@@ -32,16 +32,13 @@ import torch
 import triton
 import triton.language as tl
 
-# The default path (align_variant), from timings on the H200 (docs/benchmarks.md at 7a896af): one
-# program with the scan while it has at most 64 pairs or few experts (<= 16), and a [pairs,
-# experts] one-hot of <= 16384 cells; else the chunked kernels (~15-30 us at every size measured
-# then, in four launches; in two since, 10-14 us a Qwen3 decode layer at 512-2048 pairs inside a
-# graph; its offsets kernel counts every pair in one program, 1,024 a round, not timed past decode
-# sizes). Past that the scan ran away: Qwen3 at 128 pairs took ~4x the chunked kernels' time, and
-# ~100-500 us at 256-1024 pairs. The sort rank was faster at some sizes (Qwen1.5 at 128 pairs) but
-# its output has not been checked on the GPU, so no size takes it by default. (A third rank, by a
-# [pairs, pairs] comparison, was measured beside them and dropped: best in one row, 5-8x slower
-# than chunked at 256 pairs.)
+# The default path (align_variant), chosen from GPU timings: one program
+# with the scan while it has at most 64 pairs or few experts (<= 16), and a [pairs, experts]
+# one-hot of <= 16384 cells; else the chunked kernels. Past those limits the scan's time runs
+# away with the pairs, so the limits must not grow without timing it again. The sort rank was
+# faster at some sizes but its output has not been checked on a GPU, so no size takes it by
+# default. (A third rank, by a [pairs, pairs] comparison, was timed beside them and dropped:
+# best at one size, several times slower than chunked at larger ones.)
 _SCAN_MAX_PAIRS = 64
 _SCAN_FEW_EXPERTS = 16
 _SINGLE_PROGRAM_MAX_CELLS = 16384

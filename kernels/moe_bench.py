@@ -6,7 +6,7 @@ Imports only torch (and triton inside the CUDA timers), like every module here; 
 engine imports it.
 
 Why interleaved A/B rounds: two `do_bench` medians of the *same* launcher taken one after the
-other moved by up to 18% on an H200 (clock, L2 and power state drift over seconds), far above
+other moved by up to a fifth on a GPU (clock, L2 and power state drift over seconds), far above
 a +0.5% paged-overhead target. The two variants alternate in short rounds (A B, then B A,
 ...), so drift hits both alike, and the overhead is the median of the per-round ratios, with
 its interquartile range as the spread:
@@ -202,7 +202,7 @@ def summarize_ab(a: Rounds, b: Rounds) -> ABResult:
 def flushed_calls(reps: int) -> Callable[[Callable[[], None]], list[float]]:
     """A timer: it runs fn `reps` times, each after an L2 flush, and returns the seconds of
     each call (CUDA events around the call alone)."""
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > the H200's 50 MB L2
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # larger than any L2
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(reps)]  # fmt: skip
 

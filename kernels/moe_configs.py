@@ -3,7 +3,7 @@
 Tables live in ``configs/fused_moe_<device name>.json`` (spaces -> '_'), written by
 ``bench/tune_moe.py``:
 
-    {"device": "NVIDIA H200", "tuned": "<date>", "command": "...",
+    {"device": "<torch.cuda.get_device_name()>", "tuned": "<date>", "command": "...",
      "shapes": {"E=60,I=1408,D=2048,dtype=bfloat16": {"1": <config>, "2": ..., "4096": ...}}}
 
     <config> = {"block_m": 16,
@@ -34,7 +34,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 #                   tile's epilogue. With tail tiles it compiles to the same code as
 #                   persistent (identical sm_90 PTX): their branch keeps the loops apart.
 # Triton 3.6's Hopper warp specialization of the tile loop is not offered: it faulted or hung
-# on the H200 (docs/benchmarks.md at 7a896af).
+# when tried; offer it only once a GPU run of the tuner passes with it.
 SCHEDULES = ("grid", "persistent", "flattened")
 
 

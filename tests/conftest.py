@@ -3,6 +3,8 @@
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 # CI has no GPU: every Triton kernel in this process runs under the interpreter. Set before
 # anything imports triton (tests/kernels/conftest.py refuses a session where it was not).
@@ -10,6 +12,21 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
+
+# The repository root is first on sys.path here (`python -m pytest` puts the working directory
+# there, pytest-xdist's workers put it on sys.path and PYTHONPATH), where its folders would
+# shadow installed packages of the same name: kernels/ hides Hugging Face's `kernels`, which
+# transformers imports, as operator/ could the standard library's. The project is imported by
+# its installed names (rimuru.*); from the root only `tests.*` is needed, which nothing
+# installed provides. So the root goes last, behind every installed package, before the tests
+# import anything; subprocesses get it only as their own working directory.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _ROOT] + [str(_ROOT)]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p
+    for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if p and Path(p).resolve() != _ROOT
+)
 
 # Tiny CPU models gain nothing from intra-op threads, and on a shared 2-core machine
 # oversubscribed threads make them tens of times slower.

@@ -22,14 +22,14 @@ decode step routes to is copied in for that step, so offloading costs
 
     expected copies per step = sum over offloaded (l, e) of 1 - (1 - min(1, K p_le))^B
 
-(p_le = expert e's share of layer l's routed pairs: the ranking's probabilities divided by
-their layer's sum, uniform where they sum to 0; K = top-k, B = tokens per step; tokens are
-taken as independent). A shrink stops before an eviction would take that sum past the
-budget: with skewed routing the cold experts cost little and may go; with uniform routing
-each one is needed in nearly every step (on the H200, elastic at router skew 0 ran at ~half
-resident's output rate, copy-bound: docs/benchmarks.md). Evictions are taken coldest first, so
-the first refused is the last tried; one that costs nothing (p = 0) is not refused by the
-model (the measured copies below may still stop every eviction).
+(p_le = expert e's share of layer l's routed pairs: the ranking's probabilities divided by their
+layer's sum, uniform where they sum to 0; K = top-k, B = tokens per step; tokens are taken as
+independent). A shrink stops before an eviction would take that sum past the budget: with skewed
+routing the cold experts cost little and may go; with uniform routing each one is needed in
+nearly every step, and an elastic run becomes copy-bound (its cost against resident's is in
+docs/benchmarks.md). Evictions are taken coldest first, so the first refused is the last tried;
+one that costs nothing (p = 0) is not refused by the model (the measured copies below may still
+stop every eviction).
 Only experts resident at start-up count (`counted`): those that never fit are outside
 the budget, which prices the adjuster's own evictions. A batch that grows after its
 evictions would raise the sum again, so the budget also caps admission

@@ -51,13 +51,12 @@ B = 30 a decode-only load prices the copy at q(31) = 0.86 and it pays (4.9 ms), 
 the steps carry a prompt chunk of 500 tokens (q ~ 1) dc = 0.93 and it does not (5.3 ms). At
 B = 100 it never does (19 ms).
 
-Shares lie low for the experts they pick: the coldest of a window of recent routing are
-partly the ones that drew low by chance and will be routed more, and where routing is near
-uniform that is all of them (on the H200, Fig. 4 at router skew 0, the decode steps made
-1.3-1.45x the copies the shares expected: docs/benchmarks.md). So the engine scales every
-copy it prices by what the decode steps measured over what the shares expected at the same
-batch (`CostView.copy_scale`), never below 1: after an eviction round the measured average
-lags the new residency, and a scale below 1 would then price the next round's copies low.
+Shares lie low for the experts they pick: the coldest of a window of recent routing are partly
+the ones that drew low by chance and will be routed more, and where routing is near uniform that
+is all of them. So the engine scales every copy it prices by what the decode steps measured over
+what the shares expected at the same batch (`CostView.copy_scale`), never below 1: after an
+eviction round the measured average lags the new residency, and a scale below 1 would then price
+the next round's copies low.
 
 Pure: no torch, no clock. The engine measures the StepCost and the StepMix
 (engine/experts/step_cost.py).

@@ -24,7 +24,6 @@ import numpy as np
 
 from rimuru.dataplane.bench.metrics import RequestRecord
 
-METRICS = ("ttft", "tpot")
 PERCENTILES = (50, 90, 95, 99)
 SLO_FORMAT = "METRIC_pNN=LIMIT[,...] with METRIC ttft|tpot, NN 50|90|95|99, LIMIT e.g. 2s or 100ms"
 _LIMIT = re.compile(r"^(ttft|tpot)_p(\d+)=([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)(ms|s)$")

@@ -146,5 +146,5 @@ def _graph_line(mc, args: argparse.Namespace) -> str:
         f"{format_bytes(int(1.1 * decode))} "
         f"for the decode graphs and {format_bytes(int(1.1 * pieces))} for the piecewise graphs "
         f"(device copy-in or the resident policy), plus their pools, measured at start-up "
-        f"(a few hundred MiB for the qwen presets on the H200: docs/benchmarks.md)"
+        f"(docs/benchmarks.md lists what they took for the presets)"
     )

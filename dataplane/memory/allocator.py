@@ -49,8 +49,6 @@ class _Split:
 class _Stats:
     splits: int = 0
     merges: int = 0
-    allocations: int = 0
-    frees: int = 0
 
 
 class PageAllocator:
@@ -150,7 +148,6 @@ class PageAllocator:
         pages: list[int] = []
         while len(pages) < n:
             pages += self._take_from_one_parent(page_type, n - len(pages), owner)
-        self.stats.allocations += n
         return pages
 
     def _take_one(self, page_type: PageType, owner: Owner) -> int:
@@ -226,7 +223,6 @@ class PageAllocator:
         ids = self._validated(page_type, page_ids, owner)
         for page_id in ids:
             self._release_one(page_type, page_id, owner)
-        self.stats.frees += len(ids)
 
     def transfer(
         self, page_type: PageType, page_ids: Iterable[int], owner: Owner, new_owner: Owner

@@ -96,7 +96,3 @@ class UnifiedPool:
         if page_type in (PageType.SSM, PageType.CONV, PageType.HUGE):
             return self.buffer.view(n, slot)[:, :content]  # raw bytes of each page's content
         raise ValueError(f"no view for page type {page_type!r}")
-
-    def expert_matrix(self, page_id: int, rows: int, cols: int) -> torch.Tensor:
-        """One expert page as a [rows, cols] matrix (rows*cols must be I*D)."""
-        return self.view(PageType.EXPERT)[page_id].view(rows, cols)

@@ -3,9 +3,10 @@ Face's numerics) and Triton kernels (`rimuru.kernels.rms_norm`, `.rope`, `.route
 engine's path on CUDA).
 
 Both round alike (see the kernels' docstrings), so the choice changes launch counts, not
-tokens beyond a reduction's last bits. The fused kernels take a Qwen3 decode layer from ~72
-launches to ~30 (measured per step: docs/benchmarks.md at 7a896af); routing takes the
-router's softmax, top-k and renormalisation from six or seven launches to one, after its GEMM.
+tokens beyond a reduction's last bits. The fused kernels exist to cut a decode layer's
+launches (small decode steps are bound by launch count, not arithmetic; the counts per step
+are in docs/benchmarks.md); routing takes the router's softmax, top-k and renormalisation
+from six or seven launches to one, after its GEMM.
 """
 
 from __future__ import annotations

@@ -111,13 +111,6 @@ class HotnessRanking:
             object.__setattr__(self, "_shares", cached)
         return cached[layer][expert]
 
-    def rank_of(self, layer: int) -> list[int]:
-        """rank_of(layer)[e] = position of expert e in the layer's order (0 = hottest)."""
-        ranks = [0] * self.num_experts
-        for position, e in enumerate(self.order[layer]):
-            ranks[e] = position
-        return ranks
-
     def total_variation(self, other: HotnessRanking, layer: int) -> float:
         """TV(p, q) = 1/2 * sum_e |p(e) - q(e)| of one layer's routing distributions."""
         p, q = self._prob_by_expert[layer], other._prob_by_expert[layer]

@@ -14,7 +14,7 @@ def test_views_share_bytes_without_copies(geometry):
     assert experts.data_ptr() == kv.data_ptr() == pool.buffer.data_ptr()
     # write expert page 1 through the expert view, read it back as KV pages 4..7
     values = torch.arange(256, dtype=torch.float32)
-    pool.expert_matrix(1, 16, 16).copy_(values.view(16, 16))
+    experts[1].copy_(values)
     assert torch.equal(kv[4:8].reshape(-1), values)
     # and a KV write lands in the expert page's bytes
     kv[6, 1, 3, 0, 1] = -7.0

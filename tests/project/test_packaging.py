@@ -29,6 +29,25 @@ def test_stdlib_operator_wins_in_the_repo_root(argv):
         assert str(ROOT / "operator") not in result.stdout
 
 
+def test_installed_packages_win_over_the_repo_root_in_the_suite():
+    # tests/conftest.py puts the root behind site-packages, so that kernels/ does not hide
+    # Hugging Face's `kernels` (transformers >= 5.25 imports it) nor operator/ the stdlib's
+    import importlib.metadata
+    import importlib.util
+    import site
+
+    behind = [sys.path.index(p) for p in site.getsitepackages() if p in sys.path]
+    assert behind and sys.path.index(str(ROOT)) > max(behind)
+    names = ["operator"]
+    try:
+        importlib.metadata.distribution("kernels")
+        names.append("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    for name in names:
+        assert not Path(importlib.util.find_spec(name).origin).is_relative_to(ROOT), name
+
+
 def test_subpackages_import_under_one_root():
     import rimuru.controlplane
     import rimuru.dataplane

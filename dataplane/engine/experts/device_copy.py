@@ -4,8 +4,8 @@ alternative to the host-driven loading buffers of expert_manager.py.
 Host mode reads each layer's routing on the host, then copies the missing experts with
 cudaMemcpyAsync, prefetching layer l+1's predicted experts while layer l computes. That
 costs one host synchronisation per layer with offloaded experts, so such a step can never
-be a CUDA graph: on the H200, Fig. 4's elastic run spent most of its steps eager, each
-~8x as long as its graph-replayed steps (docs/benchmarks.md at 7a896af).
+be a CUDA graph: under an elastic policy most steps route to some offloaded expert, so
+most steps run eagerly, each several times as long as a replayed graph.
 
 Device mode gives every offloaded expert of a layer a fixed loading slot (its rank among
 the layer's offloaded experts; at most `slots` of them, which expert_offload_limit already
@@ -18,8 +18,8 @@ pages; the MoE kernel then reads them through a table whose rows already point t
 it reads any resident expert. The step needs no host decision,
 so it can be captured. What it gives up: the copy no longer overlaps the previous layer's
 compute (it runs on the compute stream, after the router), and it reads host memory from a
-kernel rather than with the copy engines. On the H200 it still ran Fig. 4's elastic at about
-twice the output tokens/s of host copies (docs/benchmarks.md at 7a896af).
+kernel rather than with the copy engines. Keeping every step a graph outweighs both, which
+is why device mode is the default.
 
 Invariants:
   * `table` (the kernels' [L, E, 3] table) equals the expert page table for resident

@@ -8,14 +8,12 @@ each expert by its share of recent routing: the expert manager's routing counts,
 Until every MoE layer has routed `min_tokens` pairs in the window, the ranking's shares
 stand (the offline ranking seeds the estimate).
 
-A window's counts are noisy, and the rule picks the experts whose counts are lowest: those
-are partly the ones that drew low by chance, and are routed more afterwards (on the H200 at
-router skew 0 the rule priced its median eviction at ~0.12 copies a step, and in the next
-run the experts it kept offloaded were copied ~0.29 times a step each: docs/benchmarks.md).
-So each layer's counts are shrunk toward the layer's mean by the share of their spread that
-chance explains (`shrunk`): where routing is near uniform the shares come out near uniform,
-and where it is skewed (a Zipf law, as the presets' default skew 1 makes it) they barely
-move.
+A window's counts are noisy, and the rule picks the experts whose counts are lowest: those are
+partly the ones that drew low by chance, and are routed more afterwards (regression to the mean:
+unshrunk, the rule underprices what it evicts, most where routing is near uniform). So each
+layer's counts are shrunk toward the layer's mean by the share of their spread that chance
+explains (`shrunk`): where routing is near uniform the shares come out near uniform, and where
+it is skewed (a Zipf law, as the presets' default skew 1 makes it) they barely move.
 """
 
 from __future__ import annotations

@@ -68,11 +68,9 @@ def measure_copy_in_seconds(
     """Seconds for device copy-in (`copy_kernel`, device_copy.py) to copy one routed expert of
     `host` (a layer's pinned experts) into pages on `device`. One, not several side by side:
     a step copies an offloaded expert into its layer's slot right before that layer's MoE,
-    and a layer seldom has more than one to copy. The kernel reads host memory through
-    unified addressing, slower than the copy engines' memcpy (on the H200, Fig. 4's
-    decode steps at router skew 0 took ~0.36 ms more per copy, fitted on step times, where
-    a memcpy of the expert takes ~0.32 ms: docs/benchmarks.md); priced by the memcpy,
-    copies look cheaper than they are."""
+    and a layer seldom has more than one to copy. The kernel itself is timed, not a memcpy:
+    it reads host memory through unified addressing, slower than the copy engines, so copies
+    priced by a memcpy would look cheaper than they are."""
     num_experts, inter, hidden = host.w1.shape
     counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
     counts[0] = 1

@@ -109,12 +109,13 @@ def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
 
 
 # The driver keeps memory for every instantiated graph, outside torch's allocator
-# (`memory_reserved` does not see it). On the H200, as the fall in free memory beyond
-# torch's bytes, it came to ~85-100 KiB per layer per decode graph (docs/benchmarks.md at 7a896af).
-# Measuring it in the plan's own capture was tried and dropped: a process's first capture
-# carries one-off costs (priced per graph, it planned ~6x what was used), and a second
-# engine in the same process then planned otherwise. So the plan prices it per layer, with
-# margin; the engine logs what capture took against the plan (planned ... fell by ...).
+# (`memory_reserved` does not see it); it grows with the layers a graph holds. The constant
+# below must stay above what a GPU shows as the fall in free memory beyond torch's bytes per
+# layer per decode graph. Measuring it in the plan's own capture was tried and dropped: a
+# process's first capture carries one-off costs (priced per graph, it planned ~6x what was
+# used), and a second engine in the same process then planned otherwise. So the plan prices it
+# per layer, with margin; the engine logs what capture took against the plan (planned ... fell
+# by ...).
 DRIVER_BYTES_PER_GRAPH_LAYER = 128 * 1024
 
 

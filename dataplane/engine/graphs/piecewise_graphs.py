@@ -4,9 +4,10 @@ piece between two attentions, and run only the attentions eagerly in between. Th
 vLLM's CUDAGraphMode.PIECEWISE; with the decode graphs it makes FULL_AND_PIECEWISE, the
 engine's default (`cudagraph_mode`).
 
-Why: an eager step is host-bound. A qwen3-30b-a3b step (48 layers) took ~6x as long eager
-on the H200 as a graph, with the GPU idle for most of it (docs/benchmarks.md at 7a896af), and every
-step with a prompt chunk in it ran eagerly. Attention stays
+Why: an eager step is host-bound. A step of a 48-layer MoE model launches hundreds of small
+kernels, and eager the GPU waits on the host for most of the step (docs/benchmarks.md has
+eager against graph step times); without pieces every step with a prompt chunk in it ran
+eagerly. Attention stays
 outside the graphs because its launch depends on the batch's sequences (their number,
 query lengths and block tables); everything else depends only on the token count.
 
@@ -41,8 +42,8 @@ count, so a replayed step may round otherwise than the eager step of the same ba
 math). The GPU checks require identical fp32 tokens, pieces against eager (gpu_checks.py).
 The memory plan counts the driver's own memory per instantiated graph (here up to 40 sizes
 x (L + 1) pieces), which `memory_reserved` does not see: priced per piece
-(`piece_driver_bytes`). On the H200 that part was as large as torch's
-(docs/benchmarks.md at 7a896af).
+(`piece_driver_bytes`); it can be as large as torch's part, so leaving it out would
+overcommit the pool.
 """
 
 from __future__ import annotations
@@ -201,8 +202,8 @@ class PiecewiseGraphs:
 
 
 # The driver's memory per instantiated piece (cuda_graphs.DRIVER_BYTES_PER_GRAPH_LAYER says
-# why it is priced, not measured): ~180-200 KiB per piece on the H200 for qwen1.5's and
-# qwen3's pieces (docs/benchmarks.md at 7a896af); priced with margin.
+# why it is priced, not measured). It must stay above what capture is seen to take per piece
+# for the presets' pieces (the engine logs planned against taken), with margin.
 DRIVER_BYTES_PER_PIECE = 256 * 1024
 
 

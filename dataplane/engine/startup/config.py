@@ -61,11 +61,11 @@ class EngineConfig:
     # be a graph (device copy-in, or the resident policy) and the memory plan has room.
     # "full_decode_only": the other steps run eagerly (a baseline to compare against).
     cudagraph_mode: str = "full_and_piecewise"
-    # How offloaded experts reach the device for a step. "device" (default): a kernel copies
-    # the routed ones into fixed slots, no host sync, so the step stays a CUDA graph
-    # (device_copy.py; on the H200 Fig. 4's elastic ran at ~2x the tokens/s of host copies:
-    # docs/benchmarks.md at 7a896af). "host": the host reads the routing and copies, prefetching the
-    # next layer's predicted experts; a layer with offloaded experts then syncs and runs eagerly.
+    # How offloaded experts reach the device for a step. "device" (default): a kernel
+    # copies the routed ones into fixed slots, no host sync, so the step stays a CUDA
+    # graph (device_copy.py says why that is worth its costs). "host": the host reads the
+    # routing and copies, prefetching the next layer's predicted experts; a layer with
+    # offloaded experts then syncs and runs eagerly.
     expert_copy: str = "device"
     # Ranks of one host splitting every layer (dataplane/parallel/): the budget flags are
     # per GPU; device "cuda" puts rank r on cuda:r.

@@ -2,12 +2,11 @@
 
 Triton compiles a kernel variant the first time it meets new constexprs (a MoE tile config
 per token bucket, the align step's power-of-two pair count, the decode merge's padded split
-count); compiled mid-serving, each stalls the step that meets it. On the H200 every
-Fig. 4 run without a warm-up stepped at 1-3 s for its first ~10 s while requests arrived
-at 10 req/s; with it, serving compiles nothing (bench/gpu_checks.py checks that) and that
-stall is gone (docs/benchmarks.md at 7a896af). The warm-up pays
-those compiles once, at start-up, through the same forward and kernels the engine serves
-with. Which batches, from the kernels' own keys:
+count); compiled mid-serving, each stalls the step that meets it, for seconds while
+requests keep arriving. The warm-up pays those compiles once, at start-up, through the same
+forward and kernels the engine serves with; what must stay true is that serving then
+compiles nothing (bench/gpu_checks.py checks it on a GPU), so a new constexpr in a kernel's
+key needs its batch here. Which batches, from the kernels' own keys:
 
   MoE       for every token count 1..max_num_batched_tokens, the smallest one of each
             distinct `fused_moe_variant` key: as that many one-token decodes if
