@@ -59,7 +59,6 @@ class ExpertCounters:
     bytes_h2d: int = 0
     predictor_hits: int = 0  # non-resident experts needed and already prefetched
     predictor_needed: int = 0  # non-resident experts needed
-    prefetched_unused: int = 0
 
 
 @dataclass
@@ -155,8 +154,8 @@ class ExpertManager:
 
     def resident_sets(self) -> list[frozenset[int]]:
         """Frozen per layer; the adjuster asks every round, so rebuilt only when the
-        residency changed (48 sets of 128 take ~0.4 ms on a CPU core, as much as several
-        percent of a decode step)."""
+        residency changed (building a set per layer every round costs the host as much as
+        a fair share of a decode step at real models' sizes)."""
         if self._sets_version != self.residency_version:
             self._sets = [frozenset(r) for r in self.resident]
             self._sets_version = self.residency_version
@@ -327,8 +326,6 @@ class ExpertManager:
             out = self._moe_kernel(layer, x, topk_ids, topk_weights, buffer)
         else:
             out = self._moe_torch(layer, x, topk_ids, topk_weights, buffer, needed)
-        if layer > 0:
-            self.counters.prefetched_unused += len(set(buffer.slot_of) - buffer.used)
         return out
 
     def fully_resident(self) -> bool:
