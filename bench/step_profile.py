@@ -51,9 +51,9 @@ from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.flags import on_off
 from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.engine.startup.config import CUDAGRAPH_MODES, EngineConfig
-from rimuru.dataplane.memory.units import parse_bytes
 from rimuru.kernels.moe_bench import PEAK_BYTES
 from rimuru.policy import Tunables
+from rimuru.sizes import parse_bytes
 
 
 def busy_ms(intervals: list[tuple[float, float]]) -> float:

@@ -31,9 +31,9 @@ from rimuru.dataplane.bench.runner import run_trace
 from rimuru.dataplane.bench.trace import load_trace
 from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.engine.startup.config import EngineConfig
-from rimuru.dataplane.memory.units import parse_bytes
 from rimuru.dataplane.parallel.launch import engine_builder
 from rimuru.policy import MODES, Tunables
+from rimuru.sizes import parse_bytes
 
 
 def _params(max_tokens: int) -> dict[str, SamplingParams]:

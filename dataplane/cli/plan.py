@@ -34,8 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rimuru.dataplane.engine.startup.capacity import PolicyCapacity, plan_capacity
-    from rimuru.dataplane.memory.units import format_bytes
     from rimuru.dataplane.model.checkpoint import model_config
+    from rimuru.sizes import format_bytes
 
     policies = parse_modes(args.policies)
     if args.context_len < 1:
@@ -114,7 +114,7 @@ def _tensor_parallel_line(size: int, whole: ModelConfig) -> str:
 def _state_line(cap) -> str:
     """A hybrid request's fixed cost beside its KV: one SSM and one conv page per GDN layer."""
     from rimuru.dataplane.memory.geometry import PageType
-    from rimuru.dataplane.memory.units import format_bytes
+    from rimuru.sizes import format_bytes
 
     g, mc = cap.geometry, cap.model_config
     conv = format_bytes(g.bytes_of(PageType.CONV))
@@ -135,7 +135,7 @@ def _graph_line(mc, args: argparse.Namespace) -> str:
     The driver's part is priced from the shapes (cuda_graphs.py); the graphs' pools are
     measured by the engine at start-up."""
     from rimuru.dataplane.engine.graphs.piecewise_graphs import graph_driver_bytes
-    from rimuru.dataplane.memory.units import format_bytes
+    from rimuru.sizes import format_bytes
 
     decode, pieces = graph_driver_bytes(
         mc.num_layers, args.max_num_seqs, args.max_num_batched_tokens

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rimuru.dataplane.engine.startup.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES, EngineConfig
-from rimuru.dataplane.memory.units import parse_bytes
 from rimuru.policy import ELASTIC_RULES, MODES, Tunables
+from rimuru.sizes import parse_bytes
 
 ON, OFF = ("on", "true", "1", "yes"), ("off", "false", "0", "no")
 

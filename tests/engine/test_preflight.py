@@ -10,7 +10,7 @@ import pytest
 
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.startup.config import EngineConfig
-from rimuru.dataplane.memory.units import format_bytes, parse_bytes
+from rimuru.sizes import format_bytes, parse_bytes
 
 
 def test_a_30b_preset_on_a_1_gib_budget_is_refused_before_its_weights_exist():

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from rimuru.dataplane.memory.geometry import PageGeometry
-from rimuru.dataplane.memory.units import format_bytes
 from rimuru.dataplane.model.config import ModelConfig
+from rimuru.sizes import format_bytes
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from rimuru.dataplane.engine.startup.setup import (
 )
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageGeometry, PageType
-from rimuru.dataplane.memory.units import format_bytes
 from rimuru.dataplane.model.checkpoint import PRESETS, model_config
 from rimuru.dataplane.model.checkpoint.hf_layout import build_global_weights, build_layer_weights
 from rimuru.dataplane.model.checkpoint.hybrid_layout import build_hybrid_layer_weights
@@ -42,6 +41,7 @@ from rimuru.dataplane.model.checkpoint.shard import shard_config
 from rimuru.dataplane.model.config import ModelConfig, parse_dtype
 from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import HotnessRanking, Tunables
+from rimuru.sizes import format_bytes
 
 _ROUTER_BIAS_ITEMSIZE = 4  # the presets' skew bias is fp32
 
