@@ -6,8 +6,14 @@ a changed manifest, or a live object that drifted from it (a hand edit of a fiel
 operator owns, a label removed), is written with a JSON patch that replaces only the
 fields the operator owns (per kind), so fields other controllers own (a Service's
 clusterIP, a Deployment's revision annotation, status) are never touched. A deleted
-child is created again. Drift is judged by containment: every value the operator sets
-must be in the live object, which may hold more (the API server's defaults).
+child is created again.
+
+Drift is judged per part. Labels and annotations by containment: others may add their own.
+The owned fields exactly, as a controller's own fields are: once the API server's
+defaults are set aside (server_defaults.py), a live value must equal the operator's, so a
+key added by hand (`privileged: true`, `hostNetwork`, a service account, a nodeSelector
+or selector key, a GPU limit) is drift and the patch removes it. Maps such as a Service's
+selector are atomic in Kubernetes: one extra key changes what they select.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 
 from rimuru.operator.kube import Conflict, KubeClient
 from rimuru.operator.naming import APPLIED_HASH_ANNOTATION
-from rimuru.operator.quantities import quantity_value
+from rimuru.operator.server_defaults import DEFAULTS, same_value, without_defaults
 
 # kind -> JSON pointers the operator owns below the top level; None = create only
 # (a generated token must never be rotated by a re-apply; a PVC's spec is immutable).
@@ -84,46 +90,27 @@ def patch_operations(current: Mapping[str, Any], desired: Mapping[str, Any]) -> 
 
 
 def drifted(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    """Whether the live object lacks or contradicts anything the operator owns in
-    `desired` (its labels, annotations, owner references, owned spec fields)."""
+    """Whether the live object lacks or contradicts the operator's labels, annotations or
+    owner references, or differs in an owned field by more than the server's defaults."""
     meta, want = current.get("metadata", {}), desired["metadata"]
-    if not _contains(meta.get("labels") or {}, want.get("labels", {})):
+    if not (want.get("labels", {}).items() <= (meta.get("labels") or {}).items()):
         return True
-    if not _contains(meta.get("annotations") or {}, want.get("annotations", {})):
+    if not (want.get("annotations", {}).items() <= (meta.get("annotations") or {}).items()):
         return True
     if meta.get("ownerReferences") != want["ownerReferences"]:
         return True
-    for pointer in OWNED_PATHS[desired["kind"]] or ():
+    kind = desired["kind"]
+    for pointer in OWNED_PATHS[kind] or ():
         try:
             live = _get(current, pointer)
         except (KeyError, TypeError):
             return True
-        if not _contains(live, _get(desired, pointer)):
+        defaults = DEFAULTS.get((kind, pointer))
+        if not same_value(
+            without_defaults(live, defaults), without_defaults(_get(desired, pointer), defaults)
+        ):
             return True
     return False
-
-
-def _contains(live: Any, want: Any) -> bool:
-    """`live` holds every value of `want`: maps key by key (extra keys allowed), lists
-    item by item (same length), anything else equal (resource quantities by value)."""
-    if isinstance(want, Mapping):
-        return isinstance(live, Mapping) and all(
-            k in live and _contains(live[k], v) for k, v in want.items()
-        )
-    if isinstance(want, list):
-        return (
-            isinstance(live, list)
-            and len(live) == len(want)
-            and all(_contains(a, b) for a, b in zip(live, want, strict=True))
-        )
-    return live == want or _same_quantity(live, want)
-
-
-def _same_quantity(a: Any, b: Any) -> bool:
-    """ "1Gi" and "1024Mi", "500m" and "0.5": the API server rewrites quantities in its
-    canonical form, which must not count as drift."""
-    va = quantity_value(a)
-    return va is not None and va == quantity_value(b)
 
 
 def with_applied_hash(manifest: Mapping[str, Any]) -> dict[str, Any]:
