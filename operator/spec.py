@@ -370,7 +370,10 @@ def _parse_control_plane(cp: Mapping[str, Any]) -> ControlPlaneSpec:
 
 
 def generated_secret_name(owner: Owner) -> str:
-    return f"{owner.name}-token"
+    # Not NAME-token: that is also the data-plane token Secret of the RimuruDeployment
+    # named NAME minus "-dataplane" (x-dataplane-token for both "x" and "x-dataplane").
+    # What must stay true: no child's name suffix ends another child's of the same kind.
+    return f"{owner.name}-operator-token"
 
 
 def parse_owner(meta: Mapping[str, Any]) -> Owner:

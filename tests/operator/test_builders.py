@@ -43,7 +43,7 @@ def test_every_child_is_owned_labelled_and_valid(tiny_rd, api):
         ("Service", "tiny-controlplane"),
         ("Deployment", "tiny-dataplane"),
         ("Service", "tiny-dataplane"),
-        ("Secret", "tiny-token"),
+        ("Secret", "tiny-operator-token"),
         ("Secret", "tiny-dataplane-token"),
     ]
     for child in children:

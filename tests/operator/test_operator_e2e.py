@@ -86,7 +86,7 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
                         "blockOwnerDeletion": True,
                     }
                 ]
-            assert obj(kmock, "v1/secrets", "tiny-token") is None  # referenced, not generated
+            assert obj(kmock, "v1/secrets", "tiny-operator-token") is None  # referenced, not generated
             # The data planes' token is always generated, and is not the operator's.
             dp_secret = await eventually(
                 lambda: obj(kmock, "v1/secrets", "tiny-dataplane-token"), what="dp token"
@@ -268,7 +268,7 @@ async def test_scale_to_zero_settles_once_the_data_plane_has_scaled(kmock, env, 
 @pytest.mark.slow
 async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
     http = env
-    # No authSecretRef: the operator generates NAME-token and owns it. This control plane
+    # No authSecretRef: the operator generates NAME-operator-token and owns it. This control plane
     # was started with another token, so the operator's writes are refused: status says so.
     other = copy.deepcopy(tiny_rd)
     other["metadata"].update(name="other", uid="uid-other-1", resourceVersion="1")
@@ -285,7 +285,7 @@ async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
         await _call(http, "POST", RD_PATH, other)
         await _call(http, "POST", RD_PATH, broken)
 
-        secret = await eventually(lambda: obj(kmock, "v1/secrets", "other-token"), what="token")
+        secret = await eventually(lambda: obj(kmock, "v1/secrets", "other-operator-token"), what="token")
         assert len(base64.b64decode(secret["data"]["token"])) >= 32
         assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-other-1"
 
@@ -302,7 +302,7 @@ async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
             return c if c["reason"] == "ControlPlaneUnauthenticated" else None
 
         progressing = await eventually(refused, what="ControlPlaneUnauthenticated")
-        assert "other-token" in progressing["message"]
+        assert "other-operator-token" in progressing["message"]
         assert obj(kmock, RD, "other")["status"]["phase"] in ("Pending", "Progressing")
 
         degraded = await failed_with(kmock, "broken", "InvalidSpec")
@@ -312,7 +312,7 @@ async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
         await _call(http, "DELETE", f"{RD_PATH}/other")
         await eventually(lambda: obj(kmock, RD, "other") is None, what="other deleted")
         # The generated Secret was the operator's: deleted with the rest.
-        assert obj(kmock, "v1/secrets", "other-token") is None
+        assert obj(kmock, "v1/secrets", "other-operator-token") is None
     assert runner.exception is None
 
 
