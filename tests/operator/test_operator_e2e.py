@@ -86,7 +86,8 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
                         "blockOwnerDeletion": True,
                     }
                 ]
-            assert obj(kmock, "v1/secrets", "tiny-operator-token") is None  # referenced, not generated
+            # referenced, not generated
+            assert obj(kmock, "v1/secrets", "tiny-operator-token") is None
             # The data planes' token is always generated, and is not the operator's.
             dp_secret = await eventually(
                 lambda: obj(kmock, "v1/secrets", "tiny-dataplane-token"), what="dp token"
@@ -285,7 +286,9 @@ async def test_generated_token_and_specs_that_cannot_work(kmock, env, tiny_rd):
         await _call(http, "POST", RD_PATH, other)
         await _call(http, "POST", RD_PATH, broken)
 
-        secret = await eventually(lambda: obj(kmock, "v1/secrets", "other-operator-token"), what="token")
+        secret = await eventually(
+            lambda: obj(kmock, "v1/secrets", "other-operator-token"), what="token"
+        )
         assert len(base64.b64decode(secret["data"]["token"])) >= 32
         assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-other-1"
 
