@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rimuru.operator.kube import Conflict, KubeClient
-from rimuru.operator.naming import APPLIED_HASH_ANNOTATION
+from rimuru.operator.naming import APPLIED_HASH_ANNOTATION, is_owned_by
 from rimuru.operator.server_defaults import DEFAULTS, same_value, without_defaults
 
 # kind -> JSON pointers the operator owns below the top level; None = create only
@@ -40,6 +40,28 @@ OWNED_PATHS: dict[str, tuple[str, ...] | None] = {
     "Secret": None,
     "PersistentVolumeClaim": None,
 }
+
+
+class ForeignObject(Exception):
+    """The child's name is taken by an object this RimuruDeployment does not own: another
+    controller's, or one made by hand. It is never adopted, written or deleted."""
+
+    def __init__(self, kind: str, name: str, holder: str) -> None:
+        super().__init__(
+            f"{kind} {name} exists and is not this RimuruDeployment's ({holder}); nothing was "
+            f"changed: delete or rename it, or give the RimuruDeployment another name"
+        )
+        self.kind = kind
+        self.name = name
+
+
+def holder(obj: Mapping[str, Any]) -> str:
+    """Who an object belongs to, as a refusal names it."""
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    controller = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    if controller is None:
+        return "it has no owner"
+    return f"owned by {controller.get('kind')} {controller.get('name')}"
 
 
 class Applied(enum.Enum):
@@ -137,6 +159,11 @@ async def apply(client: KubeClient, manifest: Mapping[str, Any]) -> Applied:
             current = await client.get_from_server(kind, meta["namespace"], meta["name"])
             if current is None:
                 return Applied.UNCHANGED  # deleted meanwhile: the next pass creates it
+    # An object of the child's name without this owner's reference is someone else's,
+    # whatever its labels say: refuse before any write, so it is neither changed nor,
+    # with our owner reference on it, deleted with the RimuruDeployment.
+    if not is_owned_by(current, desired["metadata"]["ownerReferences"][0]["uid"]):
+        raise ForeignObject(kind, meta["name"], holder(current))
     if OWNED_PATHS[kind] is None or not drifted(current, desired):
         return Applied.UNCHANGED
     await client.json_patch(

@@ -174,8 +174,12 @@ async def reconcile_handler(
         if problem.blocker.permanent:
             raise kopf.PermanentError(problem.message)
         delay = memo.config.retry_delay_seconds
-        if problem.blocker in (Blocker.RANKING_INVALID, Blocker.SECRET_INVALID):
-            delay *= 6  # someone must edit the ConfigMap or Secret; do not spin
+        if problem.blocker in (
+            Blocker.RANKING_INVALID,
+            Blocker.SECRET_INVALID,
+            Blocker.CHILD_NOT_OURS,
+        ):
+            delay *= 6  # someone must edit or remove an object; do not spin
         raise kopf.TemporaryError(problem.message, delay=delay)
     logger.info("reconciled; policy v%d", obs.policy.desired_version if obs.policy else 0)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rimuru.operator.spec import (
@@ -142,6 +143,8 @@ def optional_child_refs(owner: Owner) -> list[tuple[str, str]]:
     ]
 
 
-def is_owned_by(obj: dict[str, Any], owner: Owner) -> bool:
+def is_owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    """Whether `obj` carries an owner reference to the RimuruDeployment of `owner_uid`:
+    the one mark of a child (labels can be copied, a uid is per object)."""
     refs = obj.get("metadata", {}).get("ownerReferences") or []
-    return any(ref.get("uid") == owner.uid for ref in refs)
+    return any(ref.get("uid") == owner_uid for ref in refs)

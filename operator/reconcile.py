@@ -17,7 +17,7 @@ from typing import Any
 from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.errors import ControlPlaneError, InvalidArgument, Unauthenticated
 from rimuru.operator import policy_sync
-from rimuru.operator.apply import apply
+from rimuru.operator.apply import ForeignObject, apply, holder
 from rimuru.operator.builders import (
     build_children,
     build_dataplane_token_secret,
@@ -66,8 +66,10 @@ async def ensure_token(kube: KubeClient, spec: DeploymentSpec) -> str:
     auth, ns = spec.auth, spec.owner.namespace
     secret = await kube.get("Secret", ns, auth.secret_name)
     if secret is None and auth.generated:
-        await apply(kube, build_token_secret(spec, secrets.token_urlsafe(TOKEN_BYTES)))
+        await _apply_child(kube, build_token_secret(spec, secrets.token_urlsafe(TOKEN_BYTES)))
         secret = await kube.get("Secret", ns, auth.secret_name)
+    if secret is not None and auth.generated:
+        _require_owned(secret, spec)  # a token someone else left under our name: not ours
     if secret is None:
         raise Blocked(
             Blocker.SECRET_MISSING,
@@ -97,9 +99,21 @@ def _token_text(secret_name: str, key: str, encoded: str) -> str:
 async def ensure_dataplane_token(kube: KubeClient, spec: DeploymentSpec) -> None:
     """Generate the data planes' token Secret once; the operator never reads it back."""
     name = dataplane_secret_name(spec.owner)
-    if await kube.get("Secret", spec.owner.namespace, name) is None:
+    secret = await kube.get("Secret", spec.owner.namespace, name)
+    if secret is None:
         token = secrets.token_urlsafe(TOKEN_BYTES)
-        await apply(kube, build_dataplane_token_secret(spec, token))
+        await _apply_child(kube, build_dataplane_token_secret(spec, token))
+    else:
+        _require_owned(secret, spec)
+
+
+def _require_owned(secret: dict[str, Any], spec: DeploymentSpec) -> None:
+    """A generated token Secret must be this RimuruDeployment's: one found under its name
+    but owned elsewhere is neither used nor mounted (its holder knows the token)."""
+    if not is_owned_by(secret, spec.owner.uid):
+        name = secret.get("metadata", {}).get("name", "")
+        refusal = ForeignObject("Secret", name, holder(secret))
+        raise Blocked(Blocker.CHILD_NOT_OURS, str(refusal))
 
 
 async def read_ranking(kube: KubeClient, spec: DeploymentSpec) -> RankingUpload | None:
@@ -144,16 +158,22 @@ async def apply_children(
     for child in build_children(spec, config):
         if not current():
             return False
-        ref = f"{child['kind']} {child['metadata']['name']}"
-        try:
-            await apply(kube, child)
-        except KubeError as exc:
-            if exc.status == HTTP_UNPROCESSABLE:
-                raise Blocked(
-                    Blocker.CHILD_REJECTED, f"the API server rejected {ref}: {exc.message}"
-                ) from exc
-            raise Blocked(Blocker.API_ERROR, f"applying {ref}: {exc}") from exc
+        await _apply_child(kube, child)
     return True
+
+
+async def _apply_child(kube: KubeClient, child: dict[str, Any]) -> None:
+    ref = f"{child['kind']} {child['metadata']['name']}"
+    try:
+        await apply(kube, child)
+    except ForeignObject as exc:
+        raise Blocked(Blocker.CHILD_NOT_OURS, str(exc)) from exc
+    except KubeError as exc:
+        if exc.status == HTTP_UNPROCESSABLE:
+            raise Blocked(
+                Blocker.CHILD_REJECTED, f"the API server rejected {ref}: {exc.message}"
+            ) from exc
+        raise Blocked(Blocker.API_ERROR, f"applying {ref}: {exc}") from exc
 
 
 async def prune_children(kube: KubeClient, spec: DeploymentSpec, config: OperatorConfig) -> None:
@@ -164,7 +184,7 @@ async def prune_children(kube: KubeClient, spec: DeploymentSpec, config: Operato
         if (kind, name) in wanted:
             continue
         obj = await kube.get(kind, spec.owner.namespace, name)
-        if obj is not None and is_owned_by(obj, spec.owner):
+        if obj is not None and is_owned_by(obj, spec.owner.uid):
             await kube.delete(kind, spec.owner.namespace, name)
 
 
@@ -259,7 +279,7 @@ async def delete_children(kube: KubeClient, owner: Owner) -> list[tuple[str, str
         # Only our own: a Secret referenced by authSecretRef belongs to the user.
         if (
             obj is not None
-            and is_owned_by(obj, owner)
+            and is_owned_by(obj, owner.uid)
             and await kube.delete(kind, owner.namespace, name)
         ):
             deleted.append((kind, name))

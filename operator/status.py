@@ -32,6 +32,9 @@ class Blocker(enum.Enum):
     # The API server refused a child as invalid (HTTP 422): the same manifest is refused
     # again, so nothing is retried until the spec changes.
     CHILD_REJECTED = ("ChildRejected", True)
+    # A child's name is taken by an object another controller (or a person) owns: it is
+    # left alone, and the pass retries until that object is gone or renamed.
+    CHILD_NOT_OURS = ("ChildOwnedElsewhere", False)
     # The spec uses what this cluster's Kubernetes version lacks (cluster.py).
     UNSUPPORTED_BY_CLUSTER = ("UnsupportedByCluster", True)
     API_ERROR = ("KubernetesAPIError", False)
@@ -185,6 +188,7 @@ def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
         Blocker.RANKING_INVALID,
         Blocker.POLICY_REJECTED,
         Blocker.CHILD_REJECTED,
+        Blocker.CHILD_NOT_OURS,
         Blocker.UNSUPPORTED_BY_CLUSTER,
     ):
         return _condition("Degraded", True, obs.problem.blocker.reason, obs.problem.message)
