@@ -12,6 +12,8 @@ switch them while running, so they are engine config and a change rolls the pods
 from __future__ import annotations
 
 import base64
+import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 from rimuru.operator.autoscaling import Autoscaling
@@ -24,6 +26,7 @@ from rimuru.operator.naming import (
     DATAPLANE,
     DATAPLANE_GRPC_PORT,
     DATAPLANE_METRICS_PORT,
+    TOKEN_CHECKSUM_ANNOTATION,
     TOKEN_KEY,
     child_metadata,
     child_name,
@@ -213,3 +216,42 @@ def build_children(spec: DeploymentSpec, config: OperatorConfig) -> list[dict[st
     if spec.autoscaling is not None:
         children.append(build_dataplane_autoscaler(spec, spec.autoscaling))
     return children
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The bearer tokens as their Secrets hold them now."""
+
+    operator: str  # spec.authSecretRef's, or the generated one
+    dataplane: str
+
+
+def _checksum(*tokens: str) -> str:
+    return hashlib.sha256("\0".join(tokens).encode()).hexdigest()[:16]
+
+
+def with_token_checksums(children: list[dict[str, Any]], tokens: Tokens) -> list[dict[str, Any]]:
+    """`children` with a checksum of the tokens each Deployment's pods read stamped on its
+    pod template. A pod reads its token files once, at start: without this, a rotated or
+    re-generated token Secret leaves the control plane on the old token and every policy
+    push is refused; with it, the new value changes the template and rolls the pods (as
+    Helm charts roll on a Secret's checksum). The control plane reads both tokens, a data
+    plane only its own."""
+    read_by = {
+        CONTROLPLANE: _checksum(tokens.operator, tokens.dataplane),
+        DATAPLANE: _checksum(tokens.dataplane),
+    }
+    stamped = []
+    for child in children:
+        if child["kind"] == "Deployment":
+            template = child["spec"]["template"]
+            component = template["metadata"]["labels"]["app.kubernetes.io/component"]
+            annotations = {**template["metadata"].get("annotations", {})}
+            annotations[TOKEN_CHECKSUM_ANNOTATION] = read_by[component]
+            metadata = {**template["metadata"], "annotations": annotations}
+            child = {
+                **child,
+                "spec": {**child["spec"], "template": {**template, "metadata": metadata}},
+            }
+        stamped.append(child)
+    return stamped

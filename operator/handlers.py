@@ -24,6 +24,7 @@ import aiohttp
 import kopf
 
 from rimuru.operator import reconcile
+from rimuru.operator.builders import Tokens
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.kube import KubeClient, KubeError, connection_info
 from rimuru.operator.live import WATCHED, LiveKube, index_name
@@ -32,6 +33,7 @@ from rimuru.operator.naming import (
     MANAGED,
     controlplane_endpoint,
     dataplane_endpoints,
+    dataplane_secret_name,
     selector_string,
 )
 from rimuru.operator.spec import (
@@ -127,9 +129,9 @@ async def _pass(
     uploaded = (status.get("policy") or {}).get("rankingDigest", "")
     try:
         token = await reconcile.ensure_token(kube, spec)
-        await reconcile.ensure_dataplane_token(kube, spec)
+        tokens = Tokens(token, await reconcile.ensure_dataplane_token(kube, spec))
         await reconcile.require_cluster_support(kube, spec)
-        if not await reconcile.apply_children(kube, spec, config, current):
+        if not await reconcile.apply_children(kube, spec, config, tokens, current):
             return await reconcile.observe(kube, spec, None, None), None
         if on_change:
             await reconcile.prune_children(kube, spec, config)
@@ -140,8 +142,15 @@ async def _pass(
         )
     except reconcile.Blocked as exc:
         problem = exc.problem
-        if problem.blocker is Blocker.CONTROL_PLANE_UNAUTHENTICATED:
-            kube.forget(spec.owner.namespace, spec.auth.secret_name)  # rotated? read it again
+        if problem.blocker in (
+            Blocker.CONTROL_PLANE_UNAUTHENTICATED,
+            Blocker.CONTROL_PLANE_UNAVAILABLE,
+        ):
+            # A token Secret rotated or deleted? Read both again: a new value changes the
+            # pod templates' checksum and rolls the control plane onto it (builders.py);
+            # a deleted one is generated again rather than left missing from its volume.
+            kube.forget(spec.owner.namespace, spec.auth.secret_name)
+            kube.forget(spec.owner.namespace, dataplane_secret_name(spec.owner))
     except KubeError as exc:
         problem = Problem(Blocker.API_ERROR, str(exc))
     return await reconcile.observe(kube, spec, policy, problem), problem

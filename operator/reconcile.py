@@ -19,9 +19,11 @@ from rimuru.controlplane.errors import ControlPlaneError, InvalidArgument, Unaut
 from rimuru.operator import policy_sync
 from rimuru.operator.apply import ForeignObject, apply, holder
 from rimuru.operator.builders import (
+    Tokens,
     build_children,
     build_dataplane_token_secret,
     build_token_secret,
+    with_token_checksums,
 )
 from rimuru.operator.cluster import (
     depends_on_version,
@@ -34,6 +36,7 @@ from rimuru.operator.naming import (
     CONTROLPLANE,
     CONTROLPLANE_GRPC_PORT,
     DATAPLANE,
+    TOKEN_KEY,
     child_name,
     child_refs,
     dataplane_secret_name,
@@ -96,15 +99,20 @@ def _token_text(secret_name: str, key: str, encoded: str) -> str:
     return token
 
 
-async def ensure_dataplane_token(kube: KubeClient, spec: DeploymentSpec) -> None:
-    """Generate the data planes' token Secret once; the operator never reads it back."""
+async def ensure_dataplane_token(kube: KubeClient, spec: DeploymentSpec) -> str:
+    """The data planes' token, generating its Secret when there is none (never used by
+    the operator itself: its checksum rolls the pods that read it)."""
     name = dataplane_secret_name(spec.owner)
     secret = await kube.get("Secret", spec.owner.namespace, name)
     if secret is None:
         token = secrets.token_urlsafe(TOKEN_BYTES)
         await _apply_child(kube, build_dataplane_token_secret(spec, token))
-    else:
-        _require_owned(secret, spec)
+        return token
+    _require_owned(secret, spec)
+    encoded = (secret.get("data") or {}).get(TOKEN_KEY)
+    if not encoded:
+        raise Blocked(Blocker.SECRET_INVALID, f"Secret {name} has no key {TOKEN_KEY!r}")
+    return _token_text(name, TOKEN_KEY, encoded)
 
 
 def _require_owned(secret: dict[str, Any], spec: DeploymentSpec) -> None:
@@ -149,13 +157,15 @@ async def apply_children(
     kube: KubeClient,
     spec: DeploymentSpec,
     config: OperatorConfig,
+    tokens: Tokens,
     current: Callable[[], bool] = lambda: True,
 ) -> bool:
-    """Apply every child of `spec`; False if `current` said the spec was replaced before
-    one of the writes (the rest are left to the pass of the new spec: a periodic pass that
-    wrote the old spec's children after the change handler wrote the new ones would roll
-    the pods back, then forward again)."""
-    for child in build_children(spec, config):
+    """Apply every child of `spec`, the pods' templates stamped with the checksums of
+    `tokens`; False if `current` said the spec was replaced before one of the writes (the
+    rest are left to the pass of the new spec: a periodic pass that wrote the old spec's
+    children after the change handler wrote the new ones would roll the pods back, then
+    forward again)."""
+    for child in with_token_checksums(build_children(spec, config), tokens):
         if not current():
             return False
         await _apply_child(kube, child)

@@ -11,12 +11,13 @@ import kubernetes_validate
 import pytest
 
 from rimuru.operator import reconcile
-from rimuru.operator.builders import build_children
+from rimuru.operator.builders import Tokens, build_children
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.kube import KubeClient
 from rimuru.operator.spec import parse_spec
 
 CONFIG = OperatorConfig(dataplane_image="reg/dp:1", controlplane_image="reg/cp:1")
+TOKENS = Tokens(operator="op-t0k3n", dataplane="dp-t0k3n")
 
 
 def _autoscaled(rd, api, **scaling):
@@ -89,10 +90,10 @@ async def test_removing_autoscaling_deletes_the_hpa(kmock, tiny_rd, api):
     kube = KubeClient(kopf.ConnectionInfo(server=str(kmock.url).rstrip("/")))
     try:
         on = _autoscaled(tiny_rd, api, maxReplicas=3)
-        await reconcile.apply_children(kube, on, CONFIG)
+        await reconcile.apply_children(kube, on, CONFIG, TOKENS)
         assert await kube.get("HorizontalPodAutoscaler", "default", "tiny-dataplane")
         off = parse_spec(tiny_rd["metadata"], tiny_rd["spec"])
-        await reconcile.apply_children(kube, off, CONFIG)
+        await reconcile.apply_children(kube, off, CONFIG, TOKENS)
         await reconcile.prune_children(kube, off, CONFIG)
         assert await kube.get("HorizontalPodAutoscaler", "default", "tiny-dataplane") is None
     finally:

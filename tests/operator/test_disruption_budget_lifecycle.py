@@ -10,11 +10,13 @@ import kopf
 import pytest
 
 from rimuru.operator import reconcile
+from rimuru.operator.builders import Tokens
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.kube import KubeClient
 from rimuru.operator.spec import parse_spec
 
 CONFIG = OperatorConfig(dataplane_image="reg/dp:test", controlplane_image="reg/cp:test")
+TOKENS = Tokens(operator="op-t0k3n", dataplane="dp-t0k3n")
 
 
 @pytest.fixture
@@ -38,18 +40,18 @@ async def test_budget_follows_the_replica_count(kube, tiny_rd):
         return await kube.get("PodDisruptionBudget", "default", "tiny-dataplane")
 
     one = _scaled(tiny_rd, 1)
-    await reconcile.apply_children(kube, one, CONFIG)
+    await reconcile.apply_children(kube, one, CONFIG, TOKENS)
     await reconcile.prune_children(kube, one, CONFIG)
     assert await budget() is None
 
     two = _scaled(tiny_rd, 2)
-    await reconcile.apply_children(kube, two, CONFIG)
+    await reconcile.apply_children(kube, two, CONFIG, TOKENS)
     assert (await budget())["spec"]["maxUnavailable"] == 1
     await kube.delete("PodDisruptionBudget", "default", "tiny-dataplane")
-    await reconcile.apply_children(kube, two, CONFIG)  # the periodic pass restores it
+    await reconcile.apply_children(kube, two, CONFIG, TOKENS)  # the periodic pass restores it
     assert await budget() is not None
 
-    await reconcile.apply_children(kube, one, CONFIG)
+    await reconcile.apply_children(kube, one, CONFIG, TOKENS)
     await reconcile.prune_children(kube, one, CONFIG)
     assert await budget() is None
 
@@ -76,11 +78,11 @@ async def test_a_pass_for_a_replaced_spec_stops_before_its_next_write(kube, tiny
         calls += 1
         return calls == 1
 
-    assert not await reconcile.apply_children(kube, spec, CONFIG, current)
+    assert not await reconcile.apply_children(kube, spec, CONFIG, TOKENS, current)
     first, *rest = reconcile.build_children(spec, CONFIG)
     assert await kube.get(first["kind"], "default", first["metadata"]["name"]) is not None
     for child in rest:
         assert await kube.get(child["kind"], "default", child["metadata"]["name"]) is None
-    assert await reconcile.apply_children(kube, spec, CONFIG)  # current: all of them
+    assert await reconcile.apply_children(kube, spec, CONFIG, TOKENS)  # current: all of them
     for child in rest:
         assert await kube.get(child["kind"], "default", child["metadata"]["name"]) is not None

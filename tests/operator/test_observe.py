@@ -10,12 +10,14 @@ import kopf
 import pytest
 
 from rimuru.operator import reconcile
+from rimuru.operator.builders import Tokens
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.kube import KubeClient
 from rimuru.operator.spec import parse_spec
 from rimuru.operator.status import ChildSpec, compute_status
 
 CONFIG = OperatorConfig(dataplane_image="reg/dp:test", controlplane_image="reg/cp:test")
+TOKENS = Tokens(operator="op-t0k3n", dataplane="dp-t0k3n")
 
 
 @pytest.fixture
@@ -49,7 +51,7 @@ async def test_a_deployment_is_rolled_only_once_it_observed_its_latest_spec(kube
     spec = parse_spec(tiny_rd["metadata"], tiny_rd["spec"])
     assert _observed(await reconcile.observe(kube, spec, None, None)) == (MISSING, MISSING)
 
-    await reconcile.apply_children(kube, spec, CONFIG)
+    await reconcile.apply_children(kube, spec, CONFIG, TOKENS)
     # Created (generation 1), no controller has acted on it yet.
     assert _observed(await reconcile.observe(kube, spec, None, None)) == (STALE, STALE)
 
@@ -63,7 +65,7 @@ async def test_a_deployment_is_rolled_only_once_it_observed_its_latest_spec(kube
     rolled = copy.deepcopy(tiny_rd)
     rolled["spec"]["engine"]["maxNumSeqs"] = 8
     spec = parse_spec(rolled["metadata"], rolled["spec"])
-    await reconcile.apply_children(kube, spec, CONFIG)
+    await reconcile.apply_children(kube, spec, CONFIG, TOKENS)
     obs = await reconcile.observe(kube, spec, None, None)
     assert _observed(obs) == (STALE, OBSERVED)
     assert (obs.ready_replicas, obs.updated_replicas) == (1, 1)

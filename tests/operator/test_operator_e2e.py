@@ -26,7 +26,7 @@ import copy
 
 import pytest
 
-from rimuru.operator.builders import build_children
+from rimuru.operator.builders import Tokens, build_children, with_token_checksums
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.spec import parse_spec
 from tests.operator.operator_harness import (
@@ -61,11 +61,20 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
         async with operator_running() as runner:
             await _call(http, "POST", RD_PATH, rd)
 
-            # 1. Children, exactly as the builders make them, owned by the RimuruDeployment.
-            expected = build_children(
+            # The data planes' token is always generated, and is not the operator's.
+            dp_secret = await eventually(
+                lambda: obj(kmock, "v1/secrets", "tiny-dataplane-token"), what="dp token"
+            )
+            dp_token = base64.b64decode(dp_secret["data"]["token"]).decode()
+            assert len(dp_token) >= 32 and dp_token != TOKEN
+
+            # 1. Children, exactly as the builders make them (the pod templates stamped with
+            # the checksums of the tokens they read), owned by the RimuruDeployment.
+            built = build_children(
                 parse_spec(rd["metadata"], rd["spec"]),
                 OperatorConfig(dataplane_image="reg/dp:e2e", controlplane_image="reg/cp:e2e"),
             )
+            expected = with_token_checksums(built, Tokens(TOKEN, dp_token))
             for child in expected:
                 kind, name = child["kind"], child["metadata"]["name"]
                 resource = {
@@ -88,12 +97,6 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
                 ]
             # referenced, not generated
             assert obj(kmock, "v1/secrets", "tiny-operator-token") is None
-            # The data planes' token is always generated, and is not the operator's.
-            dp_secret = await eventually(
-                lambda: obj(kmock, "v1/secrets", "tiny-dataplane-token"), what="dp token"
-            )
-            dp_token = base64.b64decode(dp_secret["data"]["token"]).decode()
-            assert len(dp_token) >= 32 and dp_token != TOKEN
 
             # 2. Pods start from what the operator wrote; the policy reaches the engine.
             pod = obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"]["template"]["spec"]
