@@ -1,4 +1,4 @@
-"""Why a data-plane pod cannot serve, from what the kubelet reports in its status: the
+"""Why a data-plane or control-plane pod cannot serve, from what the kubelet reports in its status: the
 reason a model failed to load (the engine's last log lines, which the container's
 FallbackToLogsOnError termination message carries), an image that cannot be pulled, a
 container that cannot be created; and why one waits, unscheduled (most often: no free
@@ -60,8 +60,10 @@ def _restarted_after_a_crash(state, container, last) -> bool:
     )
 
 
-def dataplane_failure(pods: Iterable[Mapping[str, Any]]) -> str | None:
-    """The first failing pod's story (by name, so the message is stable), or None."""
+def pod_failure(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """The first failing pod's story (by name, so the message is stable), or None: the
+    data planes' (a model that does not load) or the control plane's (a bad token file,
+    a policy volume it cannot write)."""
     for pod in sorted(pods, key=lambda p: p.get("metadata", {}).get("name", "")):
         failure = _failure(pod)
         if failure is not None:

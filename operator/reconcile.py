@@ -44,7 +44,7 @@ from rimuru.operator.naming import (
     optional_child_refs,
     selector_labels,
 )
-from rimuru.operator.pod_failures import dataplane_failure, dataplane_unschedulable
+from rimuru.operator.pod_failures import dataplane_unschedulable, pod_failure
 from rimuru.operator.pod_security import restricted_profile_findings
 from rimuru.operator.policy_sync import PolicyState, RankingUpload
 from rimuru.operator.spec import DeploymentSpec, Owner
@@ -264,6 +264,7 @@ async def observe(
     dataplane = await kube.get("Deployment", ns, child_name(spec.owner, DATAPLANE))
     controlplane = await kube.get("Deployment", ns, child_name(spec.owner, CONTROLPLANE))
     pods = await kube.list("Pod", ns, selector_labels(spec.owner, DATAPLANE))
+    controlplane_pods = await kube.list("Pod", ns, selector_labels(spec.owner, CONTROLPLANE))
     return Observation(
         generation=spec.owner.generation,
         desired_replicas=spec.data_plane.replicas,
@@ -276,7 +277,8 @@ async def observe(
         policy=policy,
         problem=problem,
         pod_security=restricted_profile_findings(spec),
-        dataplane_failure=dataplane_failure(pods),
+        dataplane_failure=pod_failure(pods),
+        controlplane_failure=pod_failure(controlplane_pods),
         dataplane_unschedulable=dataplane_unschedulable(pods),
     )
 

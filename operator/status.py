@@ -77,6 +77,8 @@ class Observation:
     pod_security: tuple[Finding, ...] = ()
     # why a data-plane pod cannot serve (pod_failures.py); None = none is failing
     dataplane_failure: str | None = None
+    # why the control-plane pod cannot serve, e.g. CrashLoopBackOff (pod_failures.py)
+    controlplane_failure: str | None = None
     # why a data-plane pod waits unscheduled, e.g. no free GPU (pod_failures.py)
     dataplane_unschedulable: str | None = None
 
@@ -194,6 +196,9 @@ def _degraded(obs: Observation, synced: Mapping[str, Any]) -> dict[str, Any]:
         return _condition("Degraded", True, obs.problem.blocker.reason, obs.problem.message)
     if synced["reason"] == "Rejected":
         return _condition("Degraded", True, "PolicyRejected", synced["message"])
+    if obs.controlplane_failure is not None:
+        # Before the data planes': without the control plane no policy reaches any of them.
+        return _condition("Degraded", True, "ControlPlaneFailing", obs.controlplane_failure)
     if obs.dataplane_failure is not None:
         return _condition("Degraded", True, "DataPlaneFailing", obs.dataplane_failure)
     return _condition("Degraded", False, "AsExpected", "")

@@ -9,7 +9,7 @@ import copy
 
 from rimuru.operator.builders import build_dataplane_deployment
 from rimuru.operator.config import OperatorConfig
-from rimuru.operator.pod_failures import MAX_MESSAGE_CHARS, dataplane_failure
+from rimuru.operator.pod_failures import MAX_MESSAGE_CHARS, pod_failure
 from rimuru.operator.spec import parse_spec
 from tests.operator import operator_harness as harness
 from tests.operator.test_apply_and_status import _obs, _status
@@ -50,20 +50,20 @@ STARTING = _pod("tiny-dataplane-abc-3", {"waiting": {"reason": "ContainerCreatin
 
 
 def test_the_failing_pods_story():
-    assert dataplane_failure([]) is None
-    assert dataplane_failure([STARTING]) is None
-    assert dataplane_failure([STARTING, NO_IMAGE]) == (
+    assert pod_failure([]) is None
+    assert pod_failure([STARTING]) is None
+    assert pod_failure([STARTING, NO_IMAGE]) == (
         'pod tiny-dataplane-abc-2: ImagePullBackOff: Back-off pulling image "reg/dp:x"'
     )
-    crash = dataplane_failure([NO_IMAGE, CRASHING])  # the first by name
+    crash = pod_failure([NO_IMAGE, CRASHING])  # the first by name
     assert (
         crash
         == f"pod tiny-dataplane-abc-1: CrashLoopBackOff; last exit code 1 (Error): {TRACEBACK}"
     )
     long = _pod("p", CRASHING["status"]["containerStatuses"][0]["state"],
                 {"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "x" * 9000}})  # fmt: skip
-    assert dataplane_failure([long]).endswith("x" * MAX_MESSAGE_CHARS)
-    assert len(dataplane_failure([long])) < MAX_MESSAGE_CHARS + 100
+    assert pod_failure([long]).endswith("x" * MAX_MESSAGE_CHARS)
+    assert len(pod_failure([long])) < MAX_MESSAGE_CHARS + 100
 
 
 def test_a_crash_loop_stays_failing_while_the_container_runs_between_back_offs():
@@ -71,7 +71,7 @@ def test_a_crash_loop_stays_failing_while_the_container_runs_between_back_offs()
     Running and not ready then, and the loop must still read as failing (no flapping)."""
     crashed = CRASHING["status"]["containerStatuses"][0]["lastState"]
     loading = _pod("tiny-dataplane-abc-1", {"running": {"startedAt": "now"}}, crashed)
-    assert dataplane_failure([loading]) == (
+    assert pod_failure([loading]) == (
         "pod tiny-dataplane-abc-1: restarted 3 times, loading; last exit code 1 (Error): "
         + TRACEBACK
     )
@@ -81,7 +81,7 @@ def test_a_crash_loop_stays_failing_while_the_container_runs_between_back_offs()
     clean = _pod("b", {"running": {}}, {"terminated": {"exitCode": 0, "reason": "Completed"}})
     ready = copy.deepcopy(loading)
     ready["status"]["containerStatuses"][0]["ready"] = True
-    assert dataplane_failure([first, clean, ready]) is None
+    assert pod_failure([first, clean, ready]) is None
 
 
 def test_a_failing_data_plane_degrades_the_status():
