@@ -25,10 +25,18 @@ class Autoscaling:
     metric_name: str = WAITING_REQUESTS_METRIC
 
 
-def parse_autoscaling(section: Mapping[str, Any] | None) -> Autoscaling | None:
+def parse_autoscaling(section: Mapping[str, Any] | None, replicas: int) -> Autoscaling | None:
+    """spec.autoscaling, given spec.dataPlane.replicas (which the HPA then sets)."""
     if section is None:
         return None
     path = "spec.autoscaling"
+    if replicas == 0:
+        # The HPA sets replicas from the pods' metric: with no pod there is none to read.
+        raise SpecError(
+            "spec.dataPlane.replicas",
+            "must be at least 1 with spec.autoscaling (a HorizontalPodAutoscaler does not "
+            "scale up from 0): set it to 1 or more, or remove spec.autoscaling to scale to zero",
+        )
     low, high = section.get("minReplicas", 1), section.get("maxReplicas")
     if high is None:
         raise SpecError(f"{path}.maxReplicas", "is required")

@@ -49,14 +49,22 @@ def is_gpu_resource(name: str) -> bool:
 
 
 def count_gpus(limits: Mapping[str, Any], path: str) -> int:
-    """GPUs (whole or MIG slices) a container's limits ask for; extended resources are
-    whole numbers, and `nvidia.com/gpu: 0` asks for none."""
-    total = 0
+    """GPUs (whole or MIG slices) a container's limits ask for, all of one resource;
+    extended resources are whole numbers, and `nvidia.com/gpu: 0` asks for none."""
+    counts = {}
     for name, value in limits.items():
         if not is_gpu_resource(name):
             continue
         text = str(value)
         if isinstance(value, bool) or not text.isdigit():
             raise SpecError(f"{path}['{name}']", f"must be a whole number of GPUs; got {value!r}")
-        total += int(text)
-    return total
+        if int(text) > 0:
+            counts[name] = int(text)
+    if len(counts) > 1:
+        # One engine, one kind of device: the GPUs of the other kinds would sit idle.
+        raise SpecError(
+            path,
+            f"mix GPU resources ({', '.join(sorted(counts))}): a data plane runs on one "
+            "kind of GPU; ask for one",
+        )
+    return sum(counts.values())

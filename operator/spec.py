@@ -301,6 +301,14 @@ def _with_rank_gpus(data_plane: DataPlaneSpec, tensor_parallel_size: int) -> Dat
     when resources name none, else they must agree (a pod with more GPUs than ranks would
     leave some idle; with fewer, ranks would share one)."""
     if tensor_parallel_size == 1:
+        if data_plane.num_gpus > 1:
+            idle = data_plane.num_gpus - 1
+            raise SpecError(
+                "spec.engine.tensorParallelSize",
+                f"is 1, but spec.dataPlane.resources.limits ask for {data_plane.num_gpus} "
+                f"GPUs: {idle} would sit idle; set tensorParallelSize to "
+                f"{data_plane.num_gpus} (one rank per GPU), or ask for one GPU",
+            )
         return data_plane
     if data_plane.num_gpus == 0:
         resources = dict(data_plane.resources)
@@ -409,5 +417,5 @@ def parse_spec(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> DeploymentSp
         control_plane=_parse_control_plane(_require(spec, "controlPlane", "spec")),
         policy=policy,
         auth=auth,
-        autoscaling=parse_autoscaling(spec.get("autoscaling")),
+        autoscaling=parse_autoscaling(spec.get("autoscaling"), data_plane.replicas),
     )

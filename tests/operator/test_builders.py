@@ -174,7 +174,7 @@ def test_gpu_dataplane_places_and_mounts(gpu_rd):
     "limits,device",
     [
         ({"nvidia.com/gpu": 1}, "cuda"),
-        ({"amd.com/gpu": "2"}, "cuda"),  # ROCm torch calls it "cuda" too
+        ({"amd.com/gpu": "1"}, "cuda"),  # ROCm torch calls it "cuda" too
         ({"nvidia.com/mig-1g.10gb": 1}, "cuda"),
         ({"nvidia.com/gpu": 0}, "cpu"),  # asks for no GPU
         ({"memory": "2Gi"}, "cpu"),

@@ -286,7 +286,7 @@ def test_missing_spec_is_rejected(api):
 
 @pytest.mark.parametrize(
     "limits",
-    [{"nvidia.com/gpu": 1}, {"amd.com/gpu": "2"}, {"nvidia.com/mig-1g.10gb": 1}],
+    [{"nvidia.com/gpu": 1}, {"amd.com/gpu": "1"}, {"nvidia.com/mig-1g.10gb": 1}],
 )
 def test_every_gpu_resource_allows_gpu_memory_utilization(api, limits):
     spec = {

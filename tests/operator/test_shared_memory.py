@@ -21,6 +21,8 @@ def test_several_gpus_get_a_shared_memory_volume(gpu_rd, api, num_gpus, shm):
     rd = copy.deepcopy(gpu_rd)
     limits = rd["spec"]["dataPlane"]["resources"]["limits"]
     limits["nvidia.com/gpu"] = num_gpus
+    if num_gpus > 1:
+        rd["spec"]["engine"]["tensorParallelSize"] = num_gpus  # one rank per GPU
     if num_gpus == 0:
         del rd["spec"]["engine"]["gpuMemoryUtilization"]
         rd["spec"]["engine"]["memoryBudget"] = "8Gi"
