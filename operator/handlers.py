@@ -26,6 +26,7 @@ import kopf
 from rimuru.operator import reconcile
 from rimuru.operator.builders import Tokens
 from rimuru.operator.config import OperatorConfig
+from rimuru.operator.crd import CRD_NAME, UPGRADE_HINT, crd_problem
 from rimuru.operator.kube import KubeClient, KubeError, connection_info
 from rimuru.operator.live import WATCHED, LiveKube, index_name
 from rimuru.operator.naming import (
@@ -58,7 +59,9 @@ RESOURCE = (GROUP, VERSION, PLURAL)
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def startup(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
     # Progress and diff-base in annotations: status keeps only our own schema's fields.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -77,6 +80,22 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.kube = KubeClient(connection_info(settings))
     memo.secrets = {}  # (namespace, name) -> the Secret last read (live.py)
     memo.wakeups = {}  # (namespace, name) -> its refresh daemon's wake-up event
+    await _require_crd(memo.kube, logger)
+
+
+async def _require_crd(kube: KubeClient, logger: kopf.Logger) -> None:
+    """Refuse to start on an older CRD than this operator's (crd.py): the operator exits
+    with the upgrade command, rather than run with every status write refused."""
+    try:
+        crd = await kube.get_crd(CRD_NAME)
+    except KubeError as exc:
+        # Not allowed to read it (an older chart's RBAC): run, and let status writes say.
+        logger.warning("cannot read the CRD %s to check its revision: %s", CRD_NAME, exc)
+        return
+    problem = crd_problem(crd)
+    if problem is not None:
+        await kube.close()
+        raise kopf.PermanentError(problem)
 
 
 @kopf.on.cleanup()
@@ -268,6 +287,10 @@ async def _refresh_once(
     except (KubeError, aiohttp.ClientError, OSError, RuntimeError) as exc:
         if stopped or memo.kube.closed:
             return  # shutting down: kopf runs the cleanup activity before it stops daemons
+        if isinstance(exc, KubeError) and exc.status == reconcile.HTTP_UNPROCESSABLE:
+            # A status this operator writes, refused: the CRD was changed after the start.
+            logger.error("the API server refused the status (%s); %s", exc, UPGRADE_HINT)
+            return
         logger.warning("status refresh failed, retrying next period: %s", exc)
 
 

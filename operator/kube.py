@@ -31,6 +31,9 @@ RESOURCES: dict[str, tuple[str, str]] = {
 }
 
 
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
 class KubeError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
@@ -117,6 +120,13 @@ class KubeClient:
         if self._server_version is None:
             self._server_version = await self._request("GET", "/version")
         return self._server_version
+
+    async def get_crd(self, name: str) -> dict[str, Any] | None:
+        """A CustomResourceDefinition (cluster-scoped); None if not installed."""
+        try:
+            return await self._request("GET", f"{CRD_PATH}/{name}")
+        except NotFound:
+            return None
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -147,6 +147,8 @@ OPERATOR_RBAC: dict[tuple[str, str], frozenset[str]] = {
     ("", "events"): frozenset({"create"}),
     # the data-plane pods' status: why a model does not load (operator/pod_failures.py)
     ("", "pods"): frozenset({"list", "watch"}),
+    # its own CRD, read once at start for its revision (operator/crd.py)
+    ("apiextensions.k8s.io", "customresourcedefinitions"): frozenset({"get"}),
 }
 
 
@@ -207,6 +209,11 @@ def kube_api(kmock, tmp_path, monkeypatch):
         kmock.resources[resource] = kmock.ResourceInfo(
             kind=kind, namespaced=True, verbs={"get", "list", "watch", "create", "patch", "delete"}
         )
+    # The chart's CRD as installed: the operator checks its revision at start.
+    crd = load_crd()
+    kmock.objects[
+        "apiextensions.k8s.io/v1/customresourcedefinitions", None, crd["metadata"]["name"]
+    ] = crd
     kubeconfig = {
         "apiVersion": "v1",
         "kind": "Config",

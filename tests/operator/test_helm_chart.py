@@ -55,9 +55,18 @@ def test_rendered_manifests_are_valid_kubernetes(api, values):
         kubernetes_validate.validate(doc, api.kube_version, strict=True)
 
 
+def _named(docs: list[dict], name: str) -> dict:
+    (doc,) = [d for d in docs if d["metadata"]["name"] == name]
+    return doc
+
+
 def test_default_install_objects():
     kinds = by_kind(render())
     assert sorted(kinds) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    assert sorted(r["metadata"]["name"] for r in kinds["ClusterRole"]) == [
+        "rimuru-operator",
+        "rimuru-operator-crd-reader",
+    ]
     (deployment,) = kinds["Deployment"]
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
@@ -73,7 +82,7 @@ def test_default_install_objects():
         "capabilities": {"drop": ["ALL"]},
     }
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
-    (binding,) = kinds["ClusterRoleBinding"]
+    binding = _named(kinds["ClusterRoleBinding"], "rimuru-operator")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "rimuru-operator", "namespace": "rimuru-system"}
     ]
@@ -95,16 +104,27 @@ def test_operator_accepts_the_chart_args():
 
 def test_watched_namespaces_get_role_bindings_only():
     kinds = by_kind(render({"watchNamespaces": ["ml", "serving"]}))
-    assert "ClusterRoleBinding" not in kinds
+    # Cluster-wide, only the read of the operator's own CRD (cluster-scoped).
+    (crd_binding,) = kinds["ClusterRoleBinding"]
+    assert crd_binding["roleRef"]["name"] == "rimuru-operator-crd-reader"
+    crd_reader = _named(kinds["ClusterRole"], "rimuru-operator-crd-reader")
+    assert crd_reader["rules"] == [
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "resourceNames": ["rimurudeployments.rimuru.dev"],
+            "verbs": ["get"],
+        }
+    ]
     bindings = kinds["RoleBinding"]
     assert [b["metadata"]["namespace"] for b in bindings] == ["ml", "serving"]
     assert all(b["roleRef"]["kind"] == "ClusterRole" for b in bindings)
 
 
 def test_rbac_covers_exactly_what_the_operator_touches(operator_rbac):
-    (role,) = by_kind(render())["ClusterRole"]
     granted = {
         (group, resource): set(rule["verbs"])
+        for role in by_kind(render())["ClusterRole"]
         for rule in role["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
