@@ -19,13 +19,15 @@ from typing import Any
 from rimuru.operator.autoscaling import Autoscaling
 from rimuru.operator.availability import rolling_update, wants_disruption_budget
 from rimuru.operator.config import OperatorConfig
-from rimuru.operator.engine_config import engine_config
+from rimuru.operator.engine_config import engine_config, engine_config_hash
 from rimuru.operator.naming import (
     CONTROLPLANE,
     CONTROLPLANE_GRPC_PORT,
     DATAPLANE,
     DATAPLANE_GRPC_PORT,
     DATAPLANE_METRICS_PORT,
+    LAST_APPLIED_GENERATION_ANNOTATION,
+    REVISION_HISTORY_LIMIT,
     TOKEN_CHECKSUM_ANNOTATION,
     TOKEN_KEY,
     child_metadata,
@@ -41,11 +43,15 @@ from rimuru.operator.spec import API_VERSION, KIND, DeploymentSpec, Owner
 
 
 def build_engine_config_map(spec: DeploymentSpec) -> dict[str, Any]:
+    data = engine_config(spec)
+    name = config_map_name(spec.owner, engine_config_hash(data))
+    # The generation tells the newest apart when old ones are pruned (reconcile.py).
+    generation = {LAST_APPLIED_GENERATION_ANNOTATION: str(spec.owner.generation)}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": child_metadata(spec.owner, config_map_name(spec.owner), DATAPLANE),
-        "data": engine_config(spec),
+        "metadata": child_metadata(spec.owner, name, DATAPLANE, annotations=generation),
+        "data": data,
     }
 
 
@@ -135,6 +141,8 @@ def _deployment(
         "metadata": child_metadata(owner, child_name(owner, component), component),
         "spec": {
             "replicas": replicas,
+            # explicit: the engine ConfigMaps kept follow it (naming.py)
+            "revisionHistoryLimit": REVISION_HISTORY_LIMIT,
             "strategy": strategy,
             "selector": {"matchLabels": selector_labels(owner, component)},
             "template": template,

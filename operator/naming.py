@@ -25,6 +25,11 @@ DATAPLANE_TOKEN_FILE = "dataplane-token"
 CONFIG_HASH_ANNOTATION = "rimuru.dev/engine-config-hash"
 TOKEN_CHECKSUM_ANNOTATION = "rimuru.dev/token-checksum"
 APPLIED_HASH_ANNOTATION = "rimuru.dev/applied-hash"
+# The RimuruDeployment generation that last applied an engine ConfigMap: which are newest.
+LAST_APPLIED_GENERATION_ANNOTATION = "rimuru.dev/last-applied-generation"
+# Old ReplicaSets a child Deployment keeps (rollout undo's targets); the operator keeps the
+# engine ConfigMaps of as many earlier configs beside the current one.
+REVISION_HISTORY_LIMIT = 5
 DATAPLANE = "dataplane"
 CONTROLPLANE = "controlplane"
 
@@ -36,8 +41,12 @@ def child_name(owner: Owner, component: str) -> str:
     return f"{owner.name}-{component}"
 
 
-def config_map_name(owner: Owner) -> str:
-    return f"{owner.name}-engine"
+def config_map_name(owner: Owner, config_hash: str) -> str:
+    """The engine ConfigMap of one engine config, named by its hash. What must stay true: a
+    change of engine config makes a new ConfigMap and never rewrites one a pod template
+    names, so a pod of any kept revision (one restarting mid-rollout, or after `kubectl
+    rollout undo`) starts with the config its template was made with."""
+    return f"{owner.name}-engine-{config_hash[:10]}"
 
 
 def dataplane_secret_name(owner: Owner) -> str:
@@ -122,14 +131,14 @@ def prometheus_annotations() -> dict[str, str]:
 
 
 def child_refs(owner: Owner) -> list[tuple[str, str]]:
-    """(kind, name) of every child the operator may have created, data plane first."""
+    """(kind, name) of every child the operator may have created, data plane first, but
+    the engine ConfigMaps: their names follow their content (listed by their labels)."""
     return [
         ("Deployment", child_name(owner, DATAPLANE)),
         ("Service", child_name(owner, DATAPLANE)),
         *optional_child_refs(owner),
         ("Deployment", child_name(owner, CONTROLPLANE)),
         ("Service", child_name(owner, CONTROLPLANE)),
-        ("ConfigMap", config_map_name(owner)),
         ("PersistentVolumeClaim", pvc_name(owner)),
         ("Secret", generated_secret_name(owner)),
         ("Secret", dataplane_secret_name(owner)),

@@ -146,6 +146,7 @@ def _model_volume(spec: DeploymentSpec) -> dict[str, Any] | None:
 
 def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict[str, Any]:
     owner, dp = spec.owner, spec.data_plane
+    config_hash = engine_config_hash(engine_config(spec))
     period = dp.probe_period_seconds
     mounts = [
         {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True},
@@ -194,7 +195,7 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
         "image": dp.image or config.dataplane_image,
         "imagePullPolicy": dp.image_pull_policy,
         "args": [*args, *dp.extra_args],  # the spec's last: a flag given twice is the spec's
-        "envFrom": [{"configMapRef": {"name": config_map_name(owner)}}],
+        "envFrom": [{"configMapRef": {"name": config_map_name(owner, config_hash)}}],
         "env": [
             # The node id the control plane lists this replica under (ListSubscribers).
             {"name": "RIMURU_NODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -238,7 +239,7 @@ def dataplane_pod_template(spec: DeploymentSpec, config: OperatorConfig) -> dict
     annotations = {
         **dp.placement.pod_annotations,
         **prometheus_annotations(),
-        CONFIG_HASH_ANNOTATION: engine_config_hash(engine_config(spec)),
+        CONFIG_HASH_ANNOTATION: config_hash,
     }
     pod_labels = {**dp.placement.pod_labels, **labels(owner, DATAPLANE)}
     return {

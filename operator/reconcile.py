@@ -36,6 +36,8 @@ from rimuru.operator.naming import (
     CONTROLPLANE,
     CONTROLPLANE_GRPC_PORT,
     DATAPLANE,
+    LAST_APPLIED_GENERATION_ANNOTATION,
+    REVISION_HISTORY_LIMIT,
     TOKEN_KEY,
     child_name,
     child_refs,
@@ -188,7 +190,8 @@ async def _apply_child(kube: KubeClient, child: dict[str, Any]) -> None:
 
 async def prune_children(kube: KubeClient, spec: DeploymentSpec, config: OperatorConfig) -> None:
     """Delete the optional children the spec no longer wants (a disruption budget once
-    down to one replica). Run on spec changes only: nothing else can change the set."""
+    down to one replica), and the engine ConfigMaps of configs older than the data-plane
+    Deployment's history keeps. Run on spec changes only: nothing else can change the set."""
     wanted = {(c["kind"], c["metadata"]["name"]) for c in build_children(spec, config)}
     for kind, name in optional_child_refs(spec.owner):
         if (kind, name) in wanted:
@@ -196,6 +199,31 @@ async def prune_children(kube: KubeClient, spec: DeploymentSpec, config: Operato
         obj = await kube.get(kind, spec.owner.namespace, name)
         if obj is not None and is_owned_by(obj, spec.owner.uid):
             await kube.delete(kind, spec.owner.namespace, name)
+    kept = [
+        c
+        for c in await _engine_config_maps(kube, spec.owner)
+        if ("ConfigMap", _name(c)) not in wanted
+    ]
+    kept.sort(key=_last_applied_generation, reverse=True)
+    # Pods of the current config and of every ReplicaSet the Deployment keeps still need
+    # theirs (rollout undo); at most REVISION_HISTORY_LIMIT earlier configs stay.
+    for stale in kept[REVISION_HISTORY_LIMIT:]:
+        await kube.delete("ConfigMap", spec.owner.namespace, _name(stale))
+
+
+async def _engine_config_maps(kube: KubeClient, owner: Owner) -> list[dict[str, Any]]:
+    labelled = await kube.list("ConfigMap", owner.namespace, selector_labels(owner, DATAPLANE))
+    return [c for c in labelled if is_owned_by(c, owner.uid)]
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return obj["metadata"]["name"]
+
+
+def _last_applied_generation(config_map: dict[str, Any]) -> int:
+    annotations = config_map["metadata"].get("annotations") or {}
+    value = annotations.get(LAST_APPLIED_GENERATION_ANNOTATION, "0")
+    return int(value) if value.isdigit() else 0
 
 
 async def require_controlplane_ready(kube: KubeClient, spec: DeploymentSpec) -> None:
@@ -286,7 +314,10 @@ async def observe(
 async def delete_children(kube: KubeClient, owner: Owner) -> list[tuple[str, str]]:
     """Delete the children this RimuruDeployment owns; returns what was deleted."""
     deleted = []
-    for kind, name in child_refs(owner):
+    refs = child_refs(owner) + [
+        ("ConfigMap", _name(c)) for c in await _engine_config_maps(kube, owner)
+    ]
+    for kind, name in refs:
         obj = await kube.get(kind, owner.namespace, name)
         # Only our own: a Secret referenced by authSecretRef belongs to the user.
         if (

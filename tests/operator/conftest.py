@@ -139,7 +139,8 @@ OPERATOR_RBAC: dict[tuple[str, str], frozenset[str]] = {
     ("rimuru.dev", "rimurudeployments/finalizers"): frozenset({"update"}),
     ("apps", "deployments"): _WATCHED_CHILD,
     ("", "services"): _WATCHED_CHILD,
-    ("", "configmaps"): _CHILD,
+    # engine ConfigMaps are named by content: listed by label to prune the old ones
+    ("", "configmaps"): _CHILD | {"list"},
     ("autoscaling", "horizontalpodautoscalers"): _CHILD,
     ("policy", "poddisruptionbudgets"): _WATCHED_CHILD,
     ("", "persistentvolumeclaims"): frozenset({"get", "create", "delete"}),
@@ -199,8 +200,10 @@ def kube_api(kmock, tmp_path, monkeypatch):
     kmock.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
         kind="CustomResourceDefinition", namespaced=False
     )
-    # The children the operator watches (operator/live.py).
+    # The children the operator watches (operator/live.py), and the engine ConfigMaps it
+    # lists to prune.
     for resource, kind in (
+        ("v1/configmaps", "ConfigMap"),
         ("apps/v1/deployments", "Deployment"),
         ("v1/services", "Service"),
         ("policy/v1/poddisruptionbudgets", "PodDisruptionBudget"),

@@ -51,6 +51,13 @@ def obj(kmock, resource: str, name: str) -> dict | None:
     return None if stored.deleted else stored.raw
 
 
+def engine_config_map(kmock, deployment: str = "tiny-dataplane") -> dict | None:
+    """The engine ConfigMap the data-plane Deployment's pods read (named by its content)."""
+    template = obj(kmock, DEPLOYMENTS, deployment)["spec"]["template"]
+    (source,) = template["spec"]["containers"][0]["envFrom"]
+    return obj(kmock, "v1/configmaps", source["configMapRef"]["name"])
+
+
 @contextlib.asynccontextmanager
 async def operator_running():
     # KopfRunner joins its thread on exit; do that off this loop, which serves kmock

@@ -308,7 +308,7 @@ def _live(desired: dict) -> dict:
     """What the API server hands back: the manifest plus defaults and canonical quantities."""
     live = copy.deepcopy(desired)
     spec = live["spec"]
-    spec["revisionHistoryLimit"] = 10
+    spec.setdefault("revisionHistoryLimit", 10)
     spec["progressDeadlineSeconds"] = 600
     container = spec["template"]["spec"]["containers"][0]
     container["terminationMessagePath"] = "/dev/termination-log"

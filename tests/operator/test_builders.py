@@ -38,7 +38,7 @@ def test_every_child_is_owned_labelled_and_valid(tiny_rd, api):
     ]
     kinds = [(c["kind"], c["metadata"]["name"]) for c in children]
     assert kinds == [
-        ("ConfigMap", "tiny-engine"),  # storage disabled in this example: no PVC
+        ("ConfigMap", build_engine_config_map(spec)["metadata"]["name"]),  # no PVC here
         ("Deployment", "tiny-controlplane"),
         ("Service", "tiny-controlplane"),
         ("Deployment", "tiny-dataplane"),
@@ -113,7 +113,9 @@ def test_dataplane_deployment_fields(tiny_rd):
         "--http-port",
         "8000",
     ]
-    assert container["envFrom"] == [{"configMapRef": {"name": "tiny-engine"}}]
+    # the ConfigMap named by the hash of the config it holds
+    config_hash = annotations["rimuru.dev/engine-config-hash"]
+    assert container["envFrom"] == [{"configMapRef": {"name": f"tiny-engine-{config_hash[:10]}"}}]
     assert container["ports"] == [
         {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
         {"name": "metrics", "containerPort": 9464, "protocol": "TCP"},

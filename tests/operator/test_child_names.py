@@ -3,12 +3,13 @@ child of one has the kind and name of a child of the other."""
 
 from __future__ import annotations
 
-from rimuru.operator.naming import child_refs
+from rimuru.operator.naming import child_refs, config_map_name
 from rimuru.operator.spec import Owner
 
 
 def _refs(name: str) -> set[tuple[str, str]]:
-    return set(child_refs(Owner(name, "default", f"uid-{name}", 1)))
+    owner = Owner(name, "default", f"uid-{name}", 1)
+    return {*child_refs(owner), ("ConfigMap", config_map_name(owner, "0123456789abcdef"))}
 
 
 def test_no_child_name_of_one_deployment_is_a_child_name_of_another():

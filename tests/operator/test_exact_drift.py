@@ -26,7 +26,8 @@ def _stored_deployment(desired: dict) -> dict:
     """The Deployment as a real API server hands it back: every default it fills in."""
     live = copy.deepcopy(desired)
     spec = live["spec"]
-    spec.update(revisionHistoryLimit=10, progressDeadlineSeconds=600)
+    spec.setdefault("revisionHistoryLimit", 10)
+    spec.setdefault("progressDeadlineSeconds", 600)
     template = spec["template"]
     template["metadata"]["creationTimestamp"] = None
     pod = template["spec"]

@@ -40,6 +40,7 @@ from tests.operator.operator_harness import (
     condition,
     create_token_secret,
     emulate_rollout,
+    engine_config_map,
     eventually,
     failed_with,
     get_policy,
@@ -103,7 +104,7 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
             (container,) = pod["containers"]
             data_plane = PodDataPlane(
                 container["args"][1:],
-                obj(kmock, "v1/configmaps", "tiny-engine")["data"],
+                engine_config_map(kmock)["data"],
                 control_plane,
             )
             assert (data_plane.config.model, data_plane.config.memory_budget) == (
@@ -162,7 +163,7 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
 
             rolled_spec = await eventually(new_template, what="pod template roll")
             assert rolled_spec["strategy"]["rollingUpdate"]["maxSurge"] == 1  # one replica
-            engine_config = obj(kmock, "v1/configmaps", "tiny-engine")["data"]
+            engine_config = engine_config_map(kmock)["data"]
             assert engine_config["RIMURU_MAX_NUM_SEQS"] == "8"
             assert (await get_policy(control_plane, "tiny")).version == 2
             # The Deployment's counts (all updated, all ready) are the old pods' until its
@@ -204,9 +205,7 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
             assert (await data_plane.tunables()).mode == "elastic"  # the old policy stays
             new_spec = obj(kmock, DEPLOYMENTS, "tiny-dataplane")["spec"]
             assert new_spec["template"] != rolled_template
-            assert (
-                obj(kmock, "v1/configmaps", "tiny-engine")["data"]["RIMURU_POLICY_MODE"] == "fixed"
-            )
+            assert engine_config_map(kmock)["data"]["RIMURU_POLICY_MODE"] == "fixed"
 
             # 6. Delete: the finalizer holds the object until the children are gone.
             await _call(http, "DELETE", f"{RD_PATH}/tiny")
