@@ -24,7 +24,7 @@ import yaml
 
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.server import create_server
-from tests.operator.operator_harness import TOKEN
+from tests.operator.operator_harness import TOKEN, with_deployment_defaults
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "rimuru-operator"
@@ -244,6 +244,15 @@ def _merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+def _merge_diff(current: Any, wanted: Any) -> Any:
+    """The RFC 7386 merge patch that turns `current` into `wanted`."""
+    if not isinstance(current, dict) or not isinstance(wanted, dict):
+        return wanted
+    diff = {key: None for key in current if key not in wanted}
+    diff.update({key: _merge_diff(current.get(key), value) for key, value in wanted.items()})
+    return diff
+
+
 @attrs.define(kw_only=True)
 class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
     """kmock's emulator plus what the API server does with versions: every write gets a
@@ -262,6 +271,8 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
     num_rejected: int = attrs.field(default=0, init=False)
 
     async def _handle(self, request):
+        if self._is_deployment_write(request):
+            self._add_defaults(request)
         if self._rejects(request):
             self.num_rejected += 1
             raise kmock.KubernetesError(
@@ -290,6 +301,42 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
                         {"op": "add", "path": "/metadata/generation", "value": generation}
                     )
         return await super()._handle(request)
+
+    def _is_deployment_write(self, request) -> bool:
+        return (
+            request.resource is not None
+            and request.resource.plural == "deployments"
+            and request.subresource is None
+            and request.action in (kmock.action.CREATE, kmock.action.UPDATE)
+        )
+
+    def _add_defaults(self, request) -> None:
+        """Rewrite the write (in place: a request is frozen) so that what is stored carries
+        the API server's defaults: a created object defaulted; a patch made one that leaves
+        the defaulted result."""
+        if request.action == kmock.action.CREATE:
+            request.data.update(with_deployment_defaults(request.data))
+            return
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return  # a 404 anyway
+        current = copy.deepcopy(self.objects[key].raw)
+        try:
+            if isinstance(request.data, list):
+                patched = jsonpatch.apply_patch(current, request.data)
+            else:
+                patched = _merge_patch(current, request.data)
+        except jsonpatch.JsonPatchException:
+            return  # refused as it is
+        stored = with_deployment_defaults(patched)
+        if isinstance(request.data, list):
+            request.data.extend(
+                {"op": "add", "path": f"/{part}", "value": stored[part]}
+                for part in ("metadata", "spec")
+            )
+        else:
+            for part in ("metadata", "spec"):
+                request.data[part] = _merge_diff(current.get(part), stored[part])
 
     def _target_name(self, request) -> str | None:
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):

@@ -42,6 +42,45 @@ async def eventually(check, timeout: float = 20.0, what: str = ""):
         await asyncio.sleep(0.05)
 
 
+# What a real API server fills in on a Deployment it stores, where the operator's leave
+# them unset: the emulator (conftest.py) writes them too, so that the tests see the operator
+# tell the server's defaults from drift.
+_POD_DEFAULTS = {
+    "restartPolicy": "Always",
+    "dnsPolicy": "ClusterFirst",
+    "schedulerName": "default-scheduler",
+    "terminationGracePeriodSeconds": 30,
+}
+
+
+def with_deployment_defaults(deployment: dict) -> dict:
+    """`deployment` as the API server stores it (a new object)."""
+    deployment = copy.deepcopy(deployment)
+    spec = deployment.setdefault("spec", {})
+    spec.setdefault("revisionHistoryLimit", 10)
+    spec.setdefault("progressDeadlineSeconds", 600)
+    pod = spec.get("template", {}).get("spec")
+    if not isinstance(pod, dict):
+        return deployment
+    for key, value in _POD_DEFAULTS.items():
+        pod.setdefault(key, value)
+    for container in pod.get("containers") or ():
+        container.setdefault("terminationMessagePath", "/dev/termination-log")
+        container.setdefault("terminationMessagePolicy", "File")
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if probe in container:
+                container[probe].setdefault("successThreshold", 1)
+                if "grpc" in container[probe]:
+                    container[probe]["grpc"].setdefault("service", "")
+        for port in container.get("ports") or ():
+            port.setdefault("protocol", "TCP")
+    for volume in pod.get("volumes") or ():
+        for source in ("secret", "configMap", "projected"):
+            if source in volume:
+                volume[source].setdefault("defaultMode", 0o644)
+    return deployment
+
+
 def obj(kmock, resource: str, name: str) -> dict | None:
     """The stored object as a GET would return it; None if never created or deleted."""
     try:

@@ -49,6 +49,7 @@ from tests.operator.operator_harness import (
     operator_running,
     recovered_then_deleted,
     rollout_state,
+    with_deployment_defaults,
 )
 
 
@@ -84,6 +85,8 @@ async def test_apply_tune_roll_and_delete(kmock, env, control_plane, tiny_rd):
                     "ConfigMap": "v1/configmaps",
                 }[kind]
                 stored = await eventually(lambda r=resource, n=name: obj(kmock, r, n), what=name)
+                if kind == "Deployment":  # as stored: with the API server's defaults
+                    child = with_deployment_defaults(child)
                 for key in ("spec", "data"):
                     assert stored.get(key) == child.get(key), (kind, name, key)
                 assert stored["metadata"]["ownerReferences"] == [
