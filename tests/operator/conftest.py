@@ -317,17 +317,10 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
         if request.action == kmock.action.CREATE:
             request.data.update(with_deployment_defaults(request.data))
             return
-        key = (request.resource, request.namespace, request.name)
-        if key not in self.objects or self.objects[key].deleted:
-            return  # a 404 anyway
-        current = copy.deepcopy(self.objects[key].raw)
-        try:
-            if isinstance(request.data, list):
-                patched = jsonpatch.apply_patch(current, request.data)
-            else:
-                patched = _merge_patch(current, request.data)
-        except jsonpatch.JsonPatchException:
+        before_and_after = self._before_and_after(request)
+        if before_and_after is None:
             return  # refused as it is
+        current, patched = before_and_after
         stored = with_deployment_defaults(patched)
         if isinstance(request.data, list):
             request.data.extend(
@@ -337,6 +330,20 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
         else:
             for part in ("metadata", "spec"):
                 request.data[part] = _merge_diff(current.get(part), stored[part])
+
+    def _before_and_after(self, request) -> tuple[dict, dict] | None:
+        """The stored object and what a patch request makes of it; None if there is none
+        or the patch does not apply (the write fails anyway)."""
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        current = copy.deepcopy(self.objects[key].raw)
+        try:
+            if isinstance(request.data, list):
+                return current, jsonpatch.apply_patch(current, request.data)
+            return current, _merge_patch(current, request.data)
+        except jsonpatch.JsonPatchException:
+            return None
 
     def _target_name(self, request) -> str | None:
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
@@ -358,17 +365,10 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
             return 1  # whatever the client sent, as the API server does
         if request.subresource is not None:
             return None
-        key = (request.resource, request.namespace, request.name)
-        if key not in self.objects or self.objects[key].deleted:
+        before_and_after = self._before_and_after(request)
+        if before_and_after is None:
             return None
-        current = copy.deepcopy(self.objects[key].raw)
-        try:
-            if isinstance(request.data, list):
-                updated = jsonpatch.apply_patch(current, request.data)
-            else:
-                updated = _merge_patch(current, request.data)
-        except jsonpatch.JsonPatchException:
-            return None
+        current, updated = before_and_after
         if updated.get("spec") == current.get("spec"):
             return None
         return int(current.get("metadata", {}).get("generation") or 0) + 1
