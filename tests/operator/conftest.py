@@ -269,8 +269,13 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
     # field validation or an admission policy; `num_rejected` counts those writes
     invalid: dict[str, str] = attrs.field(factory=dict, init=False)
     num_rejected: int = attrs.field(default=0, init=False)
+    # the message of a 422 that every status write of a RimuruDeployment gets, as from a CRD
+    # whose schema lacks a field the operator writes; None = accepted
+    invalid_status: str | None = attrs.field(default=None, init=False)
 
     async def _handle(self, request):
+        if self.invalid_status is not None and self._is_status_write(request):
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=self.invalid_status)
         if self._is_deployment_write(request):
             self._add_defaults(request)
         if self._rejects(request):
@@ -301,6 +306,14 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
                         {"op": "add", "path": "/metadata/generation", "value": generation}
                     )
         return await super()._handle(request)
+
+    def _is_status_write(self, request) -> bool:
+        return (
+            request.resource is not None
+            and request.resource.plural == "rimurudeployments"
+            and request.subresource == "status"
+            and request.action == kmock.action.UPDATE
+        )
 
     def _is_deployment_write(self, request) -> bool:
         return (

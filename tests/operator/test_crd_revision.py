@@ -72,3 +72,35 @@ async def test_an_older_crd_is_refused_at_start_with_the_upgrade_message(kmock, 
     # Nothing was written for the RimuruDeployment it could not serve.
     assert harness.obj(kmock, harness.DEPLOYMENTS, "tiny-dataplane") is None
     assert "status" not in harness.obj(kmock, harness.RD, "tiny")
+
+
+async def test_a_refused_status_write_says_how_to_upgrade(kmock, env, tiny_rd, caplog):
+    """A CRD changed under a running operator: the periodic status write is refused (422)
+    and the log says what to do, not only that it failed."""
+    http = env
+    refused = 'RimuruDeployment.rimuru.dev "tiny" is invalid: status.endpoints: field not declared'
+
+    def hint_logged() -> bool:
+        return any(
+            r.levelname == "ERROR"
+            and refused in r.getMessage()
+            and "helm show crds" in r.getMessage()
+            for r in list(caplog.records)
+        )
+
+    async with harness.operator_running() as runner:
+        await harness.create_tiny(http, tiny_rd)
+        await harness.eventually(
+            lambda: harness.obj(kmock, harness.DEPLOYMENTS, "tiny-dataplane"), what="children"
+        )
+        await harness.emulate_rollout(http, "tiny-controlplane", 1)
+        await harness.eventually(
+            lambda: harness.obj(kmock, harness.RD, "tiny")["status"]["policy"]["desiredVersion"],
+            what="policy pushed",
+        )
+        kmock.invalid_status = refused
+        await harness.emulate_rollout(http, "tiny-dataplane", 1)  # a status to write
+        await harness.eventually(hint_logged, what="the upgrade hint logged")
+        kmock.invalid_status = None
+        await harness.deleted(kmock, http)
+    assert runner.exception is None
