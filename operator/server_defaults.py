@@ -53,6 +53,17 @@ def _deprecated_service_account(pod_spec: dict[str, Any]) -> dict[str, Any]:
     return pod_spec
 
 
+def _image_volume_pull_policy(source: dict[str, Any]) -> dict[str, Any]:
+    # As for a container's image: Always for ":latest" (or no tag at all), else IfNotPresent.
+    reference = str(source.get("reference", ""))
+    name = reference.rsplit("/", 1)[-1]
+    tag = "" if "@" in reference else (name.split(":", 1)[1] if ":" in name else "latest")
+    default = "Always" if tag == "latest" else "IfNotPresent"
+    if source.get("pullPolicy") == default:
+        return {k: v for k, v in source.items() if k != "pullPolicy"}
+    return source
+
+
 _PROBE = {
     "timeoutSeconds": 1,
     "periodSeconds": 10,
@@ -76,6 +87,7 @@ _VOLUME = {
     "configMap": {"defaultMode": 0o644},
     "projected": {"defaultMode": 0o644},
     "downwardAPI": {"defaultMode": 0o644},
+    "image": {DERIVED: _image_volume_pull_policy},
 }
 _POD_SPEC = {
     DERIVED: _deprecated_service_account,

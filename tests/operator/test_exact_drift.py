@@ -66,6 +66,25 @@ def test_the_servers_defaults_and_canonical_quantities_are_not_drift(dataplane):
     assert not drifted(live, dataplane)
 
 
+@pytest.mark.parametrize(
+    "reference,policy",
+    [("reg/qwen:v1", "IfNotPresent"), ("reg/qwen:latest", "Always"), ("reg/qwen", "Always"),
+     ("reg:5000/qwen@sha256:ab", "IfNotPresent")],
+)  # fmt: skip
+def test_an_image_volumes_defaulted_pull_policy_is_not_drift(gpu_rd, reference, policy):
+    rd = copy.deepcopy(gpu_rd)
+    rd["spec"]["model"]["volume"] = {"image": {"reference": reference}}
+    desired = with_applied_hash(
+        build_dataplane_deployment(parse_spec(rd["metadata"], rd["spec"]), CONFIG)
+    )
+    live = _stored_deployment(desired)
+    (volume,) = [v for v in _pod(live)["volumes"] if "image" in v]
+    volume["image"]["pullPolicy"] = policy  # what the API server fills in
+    assert not drifted(live, desired)
+    volume["image"]["pullPolicy"] = "Never"  # a hand edit
+    assert drifted(live, desired)
+
+
 def _pod(obj: dict) -> dict:
     return obj["spec"]["template"]["spec"]
 
