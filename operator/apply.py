@@ -22,7 +22,7 @@ import copy
 import enum
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from rimuru.operator.kube import Conflict, KubeClient
@@ -111,9 +111,35 @@ def patch_operations(current: Mapping[str, Any], desired: Mapping[str, Any]) -> 
     return ops
 
 
-def drifted(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+def owned_fields(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    """The fields the operator owns in `obj`, less the API server's known defaults; None if
+    one is missing."""
+    fields = {}
+    for pointer in OWNED_PATHS[kind] or ():
+        try:
+            value = _get(obj, pointer)
+        except (KeyError, TypeError):
+            return None
+        fields[pointer] = without_defaults(value, DEFAULTS.get((kind, pointer)))
+    return fields
+
+
+# (kind, namespace, name) -> (applied hash, owned_fields of the object as the API server
+# stored the operator's last write of it)
+StoredShapes = MutableMapping[tuple[str, str, str], tuple[str, dict[str, Any]]]
+
+
+def drifted(
+    current: Mapping[str, Any],
+    desired: Mapping[str, Any],
+    stored_shape: tuple[str, dict[str, Any]] | None = None,
+) -> bool:
     """Whether the live object lacks or contradicts the operator's labels, annotations or
-    owner references, or differs in an owned field by more than the server's defaults."""
+    owner references, or differs in an owned field by more than the server's defaults.
+    `stored_shape`: what the server stored for the operator's last write of this object;
+    a live object still equal to it is not drift, whatever defaults it holds that
+    server_defaults.py does not list (a newer API server's): without this, one such
+    default would be patched away and back on every pass."""
     meta, want = current.get("metadata", {}), desired["metadata"]
     if not (want.get("labels", {}).items() <= (meta.get("labels") or {}).items()):
         return True
@@ -122,17 +148,13 @@ def drifted(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     if meta.get("ownerReferences") != want["ownerReferences"]:
         return True
     kind = desired["kind"]
-    for pointer in OWNED_PATHS[kind] or ():
-        try:
-            live = _get(current, pointer)
-        except (KeyError, TypeError):
-            return True
-        defaults = DEFAULTS.get((kind, pointer))
-        if not same_value(
-            without_defaults(live, defaults), without_defaults(_get(desired, pointer), defaults)
-        ):
-            return True
-    return False
+    live = owned_fields(current, kind)
+    if live is None:
+        return True
+    if same_value(live, owned_fields(desired, kind)):
+        return False
+    applied = want["annotations"][APPLIED_HASH_ANNOTATION]
+    return stored_shape is None or stored_shape != (applied, live)
 
 
 def with_applied_hash(manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -142,16 +164,22 @@ def with_applied_hash(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return stamped
 
 
-async def apply(client: KubeClient, manifest: Mapping[str, Any]) -> Applied:
+async def apply(
+    client: KubeClient, manifest: Mapping[str, Any], stored_shapes: StoredShapes | None = None
+) -> Applied:
+    """Create, patch or leave one child. `stored_shapes`, kept across passes, records what
+    the API server stored for each write (see drifted)."""
     kind = manifest["kind"]
     if kind not in OWNED_PATHS:
         raise ValueError(f"apply() does not manage kind {kind!r}; known: {', '.join(OWNED_PATHS)}")
     desired = with_applied_hash(manifest)
     meta = desired["metadata"]
+    key = (kind, meta["namespace"], meta["name"])
+    shapes: StoredShapes = {} if stored_shapes is None else stored_shapes
     current = await client.get(kind, meta["namespace"], meta["name"])
     if current is None:
         try:
-            await client.create(desired)
+            _remember(shapes, key, desired, await client.create(desired))
             return Applied.CREATED
         except Conflict:
             # It exists though the read said not: the watch it came from is behind, or the
@@ -164,9 +192,16 @@ async def apply(client: KubeClient, manifest: Mapping[str, Any]) -> Applied:
     # with our owner reference on it, deleted with the RimuruDeployment.
     if not is_owned_by(current, desired["metadata"]["ownerReferences"][0]["uid"]):
         raise ForeignObject(kind, meta["name"], holder(current))
-    if OWNED_PATHS[kind] is None or not drifted(current, desired):
+    if OWNED_PATHS[kind] is None or not drifted(current, desired, shapes.get(key)):
         return Applied.UNCHANGED
-    await client.json_patch(
+    stored = await client.json_patch(
         kind, meta["namespace"], meta["name"], patch_operations(current, desired)
     )
+    _remember(shapes, key, desired, stored)
     return Applied.PATCHED
+
+
+def _remember(shapes: StoredShapes, key, desired: Mapping[str, Any], stored: Mapping) -> None:
+    fields = owned_fields(stored, desired["kind"]) if OWNED_PATHS[desired["kind"]] else None
+    if fields is not None:
+        shapes[key] = (desired["metadata"]["annotations"][APPLIED_HASH_ANNOTATION], fields)

@@ -84,6 +84,8 @@ class KubeClient:
             trust_env=info.trust_env,
         )
         self._server_version: dict[str, Any] | None = None
+        # what the API server stored for this client's writes of each child (apply.py)
+        self.stored_shapes: dict = {}
 
     async def close(self) -> None:
         await self._session.close()

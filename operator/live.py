@@ -51,6 +51,8 @@ class LiveKube:
         """`indices`: kind -> kopf index of that kind (a key maps to a store of one
         object); `secrets`: the per-process Secret cache this pass reads and fills."""
         self._kube = kube
+        # kept by the process's one KubeClient, across passes (apply.py)
+        self.stored_shapes = kube.stored_shapes
         self._indices = indices
         self._secrets = secrets
         self._fresh_secrets = fresh_secrets

@@ -177,7 +177,7 @@ async def apply_children(
 async def _apply_child(kube: KubeClient, child: dict[str, Any]) -> None:
     ref = f"{child['kind']} {child['metadata']['name']}"
     try:
-        await apply(kube, child)
+        await apply(kube, child, kube.stored_shapes)
     except ForeignObject as exc:
         raise Blocked(Blocker.CHILD_NOT_OURS, str(exc)) from exc
     except KubeError as exc:

@@ -272,6 +272,9 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
     # the message of a 422 that every status write of a RimuruDeployment gets, as from a CRD
     # whose schema lacks a field the operator writes; None = accepted
     invalid_status: str | None = attrs.field(default=None, init=False)
+    # (key, value) that the emulated API server adds to every stored Deployment's pod spec,
+    # as a newer server's default the operator's list does not know; None = none
+    unlisted_pod_default: tuple[str, Any] | None = attrs.field(default=None, init=False)
 
     async def _handle(self, request):
         if self.invalid_status is not None and self._is_status_write(request):
@@ -307,6 +310,13 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
                     )
         return await super()._handle(request)
 
+    def _stored(self, deployment: dict) -> dict:
+        stored = with_deployment_defaults(deployment)
+        pod = stored["spec"].get("template", {}).get("spec")
+        if self.unlisted_pod_default is not None and isinstance(pod, dict):
+            pod.setdefault(*self.unlisted_pod_default)
+        return stored
+
     def _is_status_write(self, request) -> bool:
         return (
             request.resource is not None
@@ -328,13 +338,13 @@ class VersionedKubernetesEmulator(kmock.KubernetesEmulator):
         the API server's defaults: a created object defaulted; a patch made one that leaves
         the defaulted result."""
         if request.action == kmock.action.CREATE:
-            request.data.update(with_deployment_defaults(request.data))
+            request.data.update(self._stored(request.data))
             return
         before_and_after = self._before_and_after(request)
         if before_and_after is None:
             return  # refused as it is
         current, patched = before_and_after
-        stored = with_deployment_defaults(patched)
+        stored = self._stored(patched)
         if isinstance(request.data, list):
             request.data.extend(
                 {"op": "add", "path": f"/{part}", "value": stored[part]}

@@ -248,6 +248,16 @@ async def create_tiny(http, tiny_rd: dict) -> dict:
     return rd
 
 
+async def rolled_out_tiny(kmock, http, tiny_rd: dict) -> None:
+    """create_tiny, then play the Deployment controller for both planes until the
+    RimuruDeployment reports the rollout complete."""
+    await create_tiny(http, tiny_rd)
+    for name in ("tiny-controlplane", "tiny-dataplane"):
+        await eventually(lambda n=name: obj(kmock, DEPLOYMENTS, n), what=name)
+        await emulate_rollout(http, name, 1)
+    await eventually(lambda: rollout_state(kmock)[2] == "RolloutComplete", what="settled")
+
+
 async def failed_with(kmock, name: str, reason: str) -> dict:
     """Wait for phase Failed; returns the Degraded condition, checked True for `reason`."""
     await eventually(

@@ -4,6 +4,7 @@ the operator against the emulated API server undoing three hand edits."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import pytest
@@ -18,6 +19,7 @@ from rimuru.operator.builders import (
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.spec import parse_spec
 from tests.operator import operator_harness as harness
+from tests.operator.test_polling_load import operator_requests
 
 CONFIG = OperatorConfig(dataplane_image="reg/dp:1", controlplane_image="reg/cp:1")
 
@@ -195,5 +197,34 @@ async def test_hand_edits_of_owned_fields_are_undone(kmock, env, tiny_rd, monkey
         )
         assert "privileged" not in _container(dataplane())["securityContext"]
         assert "nodeSelector" not in _pod(dataplane())
+        await harness.deleted(kmock, http)
+    assert runner.exception is None
+
+
+async def test_a_default_the_operator_does_not_know_is_not_patched_back(kmock, env, tiny_rd):
+    """A newer API server may fill in a field server_defaults.py does not list: what it
+    stored for the operator's own write is not drift (else every pass would patch it away
+    and the server add it back), while a hand edit still is."""
+    http = env
+    kmock.unlisted_pod_default = ("setHostnameAsFQDN", False)
+
+    def dataplane():
+        return harness.obj(kmock, harness.DEPLOYMENTS, "tiny-dataplane")
+
+    async with harness.operator_running() as runner:
+        await harness.rolled_out_tiny(kmock, http, tiny_rd)
+        since = len(list(kmock))
+        await asyncio.sleep(2.0)  # ten status intervals
+        assert operator_requests(kmock, since)["UPDATE", "deployments"] == 0
+        assert _pod(dataplane())["setHostnameAsFQDN"] is False
+
+        edit = {"spec": {"template": {"spec": {"hostPID": True}}}}
+        await harness._call(
+            http, "PATCH", _path("deployments", "tiny-dataplane"), edit,
+            "application/merge-patch+json",
+        )  # fmt: skip
+        await harness.eventually(
+            lambda: "hostPID" not in _pod(dataplane()), timeout=5, what="hand edit undone"
+        )
         await harness.deleted(kmock, http)
     assert runner.exception is None

@@ -54,19 +54,7 @@ async def test_a_settled_deployment_costs_no_reads_of_watched_children(
     monkeypatch.setenv("RIMURU_OPERATOR_STATUS_INTERVAL_SECONDS", "0.3")
     http = env
     async with harness.operator_running() as runner:
-        await harness.create_tiny(http, tiny_rd)
-        for name in ("tiny-controlplane", "tiny-dataplane"):
-            await harness.eventually(
-                lambda n=name: harness.obj(kmock, harness.DEPLOYMENTS, n), what=name
-            )
-            await harness.emulate_rollout(http, name, 1)
-        await harness.eventually(
-            lambda: (
-                harness.condition(harness.obj(kmock, harness.RD, "tiny"), "Progressing")["reason"]
-                == "RolloutComplete"
-            ),
-            what="settled",
-        )
+        await harness.rolled_out_tiny(kmock, http, tiny_rd)
         await _status_writes_stop(kmock)  # the last status write of the rollout lands
         since = len(list(kmock))
         await asyncio.sleep(WINDOW_S)
