@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from decimal import Decimal
 from typing import Any
 
 from rimuru.operator.spec_error import SpecError
+from rimuru.sizes import size_value
 
 # Extended resources that hand the container GPUs the engine reaches as torch's "cuda"
 # device (ROCm builds of torch name AMD GPUs so too): whole GPUs, or NVIDIA MIG slices
@@ -15,28 +14,10 @@ from rimuru.operator.spec_error import SpecError
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
-_SUFFIXES = {
-    "": 1,
-    "m": Decimal("0.001"),
-    **{s: 1000**i for i, s in enumerate("kMGTPE", start=1)},
-    **{f"{s}i": 1024**i for i, s in enumerate("KMGTPE", start=1)},
-}
-_QUANTITY = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[kMGTPEm])?$")
-
-
-def quantity_value(quantity: Any) -> Decimal | None:
-    """A Kubernetes quantity ("60Gi", "1.5G", "500m", 1024) as a number; None if not one."""
-    if isinstance(quantity, bool) or not isinstance(quantity, int | float | str):
-        return None
-    match = _QUANTITY.match(str(quantity))
-    if match is None:
-        return None
-    return Decimal(match.group(1)) * _SUFFIXES[match.group(2) or ""]
-
 
 def quantity_bytes(quantity: int | str, field: str) -> int:
     """A Kubernetes byte quantity ("60Gi", "1.5G", 1024) as whole bytes."""
-    value = quantity_value(quantity)
+    value = size_value(quantity)
     if value is None:
         raise SpecError(field, f"{quantity!r} is not a byte quantity such as 60Gi or 64G")
     if value != value.to_integral_value() or value <= 0:

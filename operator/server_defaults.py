@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rimuru.operator.quantities import quantity_value
+from rimuru.sizes import size_value
 
 ITEMS = "[]"
 DERIVED = "()"
@@ -182,5 +182,5 @@ def same_scalar(a: Any, b: Any) -> bool:
         return a is b
     if a == b:
         return True
-    va = quantity_value(a)
-    return va is not None and va == quantity_value(b)
+    va = size_value(a)
+    return va is not None and va == size_value(b)
