@@ -126,13 +126,15 @@ class KubeClient:
         self._server_version: dict[str, Any] | None = None
         # what the API server stored for this client's writes of each child (apply.py)
         self.stored_shapes: dict = {}
+        self._closed = False
 
     async def close(self) -> None:
+        self._closed = True
         await self._api.close()
 
     @property
     def closed(self) -> bool:
-        return self._api.rest_client.pool_manager.closed
+        return self._closed
 
     async def _request(
         self,
