@@ -105,7 +105,6 @@ def object_path(kind: str, namespace: str, name: str | None = None) -> str:
 
 def _error(exc: ApiException, path: str) -> KubeError:
     """The API server's refusal as the operator's error: its Status message, if any."""
-    message = ""
     try:
         status = json.loads(exc.body or "")
         message = status.get("message", "") if isinstance(status, dict) else str(status)
