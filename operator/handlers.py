@@ -27,7 +27,7 @@ from rimuru.operator import reconcile
 from rimuru.operator.builders import Tokens
 from rimuru.operator.config import OperatorConfig
 from rimuru.operator.crd import CRD_NAME, UPGRADE_HINT, crd_problem
-from rimuru.operator.kube import KubeClient, KubeError, connection_info
+from rimuru.operator.kube import KubeClient, KubeError, connection_info, load_configuration
 from rimuru.operator.live import WATCHED, LiveKube, index_name
 from rimuru.operator.naming import (
     INSTANCE_LABEL,
@@ -77,7 +77,11 @@ async def startup(
         settings.watching.label_selectors[group_version_plural] = managed
     if "config" not in memo:  # `rimuru operator` passes it; other launchers use the env
         memo.config = OperatorConfig.from_env(os.environ)
-    memo.kube = KubeClient(connection_info(settings))
+    try:
+        memo.kube = KubeClient(await load_configuration())
+    except kopf.LoginError as exc:
+        # retrying will not make credentials readable that the client library cannot read
+        raise kopf.PermanentError(str(exc)) from exc
     memo.secrets = {}  # (namespace, name) -> the Secret last read (live.py)
     memo.wakeups = {}  # (namespace, name) -> its refresh daemon's wake-up event
     await _require_crd(memo.kube, logger)

@@ -1,21 +1,27 @@
-"""A small asynchronous Kubernetes API client for the operator's children.
+"""The operator's Kubernetes API client for its children, on kubernetes_asyncio.
 
 kopf watches the RimuruDeployments; this client reads, creates, patches and deletes
 their children (Deployments, Services, ConfigMaps, Secrets, PVCs) and patches their
-status from the periodic refresh, on kopf's event loop, with the credentials kopf
-logged in with. Only the kinds in `RESOURCES` are known: the operator touches nothing
-else (and its RBAC allows no more).
+status from the periodic refresh, on kopf's event loop. Only the kinds in `RESOURCES`
+are known: the operator touches nothing else (and its RBAC allows no more).
+
+Requests go through the library's generic `ApiClient.call_api`, not its typed models:
+an object comes back as the API server's JSON, so a field the generated models do not
+know (a newer server's, or a default) is neither dropped nor renamed, and what apply.py
+compares is what the server stored.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
 
-import aiohttp
 import kopf
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 
 # kind -> (API path prefix, plural)
 RESOURCES: dict[str, tuple[str, str]] = {
@@ -32,6 +38,10 @@ RESOURCES: dict[str, tuple[str, str]] = {
 
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+# The library logs every response body at DEBUG, the token Secrets' included: a verbose
+# operator must not print its tokens.
+logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
 
 
 class KubeError(Exception):
@@ -66,6 +76,25 @@ def connection_info(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
     return info
 
 
+async def load_configuration() -> client.Configuration:
+    """The client's credentials, found in the order kopf logs in (connection_info): the
+    in-cluster service account (whose token the library re-reads as the kubelet rotates
+    it), then the kubeconfig."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        try:
+            # KUBECONFIG read now: the library reads it once, when first imported
+            path = os.environ.get("KUBECONFIG") or "~/.kube/config"
+            await config.load_kube_config(config_file=path, client_configuration=configuration)
+        except config.ConfigException as exc:
+            raise kopf.LoginError(
+                f"No usable Kubernetes credentials ({exc}): {CREDENTIALS_HINT}"
+            ) from exc
+    return configuration
+
+
 def object_path(kind: str, namespace: str, name: str | None = None) -> str:
     if kind not in RESOURCES:
         raise ValueError(f"unsupported kind {kind!r}; known: {', '.join(RESOURCES)}")
@@ -74,47 +103,63 @@ def object_path(kind: str, namespace: str, name: str | None = None) -> str:
     return path if name is None else f"{path}/{name}"
 
 
+def _error(exc: ApiException, path: str) -> KubeError:
+    """The API server's refusal as the operator's error: its Status message, if any."""
+    try:
+        status = json.loads(exc.body or "")
+        message = status.get("message", "") if isinstance(status, dict) else str(status)
+    except ValueError:
+        message = str(exc.body or "")
+    if exc.status == 404:
+        return NotFound(404, message or f"{path} not found")
+    if exc.status == 409:
+        return Conflict(409, message)
+    return KubeError(exc.status, message or exc.reason or "")
+
+
 class KubeClient:
-    def __init__(self, info: kopf.ConnectionInfo, timeout_s: float = 30.0) -> None:
-        self._server = info.server.rstrip("/")
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=info.as_ssl_context()),
-            headers={**info.as_http_headers(), "User-Agent": f"rimuru-operator/{os.getpid()}"},
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-            trust_env=info.trust_env,
-        )
+    def __init__(self, configuration: client.Configuration, timeout_s: float = 30.0) -> None:
+        self._api = client.ApiClient(configuration)
+        self._api.user_agent = f"rimuru-operator/{os.getpid()}"
+        self._timeout_s = timeout_s
         self._server_version: dict[str, Any] | None = None
         # what the API server stored for this client's writes of each child (apply.py)
         self.stored_shapes: dict = {}
+        self._closed = False
 
     async def close(self) -> None:
-        await self._session.close()
+        self._closed = True
+        await self._api.close()
 
     @property
     def closed(self) -> bool:
-        return self._session.closed
+        return self._closed
 
     async def _request(
         self,
         method: str,
         path: str,
         *,
+        query: Sequence[tuple[str, str]] = (),
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        headers = {"Content-Type": content_type} if body is not None else {}
-        async with self._session.request(
-            method, self._server + path, json=body, headers=headers
-        ) as response:
-            data = await response.json(content_type=None) if response.content_length != 0 else {}
-            if response.status < 400:
-                return data or {}
-            message = data.get("message", "") if isinstance(data, dict) else str(data)
-            if response.status == 404:
-                raise NotFound(404, message or f"{path} not found")
-            if response.status == 409:
-                raise Conflict(409, message)
-            raise KubeError(response.status, message or response.reason or "")
+        try:
+            data = await self._api.call_api(
+                path,
+                method,
+                query_params=list(query),
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                # 'object': the decoded JSON as it came, not a generated model
+                response_types_map={200: "object", 201: "object", 202: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _request_timeout=self._timeout_s,
+            )
+        except ApiException as exc:
+            raise _error(exc, path) from None
+        return data if isinstance(data, dict) else {}
 
     async def server_version(self) -> dict[str, Any]:
         """The API server's /version (readable by every authenticated client), asked
@@ -141,8 +186,10 @@ class KubeClient:
     ) -> list[dict[str, Any]]:
         """The objects of `kind` in `namespace` that carry all of `labels`."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
-        path = f"{object_path(kind, namespace)}?labelSelector={quote(selector)}"
-        return list((await self._request("GET", path)).get("items") or [])
+        found = await self._request(
+            "GET", object_path(kind, namespace), query=[("labelSelector", selector)]
+        )
+        return list(found.get("items") or [])
 
     async def get_from_server(self, kind: str, namespace: str, name: str) -> dict | None:
         """The same as get(); callers that read through a cache (live.LiveKube) use it

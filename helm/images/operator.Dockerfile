@@ -1,6 +1,7 @@
 # Operator: `rimuru operator` (kopf). Slim: no torch.
 #   docker build -f helm/images/operator.Dockerfile -t ghcr.io/rimuru-dev/rimuru-operator:0.1.0 .
-# Extra: operator (kopf); the base install brings grpcio for the control-plane client.
+# Extra: operator (kopf, kubernetes-asyncio); the base install brings grpcio for the
+# control-plane client.
 
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src

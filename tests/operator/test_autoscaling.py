@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import copy
 
-import kopf
 import kubernetes_validate
 import pytest
+from kubernetes_asyncio.client import Configuration
 
 from rimuru.operator import reconcile
 from rimuru.operator.builders import Tokens, build_children
@@ -87,7 +87,7 @@ async def test_removing_autoscaling_deletes_the_hpa(kmock, tiny_rd, api):
     kmock.resources["autoscaling/v2/horizontalpodautoscalers"] = kmock.ResourceInfo(
         kind="HorizontalPodAutoscaler", namespaced=True
     )
-    kube = KubeClient(kopf.ConnectionInfo(server=str(kmock.url).rstrip("/")))
+    kube = KubeClient(Configuration(host=str(kmock.url).rstrip("/")))
     try:
         on = _autoscaled(tiny_rd, api, maxReplicas=3)
         await reconcile.apply_children(kube, on, CONFIG, TOKENS)

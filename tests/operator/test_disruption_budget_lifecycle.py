@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import copy
 
-import kopf
 import pytest
+from kubernetes_asyncio.client import Configuration
 
 from rimuru.operator import reconcile
 from rimuru.operator.builders import Tokens
@@ -24,7 +24,7 @@ async def kube(kmock):
     kmock.resources["policy/v1/poddisruptionbudgets"] = kmock.ResourceInfo(
         kind="PodDisruptionBudget", namespaced=True
     )
-    client = KubeClient(kopf.ConnectionInfo(server=str(kmock.url).rstrip("/")))
+    client = KubeClient(Configuration(host=str(kmock.url).rstrip("/")))
     yield client
     await client.close()
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import copy
 
-import kopf
 import pytest
+from kubernetes_asyncio.client import Configuration
 
 from rimuru.operator import reconcile
 from rimuru.operator.builders import Tokens, build_engine_config_map
@@ -24,7 +24,7 @@ TOKENS = Tokens(operator="op-t0k3n", dataplane="dp-t0k3n")
 
 @pytest.fixture
 async def kube(kube_api):
-    client = KubeClient(kopf.ConnectionInfo(server=str(kube_api.url).rstrip("/")))
+    client = KubeClient(Configuration(host=str(kube_api.url).rstrip("/")))
     yield client
     await client.close()
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import copy
 
-import kopf
 import pytest
+from kubernetes_asyncio.client import Configuration
 
 from rimuru.operator import reconcile
 from rimuru.operator.builders import Tokens
@@ -23,7 +23,7 @@ TOKENS = Tokens(operator="op-t0k3n", dataplane="dp-t0k3n")
 @pytest.fixture
 async def kube(kmock):
     kmock.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", namespaced=True)
-    client = KubeClient(kopf.ConnectionInfo(server=str(kmock.url).rstrip("/")))
+    client = KubeClient(Configuration(host=str(kmock.url).rstrip("/")))
     yield client
     await client.close()
 

@@ -8,18 +8,37 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import logging
 import socket
+
+from kubernetes_asyncio.client import Configuration
 
 from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.plane import ControlPlane
 from rimuru.controlplane.server import create_server
 from rimuru.operator.builders import Tokens, build_children, with_token_checksums
 from rimuru.operator.config import OperatorConfig
+from rimuru.operator.kube import KubeClient
 from rimuru.operator.naming import TOKEN_CHECKSUM_ANNOTATION
 from rimuru.operator.spec import parse_spec
 from tests.operator import operator_harness as harness
 
 CONFIG = OperatorConfig(dataplane_image="reg/dp:1", controlplane_image="reg/cp:1")
+
+
+async def test_a_verbose_operator_does_not_log_a_token_it_reads(kmock, caplog):
+    # the client library logs response bodies at DEBUG; a Secret's must not reach the log
+    caplog.set_level(logging.DEBUG)
+    token = base64.b64encode(b"never-in-a-log").decode()
+    secret = {"apiVersion": "v1", "kind": "Secret", "data": {"token": token}}
+    secret["metadata"] = {"name": "tiny-token", "namespace": "default"}
+    kube = KubeClient(Configuration(host=str(kmock.url).rstrip("/")))
+    try:
+        await kube.create(secret)
+        assert (await kube.get("Secret", "default", "tiny-token"))["data"] == {"token": token}
+    finally:
+        await kube.close()
+    assert token not in caplog.text
 
 
 def _checksums(children: list[dict]) -> dict[str, str]:
