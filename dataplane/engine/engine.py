@@ -165,14 +165,14 @@ class Engine:
         )  # fmt: skip
         self.boundary = ElasticBoundary(
             self.policy, self.allocator, self.kv, self.experts, self.copy_control,
-            self.step_cost, config.max_num_seqs, mc.top_k,
+            self.step_cost, config.max_num_seqs, mc.top_k, config.evict_to_admit,
         )  # fmt: skip
         elastic = memory_policy(config.tunables).moves_boundary
         self.scheduler = Scheduler(
             self.kv,
             config.max_num_seqs,
             config.max_num_batched_tokens,
-            make_room=self.boundary.make_room if elastic and config.evict_to_admit else None,
+            make_room=self.boundary.make_room if elastic else None,
             admit_limit=self.boundary.admit_limit,
         )
         self.live_policy = LivePolicy(
@@ -328,6 +328,7 @@ class Engine:
                         self.requests[out.preempted_alone],
                         pool_moves=memory_policy(self.tunables).moves_boundary,
                         fits=self.max_kv_tokens(),
+                        num_resident=self.experts.num_resident(),
                     ),
                     step,
                 )

@@ -170,3 +170,29 @@ def test_every_request_finishes_with_the_reference_tokens_or_is_refused(
 
     at_budget()
     assert ran, "no budget let a request run: the test proved nothing"
+
+
+@pytest.mark.parametrize("evict_to_admit", [False, True])
+def test_a_lone_request_that_fits_is_never_refused_while_the_boundary_catches_up(
+    evict_to_admit,
+):
+    """Without evicting inside the round, a lone growing request is preempted whenever it
+    outgrows the boundary, which then moves between rounds: each time it got further, so
+    it is catching up, not stuck, and must finish (tiny preset, a pool of every expert)."""
+    config = EngineConfig(
+        activation_reserve=0,
+        max_num_batched_tokens=128,
+        evict_to_admit=evict_to_admit,
+        tunables=Tunables(mode="elastic"),
+    )
+    engine = Engine(replace(config, memory_budget=resident_bytes(config)), log_plan=False)
+    prompt, max_tokens = [(7 * i + 3) % 1000 for i in range(270)], 330
+    assert len(prompt) + max_tokens <= engine.max_kv_tokens()
+    rid = engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    steps = 0
+    while engine.has_unfinished_requests():
+        assert steps < 5 * MAX_STEPS
+        engine.step()
+        steps += 1
+    assert engine.requests[rid].status is RequestStatus.FINISHED_LENGTH
+    assert engine.num_refused == 0 and engine.num_leaked_pages() == 0

@@ -86,6 +86,7 @@ class ElasticBoundary:
         step_cost: StepCostMeter,
         max_num_seqs: int,
         top_k: int,
+        evict_to_admit: bool = True,
     ):
         self.policy = policy
         self.step_cost = step_cost
@@ -98,6 +99,7 @@ class ElasticBoundary:
         self.copy_control = copy_control
         self.max_num_seqs = max_num_seqs
         self.top_k = top_k
+        self.evict_to_admit = evict_to_admit
 
     def move(
         self,
@@ -248,9 +250,14 @@ class ElasticBoundary:
     def make_room(self, kv_pages_lacking: int, round: RoundState) -> int:
         """Elastic, inside a scheduling round: evict experts now so that a running request
         is not preempted; returns the KV pages gained (0 once expert_offload_limit or the
-        copy budget binds). A lone running request: the budget yields."""
-        before = self.allocator.num_free(PageType.KV)
+        copy budget binds). A lone running request: the budget yields. Without
+        evict_to_admit only a lone request gets room here (others are preempted, as vLLM
+        does): preempting it would free nothing for it, and the grow rule would bring the
+        evicted experts back before it regrew, for ever."""
         lone = round.num_running == 1
+        if not (self.evict_to_admit or lone):
+            return 0
+        before = self.allocator.num_free(PageType.KV)
         gained = 0
         # An eviction that needs one more loading slot gives its pages to the slot, not to
         # KV (device_copy.py): ask again for what still lacks while evictions still come.

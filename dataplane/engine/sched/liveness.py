@@ -12,8 +12,9 @@ count cannot see (pages fragmented among the experts a policy must keep, say):
     (a stalled round runs no forward, so the bound costs host time only);
   * a request preempted while it ran alone lacked pages with nothing else to take them
     from: under resident and fixed the pool never moves for it, so it is refused at once;
-    under elastic, after `max_alone_preemptions` times (each time the adjuster had evicted
-    what it may before the preemption).
+    under elastic, after `max_alone_preemptions` preemptions in a row with nothing changed
+    since the one before: the request no longer, no fewer experts resident (while either
+    changes the boundary is still moving toward it, not stuck).
 
 A refused request finishes with `RequestStatus.FINISHED_REFUSED` and the reason, which the
 planes report as the oversized-prompt error (INVALID_ARGUMENT, HTTP 400, exit 2).
@@ -48,8 +49,11 @@ class LivenessGuard:
             raise ValueError("the liveness bounds must be >= 1")
         self.max_stalled_rounds = max_stalled_rounds
         self.max_alone_preemptions = max_alone_preemptions
-        self.num_stalled_rounds = 0  # in a row, up to now
-        self._alone: dict[str, int] = {}  # request id -> preemptions while alone
+        self.num_stalled_rounds = 0  # in a row, up to now, of the same waiting head
+        self._stalled_head: str | None = None
+        # request id -> ((its tokens, experts resident) at its last preemption while alone,
+        # preemptions in a row at that state)
+        self._alone: dict[str, tuple[tuple[int, int], int]] = {}
 
     def after_round(
         self, num_scheduled_tokens: int, waiting_head: Request | None, *, in_flight: bool
@@ -60,6 +64,8 @@ class LivenessGuard:
         if num_scheduled_tokens > 0 or waiting_head is None or in_flight:
             self.num_stalled_rounds = 0
             return None
+        if waiting_head.request_id != self._stalled_head:  # a new head starts its own count
+            self._stalled_head, self.num_stalled_rounds = waiting_head.request_id, 0
         self.num_stalled_rounds += 1
         if self.num_stalled_rounds < self.max_stalled_rounds:
             return None
@@ -74,19 +80,23 @@ class LivenessGuard:
             f"shorten the prompt or lower max_tokens",
         )
 
-    def preempted_alone(self, request: Request, *, pool_moves: bool, fits: int) -> Refusal | None:
+    def preempted_alone(
+        self, request: Request, *, pool_moves: bool, fits: int, num_resident: int
+    ) -> Refusal | None:
         """`request` lacked pages while it ran alone. `pool_moves`: the policy may still
         move the boundary for it (elastic); `fits`: tokens validate_request said one request
-        holds."""
-        n = self._alone.get(request.request_id, 0) + 1
-        self._alone[request.request_id] = n
+        holds; `num_resident`: experts in pool pages now."""
+        state = (request.num_tokens, num_resident)
+        last, n = self._alone.get(request.request_id, (None, 0))
+        n = n + 1 if state == last else 1
+        self._alone[request.request_id] = (state, n)
         if pool_moves and n < self.max_alone_preemptions:
             return None
         return Refusal(
             request,
             f"request {request.request_id!r} ({len(request.prompt_token_ids)} prompt tokens, "
-            f"max_tokens {request.params.max_tokens}) lacked pages {n} time(s) while it ran "
-            f"alone (the pool was said to hold {fits} tokens for one request): it can never "
+            f"max_tokens {request.params.max_tokens}) lacked pages {n} time(s) in a row while "
+            f"it ran alone (the pool was said to hold {fits} tokens for one request): it can never "
             f"finish in this pool; raise the memory budget or lower max_tokens",
         )
 

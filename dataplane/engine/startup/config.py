@@ -45,7 +45,8 @@ class EngineConfig:
     # Elastic: when a running request lacks KV pages inside a scheduling round, evict
     # experts (up to expert_offload_limit) before preempting anyone. More requests stay
     # running; the offloaded experts are then copied in on every step that routes to them.
-    # False = preempt as vLLM does and move the boundary only between rounds.
+    # False = preempt as vLLM does and move the boundary only between rounds, except for a
+    # request running alone: preempting it would only recompute it against the same pool.
     evict_to_admit: bool = True
     # CUDA with Triton kernels: run the forward at every batch shape before serving, so no
     # kernel compiles mid-serving (warmup.py). False only to shorten start-up in tests.
