@@ -224,7 +224,10 @@ class KubeClient:
         )
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete one object; False if it was already gone."""
+        """Delete one object; False if it was already gone. What the server stored for the
+        operator's last write of it goes too (a deployment's pruned ConfigMaps and deleted
+        children would otherwise stay in `stored_shapes` for the operator's lifetime)."""
+        self.stored_shapes.pop((kind, namespace, name), None)
         try:
             # Background: the garbage collector removes the Deployment's pods afterwards.
             await self._request(

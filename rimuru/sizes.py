@@ -12,7 +12,7 @@ Stdlib only: the operator's image has no torch.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 _BINARY = {p: 1024**i for i, p in enumerate("KMGTPE", start=1)}
@@ -54,7 +54,7 @@ def size_value(text: Any) -> Decimal | None:
         return None
     try:
         return Decimal(match.group(1)) * unit
-    except InvalidOperation:
+    except ArithmeticError:  # an exponent past Decimal's range (InvalidOperation, Overflow)
         return None
 
 
@@ -63,6 +63,8 @@ def parse_bytes(text: str | int) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
             raise ValueError(f"byte size must be >= 0, got {text}")
+        if text > _MAX_BYTES:
+            raise ValueError(f"byte size {text} is too large: at most {_MAX_BYTES} bytes (8 EiB)")
         return text
     value = size_value(text)
     if value is None or _SIZE.match(str(text)).group(2) == "m":  # thousandths of a byte

@@ -51,6 +51,9 @@ def test_a_size_no_device_has_is_a_value_error(text):
 def test_limits_and_quantities():
     with pytest.raises(ValueError, match=">= 0"):
         parse_bytes(-1)
+    with pytest.raises(ValueError, match="too large"):
+        parse_bytes(10**30)
+    assert size_value("1e999999999Gi") is None  # past Decimal's exponents: not a size
     assert size_value("500m") == Decimal("0.5")  # a CPU quantity, never bytes
     assert size_value("1Gi") == size_value("1073741824") and size_value([1]) is None
     assert format_bytes(1536) == "1.5 KiB" and format_bytes(12) == "12 B"

@@ -65,15 +65,16 @@ def run_trace(
             )
     duration = clock() - start
     requests = [_request_record(engine, i, start) for i in ids]
-    baseline = engine.stats.at(first_step)
+    baseline, kept = engine.stats.at(first_step), engine.stats.since(first_step)
     dropped = engine.stats.dropped_since(first_step)
-    if dropped:
+    if dropped and kept:  # counters are cumulative: the oldest kept record is the baseline
+        baseline, kept = kept[0], kept[1:]
         log.warning(
             "the run's first %d steps fell out of the engine's step log (%d records kept): "
             "the per-step records and plots cover its last %d steps",
-            dropped, engine.stats.window, engine.stats.window,
+            dropped + 1, engine.stats.window, len(kept),
         )  # fmt: skip
-    steps = _step_records(engine.stats.since(first_step), baseline, start)
+    steps = _step_records(kept, baseline, start)
     config = {
         k: (v if not hasattr(v, "to_dict") else v.to_dict())
         for k, v in asdict(engine.config).items()

@@ -89,7 +89,11 @@ async def test_earlier_configs_beyond_the_history_are_pruned(kube, tiny_rd):
     present = [await kube.get("ConfigMap", "default", n) is not None for n in names]
     # the current one and the REVISION_HISTORY_LIMIT before it; the oldest are gone
     assert present == [False] * 2 + [True] * (REVISION_HISTORY_LIMIT + 1)
+    # what the server stored for each write is kept only while the object lives
+    remembered = {k[2] for k in kube.stored_shapes if k[0] == "ConfigMap"}
+    assert not remembered & set(names[:2])
 
     deleted = await reconcile.delete_children(kube, specs[-1].owner)
     assert {("ConfigMap", n) for n in names[2:]} <= set(deleted)
     assert [await kube.get("ConfigMap", "default", n) for n in names] == [None] * len(names)
+    assert not any(k[1:] == ("default", n) for k in kube.stored_shapes for n in names)
