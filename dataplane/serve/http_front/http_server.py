@@ -199,6 +199,12 @@ class _Acceptor:
         message = f"this server holds {self._max_connections} connections: retry later"
         with contextlib.suppress(OSError):  # a fresh socket's buffer takes it, or the client left
             conn.send(_refusal(message, "503 Service Unavailable", "service_unavailable_error"))
+            # Read what the client already sent before closing: a close with unread bytes
+            # makes the kernel answer with a reset, which can reach the client ahead of the
+            # 503 (it would see ECONNRESET, not the refusal).
+            conn.setblocking(False)
+            conn.shutdown(socket.SHUT_WR)
+            conn.recv(65536)
         conn.close()
 
     def _connected(self, conn: socket.socket, task: asyncio.Task) -> None:
