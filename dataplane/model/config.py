@@ -4,7 +4,7 @@ The fields are the model's own, validated on construction; hf_config.py parses t
 Hugging Face `config.json` (five families), presets.py names real models' shapes. Only MoE
 layers have routed experts, so every expert-side structure (host experts, pool pages,
 hotness ranking, adjuster) counts MoE layers only: MoE layer m is decoder layer
-`moe_layers[m]`. The hybrid families (hybrid_config.py) add Gated DeltaNet layers and their
+`moe_layers[m]`. The hybrid families (linear_attention.py) add Gated DeltaNet layers and their
 per-request state shapes.
 """
 

@@ -15,7 +15,7 @@ of `rimuru.kernels` that address states by page id, with the chunked prefill of 
 sequences) when fla-core is installed, else the torch chunked form per sequence.
 
 Shape key: T = tokens of the step, S = its sequences, G = GDN layers, Hk/Hv, Dk/Dv as in
-hybrid_config.py, Cc = conv channels, K = conv kernel.
+model/linear_attention.py, Cc = conv channels, K = conv kernel.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class StateMeta:
 
 @dataclass(frozen=True)
 class HybridStepMeta:
-    """What a hybrid model's forward passes its backends (hybrid_transformer.py)."""
+    """What a hybrid model's forward passes its backends (model/hybrid/transformer.py)."""
 
     attention: object  # PagedAttentionMeta
     states: StateMeta

@@ -9,7 +9,7 @@ Five families parse; each key below is what that family's `config.json` calls it
     qwen3_next   num_experts + shared expert  moe_intermediate_size    hybrid, see below
     qwen3_5_moe  num_experts + shared expert  moe_intermediate_size    hybrid, see below
 
-The two hybrid families (hybrid_config.py) mix Gated DeltaNet layers with gated full
+The two hybrid families (linear_attention.py) mix Gated DeltaNet layers with gated full
 attention: the attention's q_proj also yields a sigmoid output gate, its q/k norms and every
 decoder RMSNorm scale by (1 + w) (zero-centred weights), and RoPE turns only the first
 `partial_rotary_factor` of each head. Qwen3.5-MoE's config.json nests the text model under

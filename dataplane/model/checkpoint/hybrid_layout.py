@@ -7,11 +7,11 @@ Gated DeltaNet's input projections come in two layouts:
                  in_proj_ba   [Hk*2G, D], grouped by key head: [ b (G) | a (G) ]
     qwen3_5_moe  in_proj_qkv [Cc, D] (all q, all k, all v), in_proj_z, in_proj_b, in_proj_a
 
-Both become the split layout of hybrid_weights.py: regrouping rows is exact, so the same
+Both become the split layout of hybrid/weights.py: regrouping rows is exact, so the same
 math runs on either. Gated attention's q_proj [Hq*2Dh, D] holds, per head, its Dh query rows
 then its Dh gate rows; they are split the same way.
 
-Shape key as in hybrid_weights.py; G = Hv / Hk.
+Shape key as in hybrid/weights.py; G = Hv / Hk.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
     qwen3.5-35b-a3b      qwen3_5_moe  40      2048  256      512    8      16 (2)      512
     tiny-hybrid          qwen3_5_moe  4       128   16       128    4      4 (2)       128
 
-The last three are hybrids (hybrid_config.py). In the real two, 3 of every 4 layers are Gated
+The last three are hybrids (linear_attention.py). In the real two, 3 of every 4 layers are Gated
 DeltaNet (16 key heads, 32 value heads, dims 128, conv kernel 4), the 4th gated attention with
 head_dim 256 and a quarter of it rotary. `tiny-hybrid` is their structure shrunk: layers 0-2
 Gated DeltaNet (2 key heads, 4 value heads, dims 32), layer 3 gated attention (head_dim 64, 16

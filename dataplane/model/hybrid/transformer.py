@@ -1,7 +1,7 @@
 """The hybrid decoder (Qwen3-Next, Qwen3.5-MoE) the engine serves: `HybridTransformer`.
 
-The same layers as the whole-sequence oracle (hybrid_reference.py, built from the same
-pieces in hybrid_layers.py), over a flattened batch of several sequences (vLLM style), with
+The same layers as the whole-sequence oracle (reference.py, built from the same
+pieces in layers.py), over a flattened batch of several sequences (vLLM style), with
 what persists between steps behind backends:
 
     linear_attention layer  conv and gated delta rule ── StateBackend (the pool's conv and

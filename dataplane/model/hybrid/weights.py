@@ -1,6 +1,6 @@
 """The weights of a hybrid decoder layer (Qwen3-Next, Qwen3.5-MoE), in one layout for both.
 
-The two families store Gated DeltaNet's input projections differently (hybrid_layout.py
+The two families store Gated DeltaNet's input projections differently (checkpoint/hybrid_layout.py
 reads both); here they are split by role, q/k/v rows in the order the conv sees them
 (all q heads, all k heads, all v heads), value head j of key head h at h·G + j.
 
