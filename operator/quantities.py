@@ -17,7 +17,7 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 def quantity_bytes(quantity: int | str, field: str) -> int:
     """A Kubernetes byte quantity ("60Gi", "1.5G", 1024) as whole bytes."""
-    value = size_value(quantity)
+    value = size_value(quantity, kubernetes=True)
     if value is None:
         raise SpecError(field, f"{quantity!r} is not a byte quantity such as 60Gi or 64G")
     if value != value.to_integral_value() or value <= 0:

@@ -182,5 +182,5 @@ def same_scalar(a: Any, b: Any) -> bool:
         return a is b
     if a == b:
         return True
-    va = size_value(a)
-    return va is not None and va == size_value(b)
+    va = size_value(a, kubernetes=True)
+    return va is not None and va == size_value(b, kubernetes=True)

@@ -22,6 +22,9 @@ _SIZE = re.compile(
     r"^\s*\+?((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$"
 )
 FORMS = "B, KB/MB/GB/TB, KiB/MiB/GiB/TiB, or Kubernetes' k/M/G/T, Ki/Mi/Gi/Ti"
+# Kubernetes' own spelling alone (resource.Quantity, decimal SI and binary suffixes): no
+# exponent, space or B-suffixed unit.
+_KUBERNETES = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[kMGTPEm])?$")
 
 
 def _multiplier(unit: str) -> Decimal | int | None:
@@ -41,10 +44,13 @@ def _multiplier(unit: str) -> Decimal | int | None:
     return None
 
 
-def size_value(text: Any) -> Decimal | None:
+def size_value(text: Any, *, kubernetes: bool = False) -> Decimal | None:
     """The number a size or quantity stands for ("60Gi", "1.5G", "500m", "2 GB", 1024), or
-    None if it is not one."""
+    None if it is not one. `kubernetes`: Kubernetes' spelling only (what an API server
+    accepts and rewrites as a quantity), so "1e3" or "2 GB" are not quantities there."""
     if isinstance(text, bool) or not isinstance(text, int | float | str | Decimal):
+        return None
+    if kubernetes and _KUBERNETES.match(str(text)) is None:
         return None
     match = _SIZE.match(str(text))
     if match is None:

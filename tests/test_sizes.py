@@ -54,6 +54,9 @@ def test_limits_and_quantities():
     with pytest.raises(ValueError, match="too large"):
         parse_bytes(10**30)
     assert size_value("1e999999999Gi") is None  # past Decimal's exponents: not a size
+    # Kubernetes' spelling alone where the API server's quantities are compared
+    assert size_value("1Gi", kubernetes=True) == 2**30 and size_value("500m", kubernetes=True)
+    assert [size_value(t, kubernetes=True) for t in ("1e3", "2 GB", "1GiB")] == [None] * 3
     assert size_value("500m") == Decimal("0.5")  # a CPU quantity, never bytes
     assert size_value("1Gi") == size_value("1073741824") and size_value([1]) is None
     assert format_bytes(1536) == "1.5 KiB" and format_bytes(12) == "12 B"

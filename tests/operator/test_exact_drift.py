@@ -228,3 +228,11 @@ async def test_a_default_the_operator_does_not_know_is_not_patched_back(kmock, e
         )
         await harness.deleted(kmock, http)
     assert runner.exception is None
+
+
+def test_only_kubernetes_spellings_compare_as_quantities():
+    from rimuru.operator.server_defaults import same_scalar
+
+    assert same_scalar("1Gi", "1024Mi") and same_scalar("500m", "0.5")
+    # an env value edited by hand is drift even where the engine would read the same number
+    assert not same_scalar("1000", "1e3") and not same_scalar("2GB", "2G")
