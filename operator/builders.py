@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,8 +235,12 @@ class Tokens:
     dataplane: str
 
 
-def _checksum(*tokens: str) -> str:
-    return hashlib.sha256("\0".join(tokens).encode()).hexdigest()[:16]
+def _checksum(key: str, *tokens: str) -> str:
+    """Keyed by the data planes' token, which the operator generates at random and keeps in
+    its Secret: the annotation is readable by whoever may read pods, and a plain hash of a
+    token a user chose could be guessed offline."""
+    message = "\0".join(("rimuru token checksum", *tokens)).encode()
+    return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()[:16]
 
 
 def with_token_checksums(children: list[dict[str, Any]], tokens: Tokens) -> list[dict[str, Any]]:
@@ -246,7 +251,7 @@ def with_token_checksums(children: list[dict[str, Any]], tokens: Tokens) -> list
     Helm charts roll on a Secret's checksum). The control plane reads both tokens, a data
     plane only its own."""
     read_by = {
-        CONTROLPLANE: _checksum(tokens.operator, tokens.dataplane),
+        CONTROLPLANE: _checksum(tokens.dataplane, tokens.operator),
         DATAPLANE: _checksum(tokens.dataplane),
     }
     stamped = []

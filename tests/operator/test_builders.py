@@ -499,3 +499,25 @@ def test_async_scheduling_is_refused_where_the_engine_would_refuse_it(tiny_rd, c
     # unset (auto) the engine leaves it off there: the same spec is accepted
     del rd["spec"]["engine"]["asyncScheduling"]
     assert _parse(rd).engine.async_scheduling is None
+
+
+def test_token_checksums_roll_the_pods_that_read_a_token_and_reveal_no_token(tiny_rd):
+    import hashlib
+
+    from rimuru.operator.builders import Tokens, with_token_checksums
+
+    def stamped(tokens: Tokens) -> dict[str, str]:
+        return {
+            c["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: c["spec"][
+                "template"
+            ]["metadata"]["annotations"]["rimuru.dev/token-checksum"]
+            for c in with_token_checksums(build_children(_parse(tiny_rd), CONFIG), tokens)
+            if c["kind"] == "Deployment"
+        }
+
+    before = stamped(Tokens("chosen-by-a-user", "generated-at-random"))
+    after_operator = stamped(Tokens("rotated", "generated-at-random"))
+    assert after_operator["controlplane"] != before["controlplane"]
+    assert after_operator["dataplane"] == before["dataplane"]  # data planes read only theirs
+    plain = hashlib.sha256(b"chosen-by-a-user").hexdigest()[:16]
+    assert plain not in before.values()  # keyed by the generated token: nothing to guess
