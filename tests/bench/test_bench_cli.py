@@ -327,3 +327,35 @@ def test_bench_refuses_an_output_dir_that_is_a_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"rimuru bench: --output-dir {taken} is a file: give a directory (made if absent)" in err
     assert taken.read_text() == ""  # nothing written over it
+
+
+def test_a_run_longer_than_the_step_log_counts_each_step_from_the_oldest_kept_record():
+    """A run whose first steps fell out of the engine's bounded step log: its records start
+    from the oldest kept one, whose cumulative counters are the baseline; they never carry
+    what the engine counted before the run (an earlier run on the same engine here)."""
+    from rimuru.dataplane.bench.runner import run_trace
+    from rimuru.dataplane.bench.trace import load_trace
+    from rimuru.dataplane.engine.engine import Engine
+    from rimuru.dataplane.engine.sched.step_log import StepLog
+    from rimuru.dataplane.engine.startup.config import EngineConfig
+    from rimuru.policy import Tunables
+    from tests.engine.test_liveness import resident_bytes
+
+    trace = load_trace("sharegpt_qwen_cpu").head(8)
+    config = EngineConfig(
+        activation_reserve=0,
+        max_num_batched_tokens=256,
+        tunables=Tunables(mode="resident", expert_offload_limit=0),
+    )
+    # every expert and 2 MiB of KV pages: these requests preempt one another
+    budget = resident_bytes(config) + 2 * 2**20
+    engine = Engine(replace(config, memory_budget=budget), log_plan=False)
+    run_trace(engine, trace, [0.0] * 8, math.inf, progress=False)
+    before = engine.scheduler.num_preemptions
+    assert before > 0  # the pool is tight enough to preempt
+    engine.stats = StepLog(window=8)
+    result = run_trace(engine, trace, [0.0] * 8, math.inf, progress=False)
+    assert engine.stats.num_steps > 8  # the window dropped the run's first steps
+    counted = sum(s.num_preemptions for s in result.steps)
+    assert counted <= engine.scheduler.num_preemptions - before
+    assert len(result.steps) <= 7  # the oldest kept record is the baseline
