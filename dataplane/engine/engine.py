@@ -414,7 +414,9 @@ class Engine:
             )
             for r in sample_requests:
                 add_placeholder(r)
-        readback = Readback.start(sampled, self.experts, self.device, nonfinite)
+        readback = Readback.start(
+            None if sampled is None else (sampled, nonfinite), self.experts, self.device
+        )
         return InFlightStep(step, sample_requests, sampled, readback)
 
     def _read_back(self, launched: InFlightStep) -> list[RequestOutput]:

@@ -10,24 +10,15 @@ import grpc
 import httpx
 import pytest
 
-POISONED = 77  # a token id whose embedding row is corrupted: every request reading it fails
+from tests.engine.test_nonfinite_logits import POISONED, poison
+
 HEALTHY = [9707, 11, 1879, 0]
-
-
-def poison(engine) -> None:
-    """NaN in token POISONED's embedding row; the tiny preset ties its LM head to the
-    embedding, so the head gets its own copy first (else every row's logit of that token
-    would be NaN, failing every request)."""
-    w = engine.model.weights
-    if w.lm_head.data_ptr() == w.embed_tokens.data_ptr():
-        object.__setattr__(w, "lm_head", w.lm_head.clone())
-    w.embed_tokens[POISONED] = float("nan")
 
 
 @pytest.fixture
 async def dp(start_data_plane):
     dp = await start_data_plane(http_address=("127.0.0.1", 0))
-    await dp.engine(poison)
+    await dp.engine(lambda engine: poison(engine, float("nan")))
     return dp
 
 

@@ -33,20 +33,19 @@ class Readback:
     done: torch.cuda.Event | None  # recorded after the copy (CUDA only)
     num_tokens: int
     counts_copies: bool
-    checks_logits: bool = False
 
     @classmethod
     def start(
         cls,
-        tokens: torch.Tensor | None,
+        sampled: tuple[torch.Tensor, torch.Tensor] | None,
         experts: ExpertManager,
         device: torch.device,
-        nonfinite: torch.Tensor | None = None,
     ) -> Readback:
         """Queue the copy behind the step's kernels; returns at once on CUDA. The device's
         copy count restarts behind the copy, so the next step counts only its own.
-        `nonfinite` [R] bool: rows whose logits held a NaN or an infinity (read beside
-        the tokens, so reporting them costs no wait of its own)."""
+        `sampled`: the tokens [R] and, per row, whether its logits held a NaN or an
+        infinity [R] bool (read beside the tokens, so reporting them costs no wait)."""
+        tokens, nonfinite = sampled if sampled is not None else (None, None)
         counter = experts.device_counters()
         parts = [t.to(torch.int64) for t in (tokens, nonfinite, counter) if t is not None]
         values, done = None, None
@@ -63,7 +62,7 @@ class Readback:
             done = torch.cuda.Event()
             done.record()
         num_tokens = 0 if tokens is None else int(tokens.shape[0])
-        return cls(values, done, num_tokens, counter is not None, nonfinite is not None)
+        return cls(values, done, num_tokens, counter is not None)
 
     def wait(self, experts: ExpertManager) -> tuple[list[int], list[bool]]:
         """The step's one wait on the device: after it the step's forward has finished.
@@ -76,10 +75,8 @@ class Readback:
         values = self.values.tolist()
         if self.counts_copies:
             experts.add_device_copies(values.pop())
-        tokens = values[: self.num_tokens]
-        if not self.checks_logits:
-            return tokens, [False] * len(tokens)
-        return tokens, [bool(v) for v in values[self.num_tokens : 2 * self.num_tokens]]
+        n = self.num_tokens
+        return values[:n], [bool(v) for v in values[n : 2 * n]]
 
 
 @dataclass
