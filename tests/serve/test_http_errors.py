@@ -48,8 +48,9 @@ async def test_framework_errors_are_openai_objects(dp, http):
     assert (r.status_code, r.json()) == (405, _error("GET is not allowed on /v1/completions"))
     assert r.headers["allow"] == "POST"
     cases = [
-        (b'{"model": "tiny", "prompt": [1, 2', "EOF while parsing a list at line 1 column 33"),
-        (b'{"model": "tiny", "prompt": "\xff"}', "invalid unicode code point at line 1 column 30"),
+        # (the parser's own words; the column it names differs between its versions)
+        (b'{"model": "tiny", "prompt": [1, 2', "EOF while parsing a list at line 1 column "),
+        (b'{"model": "tiny", "prompt": "\xff"}', "invalid unicode code point at line 1 column "),
         (b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", "recursion limit exceeded"),
     ]
     for content, detail in cases:

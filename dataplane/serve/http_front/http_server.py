@@ -148,19 +148,21 @@ class _Acceptor:
     ones never pile up descriptors; out of descriptors all the same (gRPC holds many too),
     it stops listening for a second and logs one line a minute at most."""
 
-    def __init__(
-        self, sock: socket.socket, protocol_factory, max_connections: int, num_open
-    ) -> None:
-        """num_open(): the connections the protocols hold now."""
+    def __init__(self, sock: socket.socket, protocol_factory, max_connections: int) -> None:
         self._sock = sock
         self._protocol_factory = protocol_factory
         self._max_connections = max_connections
-        self._num_open = num_open
         self._loop: asyncio.AbstractEventLoop | None = None
         self._retry: asyncio.TimerHandle | None = None
         self._last_warning = -_EXHAUSTED_LOG_S
         self._num_refused = 0  # accepts that failed for want of descriptors, since the warning
-        self._pending: set[asyncio.Task] = set()
+        # Every accepted socket until it is closed (its transport closes it when the
+        # connection ends): the descriptors the cap is about. Counting uvicorn's live
+        # protocols plus the transports still being made counted a connection twice between
+        # its protocol's connection_made and the end of connect_accepted_socket, so a burst
+        # was refused at half the cap.
+        self._accepted: set[socket.socket] = set()
+        self._connecting: set[asyncio.Task] = set()  # strong references: the loop's are weak
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -175,6 +177,7 @@ class _Acceptor:
         self._sock.close()
 
     def _accept(self) -> None:
+        self._accepted = {conn for conn in self._accepted if conn.fileno() >= 0}
         for _ in range(_ACCEPT_BATCH):
             try:
                 conn, _ = self._sock.accept()
@@ -186,13 +189,14 @@ class _Acceptor:
                 self._pause(exc)
                 return
             conn.setblocking(False)
-            if self._num_open() + len(self._pending) >= self._max_connections:
+            if len(self._accepted) >= self._max_connections:
                 self._refuse(conn)
                 continue
+            self._accepted.add(conn)
             task = self._loop.create_task(
                 self._loop.connect_accepted_socket(self._protocol_factory, conn)
             )
-            self._pending.add(task)
+            self._connecting.add(task)
             task.add_done_callback(functools.partial(self._connected, conn))
 
     def _refuse(self, conn: socket.socket) -> None:
@@ -208,7 +212,7 @@ class _Acceptor:
         conn.close()
 
     def _connected(self, conn: socket.socket, task: asyncio.Task) -> None:
-        self._pending.discard(task)
+        self._connecting.discard(task)
         if task.cancelled() or task.exception() is not None:
             conn.close()  # the client left before its transport existed
 
@@ -307,10 +311,7 @@ class _Server(uvicorn.Server):
             server_state=self.server_state,
             app_state=self.lifespan.state,
         )
-        connections = self.server_state.connections
-        self._acceptor = _Acceptor(
-            self._sock, factory, self._max_connections, lambda: len(connections)
-        )
+        self._acceptor = _Acceptor(self._sock, factory, self._max_connections)
         self._acceptor.start()
 
     async def shutdown(self, sockets=None) -> None:
