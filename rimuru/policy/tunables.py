@@ -7,7 +7,9 @@ contract (rimuru.v1.Tunables, int32 fields) and the adjuster both need.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from rimuru.policy.errors import InvalidPolicy
 
@@ -17,6 +19,21 @@ MODES = ("resident", "fixed", "elastic")
 # does (kept for the ablation).
 ELASTIC_RULES = ("cost", "paper")
 INT32_MAX = 2**31 - 1
+# w1, w3, w2: an expert takes one pool page for each of its matrices. Once a tunable: the
+# wire (Tunables field 6), the flags and the CRD still take this one value from old clients
+# (`check_pages_per_expert`) and refuse any other.
+EXPERT_MATRICES = 3
+
+
+def check_pages_per_expert(value: object) -> None:
+    """The retired pages_per_expert as an old client gives it: EXPERT_MATRICES, or refused
+    (the caller skips the check where the field is unset)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value != EXPERT_MATRICES:
+        raise InvalidPolicy(
+            "tunables.pages_per_expert",
+            f"must be {EXPERT_MATRICES} (an expert takes one page for each of w1, w3, w2), "
+            f"or left out; got {value!r}",
+        )
 
 
 def parse_modes(text: str) -> tuple[str, ...]:
@@ -53,7 +70,6 @@ class Tunables:
     shrink_threshold: int = 2  # nothing short but fewer free expert pages than this -> evict 1
     grow_threshold: int = 9  # more free expert pages than this -> bring experts back
     max_grow_per_round: int = 5
-    pages_per_expert: int = 3  # w1, w3, w2
     # The control plane may replace the ranking from the replicas' routing reports; the
     # data plane only carries it.
     online_hotness: bool = False
@@ -77,7 +93,6 @@ class Tunables:
         _check_int("shrink_threshold", self.shrink_threshold, 0)
         _check_int("grow_threshold", self.grow_threshold, 1)
         _check_int("max_grow_per_round", self.max_grow_per_round, 1)
-        _check_int("pages_per_expert", self.pages_per_expert, 1)
         if not isinstance(self.online_hotness, bool):
             raise InvalidPolicy("tunables.online_hotness", "must be true or false")
         _check_float("copy_budget", self.copy_budget)
@@ -107,8 +122,22 @@ class Tunables:
                 f"{self.grow_threshold}",
             )
 
+    @property
+    def pages_per_expert(self) -> int:
+        """EXPERT_MATRICES, for readers not yet moved to the constant; not a field."""
+        return EXPERT_MATRICES
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Tunables:
+        """Tunables from `to_dict`'s form, also as older versions wrote it (a stored policy
+        may still carry pages_per_expert, which must be EXPERT_MATRICES)."""
+        fields = dict(data)
+        if "pages_per_expert" in fields:
+            check_pages_per_expert(fields.pop("pages_per_expert"))
+        return cls(**fields)
 
 
 def check_pushable(tunables: Tunables) -> Tunables:
