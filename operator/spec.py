@@ -23,7 +23,13 @@ from rimuru.operator.quantities import (
     quantity_bytes,
 )
 from rimuru.operator.spec_error import SpecError
-from rimuru.policy import InvalidPolicy, Tunables, check_pages_per_expert, check_pushable
+from rimuru.policy import (
+    InvalidPolicy,
+    Tunables,
+    check_pages_per_expert,
+    check_pushable,
+    mode_facts,
+)
 
 GROUP = "rimuru.dev"
 VERSION = "v1alpha1"
@@ -261,7 +267,7 @@ def _check_async_scheduling(engine: EngineSpec, policy: PolicySpec) -> None:
             "spec.engine.asyncScheduling",
             "runs on one GPU: unset it (or false) with tensorParallelSize > 1",
         )
-    if engine.expert_copy == "host" and policy.tunables.mode != "resident":
+    if engine.expert_copy == "host" and mode_facts(policy.tunables.mode).offloads:
         raise SpecError(
             "spec.engine.asyncScheduling",
             f"needs expertCopy device under mode {policy.tunables.mode}: host copies read "

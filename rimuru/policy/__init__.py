@@ -14,6 +14,7 @@ from rimuru.policy.tunables import (
     Tunables,
     check_pages_per_expert,
     check_pushable,
+    mode_facts,
     parse_modes,
 )
 
@@ -27,5 +28,6 @@ __all__ = [
     "Tunables",
     "check_pages_per_expert",
     "check_pushable",
+    "mode_facts",
     "parse_modes",
 ]

@@ -13,16 +13,40 @@ from typing import Any
 
 from rimuru.policy.errors import InvalidPolicy
 
-MODES = ("resident", "fixed", "elastic")
-# How elastic decides to evict: "cost" prices each eviction against the copies it adds
+
+@dataclass(frozen=True)
+class ModeFacts:
+    """What the tunables' own rules must know of a memory policy. The policy's behaviour is
+    the data plane's object for it (dataplane/policies/), which this leaf cannot import; a
+    test keeps the facts here agreeing with those objects."""
+
+    offloads: bool  # experts may live on the host: expert_offload_limit means something
+    moves_boundary: bool  # the adjuster moves experts while serving: copy_budget applies
+    # The elastic rules under which evictions are priced by their copies: tpot_slo_ms applies.
+    priced_rules: tuple[str, ...] = ()
+
+
+# The one table of memory-policy names on this side of the planes: ask it, never compare a
+# name. How elastic decides to evict: "cost" prices each eviction against the copies it adds
 # (dataplane/adjust/payoff.py); "paper" evicts whenever pages run short, as the Rimuru paper
 # does (kept for the ablation).
+_MODE_FACTS = {
+    "resident": ModeFacts(offloads=False, moves_boundary=False),
+    "fixed": ModeFacts(offloads=True, moves_boundary=False),
+    "elastic": ModeFacts(offloads=True, moves_boundary=True, priced_rules=("cost",)),
+}
+MODES = tuple(_MODE_FACTS)
 ELASTIC_RULES = ("cost", "paper")
 INT32_MAX = 2**31 - 1
 # w1, w3, w2: an expert takes one pool page for each of its matrices. Once a tunable: the
 # wire (Tunables field 6), the flags and the CRD still take this one value from old clients
 # (`check_pages_per_expert`) and refuse any other.
 EXPERT_MATRICES = 3
+
+
+def mode_facts(mode: str) -> ModeFacts:
+    """The facts of a mode Tunables has checked (KeyError for any other name)."""
+    return _MODE_FACTS[mode]
 
 
 def check_pages_per_expert(value: object) -> None:
@@ -102,12 +126,13 @@ class Tunables:
                 f"must be one of {', '.join(ELASTIC_RULES)}; got {self.elastic_rule!r}",
             )
         _check_float("tpot_slo_ms", self.tpot_slo_ms)
-        if self.tpot_slo_ms and (self.mode != "elastic" or self.elastic_rule != "cost"):
+        facts = _MODE_FACTS[self.mode]
+        if self.tpot_slo_ms and self.elastic_rule not in facts.priced_rules:
             raise InvalidPolicy(
                 "tunables.tpot_slo_ms",
                 "applies only to mode elastic with elastic_rule cost; set it to 0 otherwise",
             )
-        if self.copy_budget and self.mode != "elastic":
+        if self.copy_budget and not facts.moves_boundary:
             raise InvalidPolicy(
                 "tunables.copy_budget",
                 "applies only to mode elastic (its evictions and admission); "
@@ -141,13 +166,13 @@ class Tunables:
 
 
 def check_pushable(tunables: Tunables) -> Tunables:
-    """The control plane's extra rule for a policy it stores and pushes: mode resident
-    offloads nothing, so a limit there could only mislead whoever reads the policy. (The
-    data plane ignores the limit in mode resident: its flags' default 8 is fine there.)"""
-    if tunables.mode == "resident" and tunables.expert_offload_limit != 0:
+    """The control plane's extra rule for a policy it stores and pushes: a mode that
+    offloads nothing (resident) makes a limit there only mislead whoever reads the policy.
+    (The data plane ignores the limit there: its flags' default 8 is fine.)"""
+    if not _MODE_FACTS[tunables.mode].offloads and tunables.expert_offload_limit != 0:
         raise InvalidPolicy(
             "tunables.expert_offload_limit",
-            "must be 0 in mode resident (all experts stay in the pool); "
+            f"must be 0 in mode {tunables.mode} (all experts stay in the pool); "
             f"got {tunables.expert_offload_limit}",
         )
     return tunables
