@@ -21,7 +21,14 @@ from rimuru.controlplane.client import ControlPlaneClient
 from rimuru.controlplane.errors import DOMAIN_ERRORS, InvalidArgument, NotFound, Unavailable
 from rimuru.controlplane.policy import Policy
 from rimuru.controlplane.status import code_for, error_from_rpc
-from rimuru.policy import ELASTIC_RULES, MODES, InvalidPolicy, Tunables, check_pushable
+from rimuru.policy import (
+    ELASTIC_RULES,
+    MODES,
+    InvalidPolicy,
+    Tunables,
+    check_pages_per_expert,
+    check_pushable,
+)
 from rimuru.rpc import read_root_certificates, read_token
 from rimuru.v1 import control_pb2 as pb
 from rimuru.v1 import control_pb2_grpc as pb_grpc
@@ -31,7 +38,6 @@ INT_TUNABLES = (
     "shrink_threshold",
     "grow_threshold",
     "max_grow_per_round",
-    "pages_per_expert",
 )
 
 
@@ -59,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     set_parser.add_argument("--mode", choices=MODES)
     for name in INT_TUNABLES:
         set_parser.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
+    # Retired (always 3): old scripts may still pass it; hidden, any other value refused.
+    set_parser.add_argument("--pages-per-expert", type=int, help=argparse.SUPPRESS)
     set_parser.add_argument("--online-hotness", action=argparse.BooleanOptionalAction, default=None)
     set_parser.add_argument(
         "--copy-budget", type=float, dest="copy_budget",
@@ -138,6 +146,8 @@ def _read_ca(path: str | None) -> bytes | None:
 
 
 def _set(client: ControlPlaneClient, args: argparse.Namespace) -> Policy:
+    if args.pages_per_expert is not None:
+        check_pages_per_expert(args.pages_per_expert)
     try:
         current = client.get_policy(args.deployment)
         base, expected = current.tunables, current.version
@@ -155,7 +165,8 @@ def _set(client: ControlPlaneClient, args: argparse.Namespace) -> Policy:
         )
     }
     changes = {k: v for k, v in changes.items() if v is not None}
-    if not changes and base is not None:
+    # `--pages-per-expert 3` alone writes a new version of the same tunables, as it always did.
+    if not changes and args.pages_per_expert is None and base is not None:
         raise InvalidArgument("tunables", "nothing to change: give at least one tunable flag")
     # Validation happens in the constructor; the server checks again.
     tunables = check_pushable(dataclasses.replace(base, **changes) if base else Tunables(**changes))

@@ -13,7 +13,6 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 
 from rimuru.controlplane.errors import FailedPrecondition, VersionConflict
@@ -170,7 +169,7 @@ class PolicyStore:
             (
                 deployment,
                 policy.version,
-                json.dumps(asdict(tunables)),
+                json.dumps(tunables.to_dict()),
                 None if ranking is None else ranking.version,
                 policy.created_unix_seconds,
                 reason,
@@ -207,7 +206,7 @@ class PolicyStore:
         return Policy(
             deployment=deployment,
             version=number,
-            tunables=Tunables(**json.loads(tunables_json)),
+            tunables=Tunables.from_dict(json.loads(tunables_json)),
             ranking=None if r_version is None else RankingRef(r_id, r_version, r_digest),
             created_unix_seconds=created,
             reason=reason,

@@ -5,8 +5,8 @@ and returns one plain Kubernetes object. The tests compare their output field by
 
 Invariant that keeps live tuning restart-free: nothing in the data-plane pod template
 depends on the live fields of spec.policy; they reach the pods only through the control
-plane. (`mode` and `pagesPerExpert` are the exception the engine imposes: it cannot
-switch them while running, so they are engine config and a change rolls the pods.)
+plane. (`mode` is the exception the engine imposes: it cannot switch it while running,
+so it is engine config and a change rolls the pods.)
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ CRD_REVISION_ANNOTATION = f"{GROUP}/crd-revision"
 # What must stay true: raised with every change of the CRD's schema, in step with the
 # annotation in helm/rimuru-operator/crds/ and with a new chart version (the tests hold
 # all three to the schema). The first CRD carried no annotation: revision 1.
-CRD_REVISION = 2
+CRD_REVISION = 3
 UPGRADE_HINT = (
     "helm upgrade does not update CRDs: apply this chart version's CRD first, "
     "`helm show crds rimuru-operator --version <chart version> | "

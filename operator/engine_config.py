@@ -1,9 +1,9 @@
 """The engine's configuration as environment variables of `rimuru serve` (ConfigMap data).
 
 Everything that shapes the engine lives here and only here; its hash is stamped on the
-data-plane pod template, so changing it rolls the pods. Two policy fields belong here
-too: the engine cannot change its memory policy (`mode`) or `pagesPerExpert` while it
-runs (it NACKs such a push), so new pods must start with them. The live policy fields
+data-plane pod template, so changing it rolls the pods. One policy field belongs here
+too: the engine cannot change its memory policy (`mode`) while it runs (it NACKs such a
+push), so new pods must start with it. The live policy fields
 (`LIVE_KEYS`) are here as well, so that a pod starts with the spec's values rather than
 `rimuru serve`'s defaults (which also size its loading buffers: a spec with
 `loadingBufferSlots: 4` and `expertOffloadLimit: 2` crashloops on a default limit above 4),
@@ -36,7 +36,6 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
         config["RIMURU_GPU_MEMORY_UTILIZATION"] = repr(engine.gpu_memory_utilization)
     config["RIMURU_MAX_NUM_SEQS"] = str(engine.max_num_seqs)
     config["RIMURU_MAX_NUM_BATCHED_TOKENS"] = str(engine.max_num_batched_tokens)
-    config["RIMURU_BLOCK_SIZE"] = str(engine.block_size)
     if engine.loading_buffer_slots is not None:
         config["RIMURU_LOADING_BUFFER_SLOTS"] = str(engine.loading_buffer_slots)
     if engine.evict_to_admit is not None:
@@ -59,7 +58,6 @@ def engine_config(spec: DeploymentSpec) -> dict[str, str]:
         config["RIMURU_TENSOR_PARALLEL_SIZE"] = str(engine.tensor_parallel_size)
     tunables = spec.policy.tunables
     config["RIMURU_POLICY_MODE"] = tunables.mode
-    config["RIMURU_PAGES_PER_EXPERT"] = str(tunables.pages_per_expert)
     config.update(_live_policy(tunables))
     return config
 

@@ -23,7 +23,13 @@ from rimuru.operator.quantities import (
     quantity_bytes,
 )
 from rimuru.operator.spec_error import SpecError
-from rimuru.policy import InvalidPolicy, Tunables, check_pushable
+from rimuru.policy import (
+    InvalidPolicy,
+    Tunables,
+    check_pages_per_expert,
+    check_pushable,
+    mode_facts,
+)
 
 GROUP = "rimuru.dev"
 VERSION = "v1alpha1"
@@ -40,6 +46,10 @@ DATAPLANE_METRICS_PORT = 9464  # the OpenTelemetry Prometheus exporter's usual p
 # Pods run as a non-root user with every capability dropped: a port below 1024 would need
 # NET_BIND_SERVICE.
 MIN_HTTP_PORT = 1024
+# The engine's BLOCK_SIZE (its kernels' page layout; dataplane/memory/geometry.py, which the
+# operator does not import): spec.engine.blockSize is retired, but old objects still set it
+# to this, the one value the CRD allows.
+KV_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,6 @@ class EngineSpec:
     gpu_memory_utilization: float | None
     max_num_seqs: int
     max_num_batched_tokens: int
-    block_size: int
     loading_buffer_slots: int | None = None  # None = the engine's default (start-up limit)
     evict_to_admit: bool | None = None  # None = the engine's default (on)
     enforce_eager: bool | None = None  # None = the engine's default (CUDA graphs on)
@@ -157,6 +166,8 @@ def parse_policy(policy: Mapping[str, Any]) -> PolicySpec:
     """spec.policy (camelCase) -> the Tunables both planes share (snake_case)."""
     path = "spec.policy"
     try:
+        if "pagesPerExpert" in policy:  # retired: old objects set it to its one value
+            check_pages_per_expert(policy["pagesPerExpert"])
         tunables = check_pushable(
             Tunables(
                 mode=_require(policy, "mode", path),
@@ -164,7 +175,6 @@ def parse_policy(policy: Mapping[str, Any]) -> PolicySpec:
                 shrink_threshold=_require(policy, "shrinkThreshold", path),
                 grow_threshold=_require(policy, "growThreshold", path),
                 max_grow_per_round=_require(policy, "maxGrowPerRound", path),
-                pages_per_expert=_require(policy, "pagesPerExpert", path),
                 online_hotness=_require(policy, "onlineHotness", path),
                 # optional: newer than the other tunables (a CRD without it means none)
                 copy_budget=policy.get("copyBudget", 0.0),
@@ -219,6 +229,12 @@ def _parse_engine(
             f"(or {GPU_RESOURCES[1]}, {MIG_RESOURCE_PREFIX}*) or use spec.engine.memoryBudget",
         )
     path = "spec.engine"
+    if engine.get("blockSize", KV_BLOCK_SIZE) != KV_BLOCK_SIZE:  # retired, as pagesPerExpert
+        raise SpecError(
+            f"{path}.blockSize",
+            f"must be {KV_BLOCK_SIZE} (the kernels' page layout), or left out; got "
+            f"{engine['blockSize']!r}",
+        )
     return EngineSpec(
         memory_budget_bytes=None
         if budget is None
@@ -226,7 +242,6 @@ def _parse_engine(
         gpu_memory_utilization=None if utilization is None else float(utilization),
         max_num_seqs=_require(engine, "maxNumSeqs", path),
         max_num_batched_tokens=_require(engine, "maxNumBatchedTokens", path),
-        block_size=_require(engine, "blockSize", path),
         loading_buffer_slots=engine.get("loadingBufferSlots"),
         evict_to_admit=_optional_bool(engine, "evictToAdmit", path),
         enforce_eager=_optional_bool(engine, "enforceEager", path),
@@ -252,7 +267,7 @@ def _check_async_scheduling(engine: EngineSpec, policy: PolicySpec) -> None:
             "spec.engine.asyncScheduling",
             "runs on one GPU: unset it (or false) with tensorParallelSize > 1",
         )
-    if engine.expert_copy == "host" and policy.tunables.mode != "resident":
+    if engine.expert_copy == "host" and mode_facts(policy.tunables.mode).offloads:
         raise SpecError(
             "spec.engine.asyncScheduling",
             f"needs expertCopy device under mode {policy.tunables.mode}: host copies read "

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rimuru.policy import HotnessRanking, InvalidPolicy, Tunables
+from rimuru.policy import (
+    EXPERT_MATRICES,
+    HotnessRanking,
+    InvalidPolicy,
+    Tunables,
+    check_pages_per_expert,
+)
 from rimuru.v1 import control_pb2 as pb
 
 MODE_TO_PROTO = {"resident": pb.MODE_RESIDENT, "fixed": pb.MODE_FIXED, "elastic": pb.MODE_ELASTIC}
@@ -25,7 +31,8 @@ def tunables_to_proto(t: Tunables) -> pb.Tunables:
         shrink_threshold=t.shrink_threshold,
         grow_threshold=t.grow_threshold,
         max_grow_per_round=t.max_grow_per_round,
-        pages_per_expert=t.pages_per_expert,
+        # Retired (field 6), but data planes older than that refuse 0: send the one value.
+        pages_per_expert=EXPERT_MATRICES,
         online_hotness=t.online_hotness,
         copy_budget=t.copy_budget,
         elastic_rule=RULE_TO_PROTO[t.elastic_rule],
@@ -45,13 +52,14 @@ def tunables_from_proto(msg: pb.Tunables) -> Tunables:
             "tunables.elastic_rule",
             f"must be ELASTIC_RULE_COST or ELASTIC_RULE_PAPER; got {msg.elastic_rule}",
         )
+    if msg.pages_per_expert:  # 0 = unset: a client that leaves the retired field out
+        check_pages_per_expert(msg.pages_per_expert)
     return Tunables(
         mode=MODE_FROM_PROTO[msg.mode],
         expert_offload_limit=msg.expert_offload_limit,
         shrink_threshold=msg.shrink_threshold,
         grow_threshold=msg.grow_threshold,
         max_grow_per_round=msg.max_grow_per_round,
-        pages_per_expert=msg.pages_per_expert,
         online_hotness=msg.online_hotness,
         copy_budget=msg.copy_budget,
         elastic_rule=RULE_FROM_PROTO[msg.elastic_rule],

@@ -63,7 +63,7 @@ from rimuru.dataplane.adjust.payoff import DECODE_ONLY, CostView, StepMix, evict
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.policies import memory_policy
-from rimuru.policy import HotnessRanking, Tunables
+from rimuru.policy import EXPERT_MATRICES, HotnessRanking, Tunables
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ class ChangeList:
 
 def num_to_evict(shortfall: int, num_free: int, tunables: Tunables) -> int:
     if shortfall > 0:
-        return math.ceil((shortfall + 1) / tunables.pages_per_expert)
+        return math.ceil((shortfall + 1) / EXPERT_MATRICES)
     if num_free < tunables.shrink_threshold:
         return 1
     return 0
@@ -178,7 +178,7 @@ def num_to_evict(shortfall: int, num_free: int, tunables: Tunables) -> int:
 def num_to_load(shortfall: int, num_free: int, tunables: Tunables) -> int:
     if shortfall > 0 or num_free <= tunables.grow_threshold:
         return 0
-    extra = (num_free - tunables.grow_threshold) // tunables.pages_per_expert
+    extra = (num_free - tunables.grow_threshold) // EXPERT_MATRICES
     return min(tunables.max_grow_per_round, extra)
 
 
@@ -299,7 +299,7 @@ def reserve(decision: AdjusterDecision, allocator: PageAllocator, tunables: Tuna
     loads = []
     for layer, expert in decision.load:
         pages = allocator.allocate(
-            PageType.EXPERT, tunables.pages_per_expert, owner=("expert", layer, expert)
+            PageType.EXPERT, EXPERT_MATRICES, owner=("expert", layer, expert)
         )
         if pages is None:
             break

@@ -9,9 +9,9 @@ This rule prices each eviction first, from measured costs:
         T(B, c) = fixed + per_seq * B + per_copy * c                   (StepCost)
     output rate = B / T(B, c)
 
-Offloading one more expert frees `pages_per_expert` expert pages: room for
+Offloading one more expert frees `EXPERT_MATRICES` (3) expert pages: room for
 
-    dB = pages_per_expert / pages_per_request
+    dB = EXPERT_MATRICES / pages_per_request
 
 more running requests (`CostView.pages_per_request`: what a running request holds, in expert
 pages). Only where requests wait, or a running one would be preempted (`CostView.demand`),
@@ -111,7 +111,7 @@ class CostView:
     cost: StepCost
     batch: int  # B: the running batch the evictions are for (running, plus one admitting)
     copies: float  # c: copies per step now (the larger of expected and measured)
-    batch_per_eviction: float  # dB: pages_per_expert / what a running request holds
+    batch_per_eviction: float  # dB: EXPERT_MATRICES / what a running request holds
     demand: bool  # requests wait or a running one lacks pages: more pages buy batch
     tpot_slo_s: float | None = None  # a decode step may take at most this long
     # Routing shares to price copies by (recent routing, engine/experts/live_routing.py); None: the

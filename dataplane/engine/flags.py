@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rimuru.dataplane.engine.startup.config import CUDAGRAPH_MODES, EXPERT_COPY_MODES, EngineConfig
-from rimuru.policy import ELASTIC_RULES, MODES, Tunables
+from rimuru.dataplane.memory.geometry import BLOCK_SIZE
+from rimuru.policy import ELASTIC_RULES, EXPERT_MATRICES, MODES, Tunables
 from rimuru.sizes import parse_bytes
 
 ON, OFF = ("on", "true", "1", "yes"), ("off", "false", "0", "no")
@@ -36,6 +37,10 @@ class EngineFlag:
     env_aliases: tuple[str, ...] = ()  # the operator's ConfigMap names, read after RIMURU_<FLAG>
     field: str = ""  # the field's name where it is not dest
     short: str = ""  # another spelling, such as vLLM's -tp
+    # Retired: a knob that had this one valid value. Old scripts and older operators'
+    # ConfigMaps still give it, so it is taken (and sets nothing), hidden from --help; any
+    # other value is refused. `help` says why the value is fixed.
+    only: int | None = None
 
     @property
     def field_name(self) -> str:
@@ -51,6 +56,8 @@ class EngineFlag:
 
     @property
     def default(self) -> Any:
+        if self.only is not None:
+            return None
         owner = Tunables if self.tunable else EngineConfig
         value = {f.name: f.default for f in dataclasses.fields(owner)}[self.field_name]
         if self.switch:
@@ -77,7 +84,7 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("max_num_seqs", "requests in one batch, at most", type=int),
     EngineFlag("max_num_batched_tokens", "tokens per step, at most", type=int),
     EngineFlag("max_model_len", "context length, at most the model's; default: the model's", type=int),
-    EngineFlag("block_size", "tokens per KV page", type=int),
+    EngineFlag("block_size", "the kernels' page layout", type=int, only=BLOCK_SIZE),
     EngineFlag("activation_reserve", "bytes kept for activations; default: measured (CUDA) "
                "or estimated from the shapes", bytes=True),
     EngineFlag("mode", "memory policy", choices=MODES, tunable=True,
@@ -89,8 +96,8 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("grow_threshold", "adjuster: load above this many free expert pages", type=int,
                tunable=True),
     EngineFlag("max_grow_per_round", "adjuster: loads per round", type=int, tunable=True),
-    EngineFlag("pages_per_expert", "pool pages per expert (w1, w3, w2)", type=int,
-               tunable=True),
+    EngineFlag("pages_per_expert", "an expert takes one page for each of w1, w3, w2",
+               type=int, only=EXPERT_MATRICES),
     EngineFlag("copy_budget", "elastic: expert copies per decode step the offloaded experts "
                "may cost (expected from the ranking or measured, the larger); evictions stop "
                "and admission is capped there (0 = no budget)", type=float, tunable=True),
@@ -170,7 +177,8 @@ def add_engine_arguments(
             kwargs["default"] = default
         shown = "" if flag.dest in required else f" (default: {default})"
         names = (flag.flag, flag.short) if flag.short else (flag.flag,)
-        parser.add_argument(*names, dest=flag.dest, help=flag.help + shown + env_note, **kwargs)
+        text = argparse.SUPPRESS if flag.only is not None else flag.help + shown + env_note
+        parser.add_argument(*names, dest=flag.dest, help=text, **kwargs)
 
 
 def engine_config_from_args(args: argparse.Namespace, mode: str | None = None) -> EngineConfig:
@@ -184,6 +192,10 @@ def engine_config_from_args(args: argparse.Namespace, mode: str | None = None) -
         if flag.dest not in args.engine_flags:
             continue
         value = getattr(args, flag.dest)
+        if flag.only is not None:
+            if value is not None and value != flag.only:
+                raise ValueError(f"{flag.flag} must be {flag.only} ({flag.help}); got {value}")
+            continue
         if flag.switch:
             value = on_off(flag.flag, value, auto=flag.has_auto)
         elif flag.bytes and value is not None:

@@ -31,6 +31,7 @@ from rimuru.dataplane.engine.startup.setup import (
     warm_up_kernels,
 )
 from rimuru.dataplane.engine.step_forward import run_forward
+from rimuru.dataplane.memory.geometry import BLOCK_SIZE
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.memory.tables import NOT_PRESENT
 from rimuru.dataplane.parallel.block_tables import BlockTableMirror
@@ -101,7 +102,7 @@ class FollowerRank:
             self.model = loaded.model.with_backends(attention, self.experts)
         self.block_tables = BlockTableMirror()
         self.device_tables = DeviceBlockTables.for_engine(
-            mc.num_kv_layers, config.max_num_seqs, loaded.max_model_len, config.block_size,
+            mc.num_kv_layers, config.max_num_seqs, loaded.max_model_len, BLOCK_SIZE,
             self.device,
         )  # fmt: skip
         self.num_steps = self.num_evictions = self.num_loads = 0

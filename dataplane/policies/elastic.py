@@ -5,7 +5,7 @@ is worth more than the copies it will cost (payoff.py)."""
 from __future__ import annotations
 
 from rimuru.dataplane.adjust.order import ExpertKey, hottest
-from rimuru.policy import HotnessRanking, Tunables
+from rimuru.policy import EXPERT_MATRICES, HotnessRanking, Tunables
 
 
 class Elastic:
@@ -22,9 +22,9 @@ class Elastic:
         then the globally hottest of the rest while grow_threshold pages stay free; the
         adjuster moves the boundary from there."""
         num_layers, num_experts = ranking.num_layers, ranking.num_experts
-        capacity = num_free_expert_pages // tunables.pages_per_expert
+        capacity = num_free_expert_pages // EXPERT_MATRICES
         spare = self.free_pages_at_start(tunables)
-        n = max(0, (num_free_expert_pages - spare) // tunables.pages_per_expert)
+        n = max(0, (num_free_expert_pages - spare) // EXPERT_MATRICES)
         keep = self.least_kept(num_experts, tunables)
         chosen = [(layer, e) for layer in range(num_layers) for e in ranking.order[layer][:keep]]
         if len(chosen) > capacity:

@@ -4,7 +4,7 @@ and never moved (classic fixed-ratio offloading); the rest are copied in when ro
 from __future__ import annotations
 
 from rimuru.dataplane.adjust.order import ExpertKey, hottest
-from rimuru.policy import HotnessRanking, Tunables
+from rimuru.policy import EXPERT_MATRICES, HotnessRanking, Tunables
 
 
 class Fixed:
@@ -18,7 +18,7 @@ class Fixed:
         fixed_share: float,
     ) -> list[ExpertKey]:  # fmt: skip
         """The globally hottest experts filling `fixed_share` of the free expert pages."""
-        n = int(fixed_share * (num_free_expert_pages // tunables.pages_per_expert))
+        n = int(fixed_share * (num_free_expert_pages // EXPERT_MATRICES))
         total = ranking.num_layers * ranking.num_experts
         return list(hottest(min(n, total), ranking, [frozenset()] * ranking.num_layers))
 

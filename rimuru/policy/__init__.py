@@ -7,15 +7,27 @@ and from the rimuru.v1 messages; nothing here knows the wire.
 
 from rimuru.policy.errors import InvalidPolicy
 from rimuru.policy.ranking import FORMAT, HotnessRanking
-from rimuru.policy.tunables import ELASTIC_RULES, MODES, Tunables, check_pushable, parse_modes
+from rimuru.policy.tunables import (
+    ELASTIC_RULES,
+    EXPERT_MATRICES,
+    MODES,
+    Tunables,
+    check_pages_per_expert,
+    check_pushable,
+    mode_facts,
+    parse_modes,
+)
 
 __all__ = [
     "ELASTIC_RULES",
+    "EXPERT_MATRICES",
     "FORMAT",
     "MODES",
     "HotnessRanking",
     "InvalidPolicy",
     "Tunables",
+    "check_pages_per_expert",
     "check_pushable",
+    "mode_facts",
     "parse_modes",
 ]

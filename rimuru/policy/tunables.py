@@ -7,16 +7,57 @@ contract (rimuru.v1.Tunables, int32 fields) and the adjuster both need.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from rimuru.policy.errors import InvalidPolicy
 
-MODES = ("resident", "fixed", "elastic")
-# How elastic decides to evict: "cost" prices each eviction against the copies it adds
+
+@dataclass(frozen=True)
+class ModeFacts:
+    """What the tunables' own rules must know of a memory policy. The policy's behaviour is
+    the data plane's object for it (dataplane/policies/), which this leaf cannot import; a
+    test keeps the facts here agreeing with those objects."""
+
+    offloads: bool  # experts may live on the host: expert_offload_limit means something
+    moves_boundary: bool  # the adjuster moves experts while serving: copy_budget applies
+    # The elastic rules under which evictions are priced by their copies: tpot_slo_ms applies.
+    priced_rules: tuple[str, ...] = ()
+
+
+# The one table of memory-policy names on this side of the planes: ask it, never compare a
+# name. How elastic decides to evict: "cost" prices each eviction against the copies it adds
 # (dataplane/adjust/payoff.py); "paper" evicts whenever pages run short, as the Rimuru paper
 # does (kept for the ablation).
+_MODE_FACTS = {
+    "resident": ModeFacts(offloads=False, moves_boundary=False),
+    "fixed": ModeFacts(offloads=True, moves_boundary=False),
+    "elastic": ModeFacts(offloads=True, moves_boundary=True, priced_rules=("cost",)),
+}
+MODES = tuple(_MODE_FACTS)
 ELASTIC_RULES = ("cost", "paper")
 INT32_MAX = 2**31 - 1
+# w1, w3, w2: an expert takes one pool page for each of its matrices. Once a tunable: the
+# wire (Tunables field 6), the flags and the CRD still take this one value from old clients
+# (`check_pages_per_expert`) and refuse any other.
+EXPERT_MATRICES = 3
+
+
+def mode_facts(mode: str) -> ModeFacts:
+    """The facts of a mode Tunables has checked (KeyError for any other name)."""
+    return _MODE_FACTS[mode]
+
+
+def check_pages_per_expert(value: object) -> None:
+    """The retired pages_per_expert as an old client gives it: EXPERT_MATRICES, or refused
+    (the caller skips the check where the field is unset)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value != EXPERT_MATRICES:
+        raise InvalidPolicy(
+            "tunables.pages_per_expert",
+            f"must be {EXPERT_MATRICES} (an expert takes one page for each of w1, w3, w2), "
+            f"or left out; got {value!r}",
+        )
 
 
 def parse_modes(text: str) -> tuple[str, ...]:
@@ -53,7 +94,6 @@ class Tunables:
     shrink_threshold: int = 2  # nothing short but fewer free expert pages than this -> evict 1
     grow_threshold: int = 9  # more free expert pages than this -> bring experts back
     max_grow_per_round: int = 5
-    pages_per_expert: int = 3  # w1, w3, w2
     # The control plane may replace the ranking from the replicas' routing reports; the
     # data plane only carries it.
     online_hotness: bool = False
@@ -77,7 +117,6 @@ class Tunables:
         _check_int("shrink_threshold", self.shrink_threshold, 0)
         _check_int("grow_threshold", self.grow_threshold, 1)
         _check_int("max_grow_per_round", self.max_grow_per_round, 1)
-        _check_int("pages_per_expert", self.pages_per_expert, 1)
         if not isinstance(self.online_hotness, bool):
             raise InvalidPolicy("tunables.online_hotness", "must be true or false")
         _check_float("copy_budget", self.copy_budget)
@@ -87,12 +126,13 @@ class Tunables:
                 f"must be one of {', '.join(ELASTIC_RULES)}; got {self.elastic_rule!r}",
             )
         _check_float("tpot_slo_ms", self.tpot_slo_ms)
-        if self.tpot_slo_ms and (self.mode != "elastic" or self.elastic_rule != "cost"):
+        facts = _MODE_FACTS[self.mode]
+        if self.tpot_slo_ms and self.elastic_rule not in facts.priced_rules:
             raise InvalidPolicy(
                 "tunables.tpot_slo_ms",
                 "applies only to mode elastic with elastic_rule cost; set it to 0 otherwise",
             )
-        if self.copy_budget and self.mode != "elastic":
+        if self.copy_budget and not facts.moves_boundary:
             raise InvalidPolicy(
                 "tunables.copy_budget",
                 "applies only to mode elastic (its evictions and admission); "
@@ -107,18 +147,32 @@ class Tunables:
                 f"{self.grow_threshold}",
             )
 
+    @property
+    def pages_per_expert(self) -> int:
+        """EXPERT_MATRICES, for readers not yet moved to the constant; not a field."""
+        return EXPERT_MATRICES
+
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Tunables:
+        """Tunables from `to_dict`'s form, also as older versions wrote it (a stored policy
+        may still carry pages_per_expert, which must be EXPERT_MATRICES)."""
+        fields = dict(data)
+        if "pages_per_expert" in fields:
+            check_pages_per_expert(fields.pop("pages_per_expert"))
+        return cls(**fields)
+
 
 def check_pushable(tunables: Tunables) -> Tunables:
-    """The control plane's extra rule for a policy it stores and pushes: mode resident
-    offloads nothing, so a limit there could only mislead whoever reads the policy. (The
-    data plane ignores the limit in mode resident: its flags' default 8 is fine there.)"""
-    if tunables.mode == "resident" and tunables.expert_offload_limit != 0:
+    """The control plane's extra rule for a policy it stores and pushes: a mode that
+    offloads nothing (resident) makes a limit there only mislead whoever reads the policy.
+    (The data plane ignores the limit there: its flags' default 8 is fine.)"""
+    if not _MODE_FACTS[tunables.mode].offloads and tunables.expert_offload_limit != 0:
         raise InvalidPolicy(
             "tunables.expert_offload_limit",
-            "must be 0 in mode resident (all experts stay in the pool); "
+            f"must be 0 in mode {tunables.mode} (all experts stay in the pool); "
             f"got {tunables.expert_offload_limit}",
         )
     return tunables

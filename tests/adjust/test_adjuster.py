@@ -77,7 +77,6 @@ def test_reserve_assigns_pages_until_full():
     [
         ({"mode": "turbo"}, "tunables.mode: must be one of"),
         ({"expert_offload_limit": -1}, r"tunables.expert_offload_limit: must be in \[0, "),
-        ({"pages_per_expert": 0}, r"tunables.pages_per_expert: must be in \[1, "),
         ({"grow_threshold": 2, "shrink_threshold": 2}, "must exceed shrink_threshold"),
         ({"max_grow_per_round": 2.5}, "tunables.max_grow_per_round: must be an integer"),
     ],

@@ -93,7 +93,7 @@ def test_controlplane_process_and_policy_verbs(tmp_path, token_file, capsys):
         code, _, err = policy(capsys, "set", *target, *auth, "--grow-threshold", "1")
         assert code == 2
         assert "INVALID_ARGUMENT: tunables.grow_threshold: must exceed shrink_threshold" in err
-        code, _, err = policy(capsys, "set", *target, "--pages-per-expert", "2")
+        code, _, err = policy(capsys, "set", *target, "--max-grow-per-round", "2")
         assert code == 1 and "UNAUTHENTICATED" in err
 
         # A watch needs the token too. The server refuses it before reading the opening
@@ -135,6 +135,16 @@ def test_controlplane_process_and_policy_verbs(tmp_path, token_file, capsys):
         assert code == 2 and "tunables.copy_budget: applies only to mode elastic" in err
         code, out, _ = policy(capsys, "get", *target)
         assert json.loads(out)["version"] == 3
+        # The retired --pages-per-expert (hidden) still takes its one value, as old scripts
+        # pass it: alone, it writes a new version of the same tunables.
+        auth = ["--token-file", str(token_file)]
+        code, out, _ = policy(capsys, "set", *target, *auth, "--pages-per-expert", "3")
+        assert (code, out) == (0, "4\n")
+        code, out, _ = policy(capsys, "get", *target)
+        assert json.loads(out)["tunables"] == got
+        code, _, err = policy(capsys, "set", *target, *auth, "--pages-per-expert", "2")
+        assert code == 2
+        assert "INVALID_ARGUMENT: tunables.pages_per_expert: must be 3 (an expert takes" in err
     finally:
         assert stop_process(process) == 0
 

@@ -23,7 +23,6 @@ from rimuru.v1 import control_pb2 as pb
         ({"expert_offload_limit": 2**31}, "tunables.expert_offload_limit"),
         ({"shrink_threshold": 9}, "tunables.grow_threshold"),
         ({"max_grow_per_round": 0}, "tunables.max_grow_per_round"),
-        ({"pages_per_expert": True}, "tunables.pages_per_expert"),
         ({"online_hotness": 1}, "tunables.online_hotness"),
         ({"copy_budget": -0.5}, "tunables.copy_budget"),
         ({"copy_budget": float("nan")}, "tunables.copy_budget"),
@@ -56,7 +55,7 @@ def test_defaults_are_valid_and_match_the_data_plane():
         2,
         9,
     )
-    assert (t.max_grow_per_round, t.pages_per_expert, t.online_hotness) == (5, 3, False)
+    assert (t.max_grow_per_round, t.online_hotness) == (5, False)
     assert t.copy_budget == 0.0
     assert Tunables(mode="resident", expert_offload_limit=0).mode == "resident"
 

@@ -108,7 +108,6 @@ async def test_drift_pushes_a_new_version_to_watchers(start_control_plane):
             shrink_threshold=2,
             grow_threshold=9,
             max_grow_per_round=5,
-            pages_per_expert=3,
             online_hotness=False,
         )
         await policy_stub.SetPolicy(pb.SetPolicyRequest(deployment="qwen", tunables=tunables))

@@ -46,3 +46,22 @@ def test_a_failed_write_changes_nothing(tmp_path):
     assert store.current("qwen").version == 1
     assert store.ranking("qwen", 1) is None
     store.close()
+
+
+def test_a_policy_stored_before_pages_per_expert_retired_still_loads(tmp_path):
+    # Older control planes stored every field of Tunables, pages_per_expert (always 3) too.
+    store = PolicyStore.open(tmp_path)
+    store.close()
+    old = sqlite3.connect(tmp_path / DB_FILE)
+    stored = (
+        '{"mode": "fixed", "expert_offload_limit": 2, "shrink_threshold": 2, '
+        '"grow_threshold": 9, "max_grow_per_round": 5, "pages_per_expert": 3, '
+        '"online_hotness": false, "copy_budget": 0.0, "elastic_rule": "cost", '
+        '"tpot_slo_ms": 0.0}'
+    )
+    old.execute("INSERT INTO policies VALUES ('qwen', 1, ?, NULL, 0, 'set')", (stored,))
+    old.commit()
+    old.close()
+    again = ControlPlane.open(tmp_path)
+    assert again.get_policy("qwen").tunables == Tunables(mode="fixed", expert_offload_limit=2)
+    again.close()

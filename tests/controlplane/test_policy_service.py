@@ -20,7 +20,6 @@ GOOD = pb.Tunables(
     shrink_threshold=2,
     grow_threshold=9,
     max_grow_per_round=5,
-    pages_per_expert=3,
 )
 
 
@@ -30,6 +29,32 @@ def tunables(**changes) -> pb.Tunables:
     for name, value in changes.items():
         setattr(msg, name, value)
     return msg
+
+
+@pytest.mark.parametrize("pages", [3, 0])
+async def test_the_retired_pages_per_expert_is_taken_unset_or_at_its_one_value(
+    policy_stub, auth, pages
+):
+    # Field 6 was a tunable: old clients send 3. The answer carries 3 too, which data
+    # planes that predate the retirement need.
+    got = await policy_stub.SetPolicy(
+        pb.SetPolicyRequest(deployment="qwen", tunables=tunables(pages_per_expert=pages)),
+        metadata=auth,
+    )
+    assert (got.version, got.tunables.pages_per_expert) == (1, 3)
+
+
+async def test_another_pages_per_expert_is_refused_naming_the_one_value(policy_stub, auth):
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await policy_stub.SetPolicy(
+            pb.SetPolicyRequest(deployment="qwen", tunables=tunables(pages_per_expert=4)),
+            metadata=auth,
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "tunables.pages_per_expert: must be 3 (an expert takes one page for each of w1, w3, "
+        "w2), or left out; got 4"
+    )
 
 
 async def test_set_then_get_counts_versions_from_one(policy_stub, auth):
@@ -58,7 +83,8 @@ async def test_set_then_get_counts_versions_from_one(policy_stub, auth):
         ({"shrink_threshold": -3}, "tunables.shrink_threshold"),
         ({"grow_threshold": 2}, "tunables.grow_threshold"),  # == shrink_threshold
         ({"max_grow_per_round": 0}, "tunables.max_grow_per_round"),
-        ({"pages_per_expert": 0}, "tunables.pages_per_expert"),
+        ({"pages_per_expert": 4}, "tunables.pages_per_expert"),
+        ({"pages_per_expert": -3}, "tunables.pages_per_expert"),
         ({"mode": pb.MODE_RESIDENT}, "tunables.expert_offload_limit"),  # resident offloads 0
     ],
 )
@@ -159,7 +185,7 @@ async def test_upload_ranking_makes_a_version_and_get_ranking_returns_it(policy_
         ((0, 1, 2), (2, 0, 1)), ((0.6, 0.3, 0.1), (0.5, 0.3, 0.2))
     ).digest()
     assert response.policy.version == 2 and response.policy.reason == "upload-ranking"
-    assert response.policy.tunables == GOOD
+    assert response.policy.tunables == tunables(pages_per_expert=3)  # the retired field's value
     assert response.ranking == pb.RankingRef(
         id="offline-sharegpt", version=1, digest=expected_digest
     )

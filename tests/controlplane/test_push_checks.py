@@ -15,7 +15,6 @@ from tests.controlplane.test_policy_watch import running
 
 TUNABLES = pb.Tunables(
     mode=pb.MODE_ELASTIC, shrink_threshold=2, grow_threshold=9, max_grow_per_round=5,
-    pages_per_expert=3,
 )  # fmt: skip
 
 

@@ -15,7 +15,6 @@ GOOD = pb.Tunables(
     shrink_threshold=2,
     grow_threshold=9,
     max_grow_per_round=5,
-    pages_per_expert=3,
 )
 
 # The control plane of these tests has one token: watches need it (auth.py).

@@ -236,15 +236,6 @@ def test_counts_below_one_are_refused_not_reinterpreted(field, value, message):
         EngineConfig(**{field: value})
 
 
-@pytest.mark.parametrize("pages", [1, 5])
-def test_pages_per_expert_other_than_one_a_matrix_is_refused_at_config(pages):
-    with pytest.raises(ValueError) as info:
-        EngineConfig(tunables=Tunables(pages_per_expert=pages))
-    assert str(info.value) == (
-        f"pages_per_expert must be 3 (an expert page holds one of w1, w3, w2); got {pages}"
-    )
-
-
 def test_a_context_past_the_models_positions_is_refused_not_cut():
     with pytest.raises(ValueError) as info:
         Engine(EngineConfig(model="tiny", max_model_len=32769))

@@ -137,3 +137,42 @@ def test_async_scheduling_also_takes_auto_its_default():
         config_of("bench", ["--async-scheduling", "sometimes"])
     with pytest.raises(ValueError, match=r"--enforce-eager must be on or off \("):
         config_of("bench", ["--enforce-eager", "auto"])  # no auto where the default is a bool
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_retired_flags_take_their_one_value_and_are_hidden(command, capsys):
+    # --block-size 16 and --pages-per-expert 3 were flags: old scripts still pass them.
+    argv = ["--memory-budget", "1GiB"] if command == "plan" else []
+    old = ["--block-size", "16", "--pages-per-expert", "3"]
+    assert config_of(command, argv + old) == config_of(command, argv)
+    with pytest.raises(SystemExit):
+        config_of(command, ["--help"])
+    shown = capsys.readouterr().out
+    assert "--max-num-seqs" in shown
+    assert "--block-size" not in shown and "--pages-per-expert" not in shown
+
+
+def test_retired_flags_are_also_read_from_older_operators_configmaps(monkeypatch):
+    monkeypatch.setenv("RIMURU_BLOCK_SIZE", "16")
+    monkeypatch.setenv("RIMURU_PAGES_PER_EXPERT", "3")
+    assert config_of("serve", []) == EngineConfig()
+    monkeypatch.setenv("RIMURU_PAGES_PER_EXPERT", "4")
+    with pytest.raises(ValueError, match=r"--pages-per-expert must be 3 \(an expert takes"):
+        config_of("serve", [])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--block-size", "32"], "--block-size must be 16 (the kernels' page layout); got 32"),
+        (
+            ["--pages-per-expert", "1"],
+            "--pages-per-expert must be 3 (an expert takes one page for each of w1, w3, w2); got 1",
+        ),
+    ],
+)
+def test_a_retired_flag_refuses_any_other_value_as_a_usage_error(argv, message, capsys):
+    from rimuru.cli import main
+
+    assert main(["plan", "--memory-budget", "1GiB", *argv]) == 2
+    assert f"rimuru plan: {message}" in capsys.readouterr().err

@@ -234,7 +234,7 @@ def test_real_hybrid_page_geometry(preset):
     """2 MiB expert pages (512 x 2048 bf16) = 2 MiB SSM pages (32 x 128 x 128 fp32) = the
     huge page; 32 KiB KV pages (2 x 16 x 2 x 256 bf16); the 48 KiB conv state (8192 x 3
     bf16) padded to a 64 KiB slot, 32 per expert page."""
-    g = page_geometry(preset_config(preset), torch.bfloat16, 16)
+    g = page_geometry(preset_config(preset), torch.bfloat16)
     KiB = 1024
     assert g.page_bytes == {
         PageType.EXPERT: 2048 * KiB,

@@ -11,6 +11,7 @@ import transformers
 from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.engine.startup.capacity import non_pool_weight_bytes
 from rimuru.dataplane.memory.geometry import PageType
+from rimuru.policy import EXPERT_MATRICES
 
 PROMPTS = [[(7 * i + 3 * j) % 512 for j in range(20 + 9 * i)] for i in range(6)]
 MAX_TOKENS = 10
@@ -55,7 +56,7 @@ def test_only_moe_layers_have_experts_and_dense_mlps_are_resident(
     assert (engine.ranking.num_layers, engine.ranking.num_experts) == (2, 8)
     assert engine.experts.num_resident() == 2 * 8
     owned = engine.allocator.num_owned(PageType.EXPERT)
-    assert owned == 2 * 8 * engine.tunables.pages_per_expert
+    assert owned == 2 * 8 * EXPERT_MATRICES
     assert engine.model.layers[0].router is None and engine.model.layers[1].dense_mlp is None
     # Resident bytes = every transformers parameter but the routed experts (fp32): the dense
     # MLPs count there, like attention; the capacity plan counts the same without weights.

@@ -7,6 +7,7 @@ from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.memory.geometry import PageType
+from rimuru.policy import EXPERT_MATRICES
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def test_a_page_a_finished_request_still_owns_is_a_leak(served):
 
 
 def test_an_expert_page_no_resident_expert_accounts_for_is_reported(served):
-    resident = served.experts.num_resident() * served.tunables.pages_per_expert
+    resident = served.experts.num_resident() * EXPERT_MATRICES
     owner = ("expert", 0, 10_000)  # an expert the model does not have
     pages = served.allocator.allocate(PageType.EXPERT, 1, owner)
     assert pages is not None

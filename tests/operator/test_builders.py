@@ -206,10 +206,8 @@ def test_engine_config_map(gpu_rd, tiny_rd):
         "RIMURU_GPU_MEMORY_UTILIZATION": "0.9",
         "RIMURU_MAX_NUM_SEQS": "256",
         "RIMURU_MAX_NUM_BATCHED_TOKENS": "8192",
-        "RIMURU_BLOCK_SIZE": "16",
         "RIMURU_LOADING_BUFFER_SLOTS": "16",
         "RIMURU_POLICY_MODE": "elastic",
-        "RIMURU_PAGES_PER_EXPERT": "3",
         # the live fields' start-up values (out of the hash: engine_config.LIVE_KEYS)
         "RIMURU_EXPERT_OFFLOAD_LIMIT": "16",
         "RIMURU_SHRINK_THRESHOLD": "2",
@@ -226,10 +224,8 @@ def test_engine_config_map(gpu_rd, tiny_rd):
         "RIMURU_MEMORY_BUDGET_BYTES": str(512 * 2**20),
         "RIMURU_MAX_NUM_SEQS": "16",
         "RIMURU_MAX_NUM_BATCHED_TOKENS": "8192",
-        "RIMURU_BLOCK_SIZE": "16",
         "RIMURU_LOADING_BUFFER_SLOTS": "16",
         "RIMURU_POLICY_MODE": "elastic",
-        "RIMURU_PAGES_PER_EXPERT": "3",
         "RIMURU_EXPERT_OFFLOAD_LIMIT": "2",
         "RIMURU_SHRINK_THRESHOLD": "2",
         "RIMURU_GROW_THRESHOLD": "9",
@@ -397,7 +393,6 @@ def test_policy_change_leaves_every_child_unchanged(gpu_rd, path, value):
         ("dataPlane.startupTimeoutSeconds", 600),
         # The engine cannot switch these while running (it NACKs them): new pods must.
         ("policy.mode", "fixed"),
-        ("policy.pagesPerExpert", 4),
     ],
 )
 def test_engine_change_rolls_the_pods(gpu_rd, path, value):
@@ -420,7 +415,6 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
         shrink_threshold=2,
         grow_threshold=9,
         max_grow_per_round=5,
-        pages_per_expert=3,
         online_hotness=True,
     )
 
@@ -434,7 +428,6 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
                 "gpuMemoryUtilization": 0.5,
                 "maxNumSeqs": 1,
                 "maxNumBatchedTokens": 16,
-                "blockSize": 16,
             },
             "spec.engine.gpuMemoryUtilization",
         ),
@@ -452,6 +445,9 @@ def test_policy_becomes_control_plane_tunables(gpu_rd):
         ("engine.maxWaiting", -1, "spec.engine.maxWaiting"),
         ("engine.fixedExpertShare", 1.5, "spec.engine.fixedExpertShare"),
         ("engine.maxWaiting", 2.5, "spec.engine.maxWaiting"),
+        # retired: old objects may set them, to their one value only
+        ("engine.blockSize", 32, "spec.engine.blockSize"),
+        ("policy.pagesPerExpert", 4, "spec.policy.pagesPerExpert"),
         (
             "dataPlane.resources",
             {"limits": {"amd.com/gpu": "1.5"}},
@@ -467,9 +463,30 @@ def test_specs_that_can_never_work_name_the_field(tiny_rd, path, value, field):
     assert info.value.field == field
 
 
+@pytest.mark.parametrize("example", ["tiny_rd", "gpu_rd"])
+def test_an_object_setting_the_retired_fields_deploys_as_one_without(example, api, request):
+    # Objects written for CRD revision 2 or earlier carry blockSize and pagesPerExpert (the
+    # API server filled them in): they must stay valid and change nothing.
+    rd = request.getfixturevalue(example)
+    assert "blockSize" not in rd["spec"]["engine"]
+    assert "pagesPerExpert" not in rd["spec"]["policy"]
+    old = _changed(_changed(rd, "engine.blockSize", 16), "policy.pagesPerExpert", 3)
+    admitted, errors = api.admit(copy.deepcopy(old))
+    assert errors == []
+    assert (
+        admitted["spec"]["engine"]["blockSize"],
+        admitted["spec"]["policy"]["pagesPerExpert"],
+    ) == (
+        16,
+        3,
+    )
+    assert _parse(old) == _parse(rd)
+    assert build_children(_parse(old), CONFIG) == build_children(_parse(rd), CONFIG)
+
+
 def test_missing_defaults_mean_an_old_crd(tiny_rd):
     rd = copy.deepcopy(tiny_rd)
-    del rd["spec"]["engine"]["blockSize"]
+    del rd["spec"]["engine"]["maxNumSeqs"]
     with pytest.raises(SpecError, match="upgrade the rimuru-operator chart"):
         _parse(rd)
 

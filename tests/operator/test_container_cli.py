@@ -70,12 +70,8 @@ def test_dataplane_pod_is_what_rimuru_serve_reads(gpu_rd, monkeypatch):
         "cuda",
     )
     assert (engine.gpu_memory_utilization, engine.memory_budget) == (0.9, None)
-    assert (engine.max_num_seqs, engine.max_num_batched_tokens, engine.block_size) == (
-        256,
-        8192,
-        16,
-    )
-    assert (engine.tunables.mode, engine.tunables.pages_per_expert) == ("elastic", 3)
+    assert (engine.max_num_seqs, engine.max_num_batched_tokens) == (256, 8192)
+    assert engine.tunables.mode == "elastic"
 
 
 @pytest.mark.parametrize("grace, drain", [(120, 110), (60, 50), (10, 0), (0, 0)])
@@ -174,7 +170,6 @@ def test_the_pod_starts_the_engine_the_spec_means(rd_name, request, monkeypatch)
         gpu_memory_utilization=eng.gpu_memory_utilization,
         max_num_seqs=eng.max_num_seqs,
         max_num_batched_tokens=eng.max_num_batched_tokens,
-        block_size=eng.block_size,
         # online_hotness is the control plane's: the engine never reads it
         tunables=replace(spec.policy.tunables, online_hotness=False),
         **optional,
@@ -193,3 +188,11 @@ def test_a_new_pod_starts_with_the_specs_live_policy(tiny_rd, monkeypatch):
     tunables = serve_engine_config(_parse_args("rimuru.dataplane.serve.cli", [])).tunables
     assert (tunables.expert_offload_limit, tunables.copy_budget) == (2, 1.5)
     assert (tunables.elastic_rule, tunables.tpot_slo_ms) == ("cost", 80.0)
+
+
+def test_the_retired_block_size_the_operator_takes_is_the_engines():
+    # The operator's slim image does not import the data plane: it keeps its own copy.
+    from rimuru.dataplane.memory.geometry import BLOCK_SIZE
+    from rimuru.operator.spec import KV_BLOCK_SIZE
+
+    assert KV_BLOCK_SIZE == BLOCK_SIZE

@@ -71,8 +71,7 @@ def test_examples_are_accepted(api, path):
     obj, errors = api.admit(yaml.safe_load(path.read_text()))
     assert errors == []
     # Defaults were applied where the example is silent.
-    assert obj["spec"]["engine"]["blockSize"] == 16
-    assert obj["spec"]["policy"]["pagesPerExpert"] == 3
+    assert obj["spec"]["policy"]["mode"] == "elastic"
 
 
 def test_defaults_fill_an_almost_empty_spec(api):
@@ -85,7 +84,6 @@ def test_defaults_fill_an_almost_empty_spec(api):
         "gpuMemoryUtilization": 0.9,
         "maxNumSeqs": 256,
         "maxNumBatchedTokens": 8192,
-        "blockSize": 16,
     }
     assert spec["policy"] == {
         "mode": "elastic",
@@ -93,7 +91,6 @@ def test_defaults_fill_an_almost_empty_spec(api):
         "shrinkThreshold": 2,
         "growThreshold": 9,
         "maxGrowPerRound": 5,
-        "pagesPerExpert": 3,
         "onlineHotness": False,
         "copyBudget": 0,
         "elasticRule": "cost",
@@ -184,7 +181,7 @@ INVALID = {
         "mode resident keeps every expert in the pool",
     ),
     "unknown mode": (_with("policy", {"mode": "dynamic"}), "'dynamic' is not one of"),
-    # the engine has one layout (w1, w3, w2): pods crashlooped on any other
+    # retired: the engine has one layout (w1, w3, w2); old objects may still set it to 3
     "pages per expert 4": (_with("policy", {"pagesPerExpert": 4}), "4 is not one of [3]"),
     "copy budget outside elastic": (
         _with("policy", {"mode": "fixed", "copyBudget": 2.0}),
@@ -201,7 +198,7 @@ INVALID = {
         "-1 is less than the minimum of 0",
     ),
     "zero max grow": (_with("policy", {"maxGrowPerRound": 0}), "0 is less than the minimum of 1"),
-    "block size 32": (_with("engine.blockSize", 32), "32 is not one of [16]"),
+    "block size 32": (_with("engine.blockSize", 32), "32 is not one of [16]"),  # retired too
     "bad budget quantity": (_with("engine.memoryBudget", "lots"), "'lots' does not match"),
     "negative replicas": (_with("dataPlane", {"replicas": -1}), "-1 is less than the minimum of 0"),
     "replicas as string": (_with("dataPlane", {"replicas": "2"}), "'2' is not of type 'integer'"),

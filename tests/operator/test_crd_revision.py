@@ -18,7 +18,7 @@ from tests.operator.conftest import CHART, load_crd
 # revision -> (sha256 of the CRD's spec, the chart version that first shipped it). A CRD
 # change fails this test until the revision is raised (here, in the CRD's annotation and in
 # operator/crd.py) and the chart's version with it.
-REVISIONS = {2: ("db428cec", "0.2.0")}
+REVISIONS = {2: ("db428cec", "0.2.0"), 3: ("f03d7ed9", "0.3.0")}
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 
 

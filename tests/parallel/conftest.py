@@ -43,7 +43,7 @@ def _rank_model(model: str, size: int) -> tuple[int, PageGeometry, ModelConfig]:
     mc, dtype = source.config, source.config.dtype
     decoder = HybridTransformer if mc.is_hybrid else MoETransformer
     weights = decoder.from_source(source, None, None, "cpu", dtype)
-    return weights.resident_nbytes(), page_geometry(mc, dtype, 16), mc
+    return weights.resident_nbytes(), page_geometry(mc, dtype), mc
 
 
 def rank_budget(config: EngineConfig, pool_bytes: int) -> int:

@@ -23,7 +23,6 @@ BASE = dict(
     shrink_threshold=2,
     grow_threshold=9,
     max_grow_per_round=5,
-    pages_per_expert=3,
 )
 
 
@@ -204,7 +203,7 @@ async def test_routing_reports_drive_online_hotness_into_the_engine(
         assert all(0 < sum(row) <= total for row, total in zip(counts, routed, strict=True))
 
 
-@pytest.mark.parametrize("bad", ["mode", "pages_per_expert", "expert_offload_limit"])
+@pytest.mark.parametrize("bad", ["mode", "expert_offload_limit"])
 async def test_pushes_the_engine_cannot_apply_are_nacked(
     bad, start_control_plane, start_data_plane, eventually
 ):
@@ -214,7 +213,7 @@ async def test_pushes_the_engine_cannot_apply_are_nacked(
         dp = await start_data_plane(control_plane=_link(cp_port))
         await _at_version(dp, 1, eventually)
         # The engine's loading buffers hold 4 experts a layer (SMALL): 5 cannot be offloaded.
-        change = {"mode": cpb.MODE_FIXED, "pages_per_expert": 4, "expert_offload_limit": 5}
+        change = {"mode": cpb.MODE_FIXED, "expert_offload_limit": 5}
         await _set(cp, **{"expert_offload_limit": 1, bad: change[bad]})
 
         async def nacked() -> bool:

@@ -24,7 +24,7 @@ async def test_data_plane_follows_a_tls_control_plane(self_signed, start_data_pl
         async with grpc.aio.secure_channel(f"localhost:{port}", credentials) as channel:
             tunables = cpb.Tunables(
                 mode=cpb.MODE_ELASTIC, expert_offload_limit=3, shrink_threshold=2,
-                grow_threshold=9, max_grow_per_round=5, pages_per_expert=3,
+                grow_threshold=9, max_grow_per_round=5,
             )  # fmt: skip
             await cpb_grpc.PolicyServiceStub(channel).SetPolicy(
                 cpb.SetPolicyRequest(deployment="tls", tunables=tunables),

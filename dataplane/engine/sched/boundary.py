@@ -32,7 +32,7 @@ from rimuru.dataplane.engine.sched.scheduler import RoundState
 from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.policies import memory_policy
-from rimuru.policy import HotnessRanking, Tunables
+from rimuru.policy import EXPERT_MATRICES, HotnessRanking, Tunables
 
 # The most copy_scale prices copies up by: a meter that still counts copies of experts just
 # brought back (its average lags ~10 steps) must not freeze the boundary.
@@ -165,7 +165,7 @@ class ElasticBoundary:
         the measured step cost and step mix, the copies per step (expected from recent
         routing, else the ranking, over every offloaded expert and the mix, scaled by
         copy_scale, or measured, the larger) and the batch one eviction's pages buy
-        (pages_per_expert over what a running request holds)."""
+        (EXPERT_MATRICES over what a running request holds)."""
         t = self.policy.tunables
         if not memory_policy(t).prices_copies:
             return None
@@ -181,7 +181,7 @@ class ElasticBoundary:
             cost=self.step_cost.cost(),
             batch=batch,
             copies=copies,
-            batch_per_eviction=t.pages_per_expert / max(per_request, 1.0),
+            batch_per_eviction=EXPERT_MATRICES / max(per_request, 1.0),
             demand=demand,
             tpot_slo_s=t.tpot_slo_ms / 1e3 if t.tpot_slo_ms else None,
             prices=prices,

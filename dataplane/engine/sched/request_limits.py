@@ -16,7 +16,7 @@ from rimuru.dataplane.memory.geometry import PageGeometry, PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.model.config import ModelConfig
 from rimuru.dataplane.policies import memory_policy
-from rimuru.policy import Tunables
+from rimuru.policy import EXPERT_MATRICES, Tunables
 
 
 class RequestLimits:
@@ -61,7 +61,7 @@ class RequestLimits:
         slots = self.experts.device_copy
         slot_pages = 3 * min(slots.num_slots, offloaded) if slots is not None else 0
         kv_pages = (
-            total_expert_pages - min_resident * t.pages_per_expert - slot_pages
+            total_expert_pages - min_resident * EXPERT_MATRICES - slot_pages
         ) * self.geometry.kv_pages_per_expert_page - num_pad_pages
         # A hybrid's state pages, in KV pages: the whole parent pages they are cut from (a
         # lone request shares them with no one). Counting their bytes only let a request

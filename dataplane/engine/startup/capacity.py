@@ -33,14 +33,14 @@ from rimuru.dataplane.engine.startup.setup import (
     loading_buffer_bytes,
 )
 from rimuru.dataplane.memory.allocator import PageAllocator
-from rimuru.dataplane.memory.geometry import PageGeometry, PageType
+from rimuru.dataplane.memory.geometry import BLOCK_SIZE, PageGeometry, PageType
 from rimuru.dataplane.model.checkpoint import PRESETS, model_config
 from rimuru.dataplane.model.checkpoint.hf_layout import build_global_weights, build_layer_weights
 from rimuru.dataplane.model.checkpoint.hybrid_layout import build_hybrid_layer_weights
 from rimuru.dataplane.model.checkpoint.shard import shard_config
 from rimuru.dataplane.model.config import ModelConfig, parse_dtype
 from rimuru.dataplane.policies import memory_policy
-from rimuru.policy import HotnessRanking, Tunables
+from rimuru.policy import EXPERT_MATRICES, HotnessRanking
 from rimuru.sizes import format_bytes
 
 _ROUTER_BIAS_ITEMSIZE = 4  # the presets' skew bias is fp32
@@ -113,7 +113,7 @@ def plan_capacity(config: EngineConfig, policies: tuple[str, ...]) -> CapacityPl
     if config.tensor_parallel_size > 1:  # rank 0's slice: every figure is per GPU
         mc = shard_config(mc, config.tensor_parallel_size)
     dtype = parse_dtype(config.dtype) if config.dtype else mc.dtype
-    geometry = page_geometry(mc, dtype, config.block_size)
+    geometry = page_geometry(mc, dtype)
     non_pool = non_pool_weight_bytes(mc, dtype, skew)
     reserve = config.activation_reserve
     if reserve is None:
@@ -194,7 +194,7 @@ def _policy(
     offloaded = max_offloaded(chosen, mc.num_moe_layers, mc.num_experts)
     check_offload_fits(t.mode, offloaded, slots)
     slot_experts = min(pool_slots, offloaded)  # a slot takes an expert's pages
-    expert_pages = (len(chosen) + slot_experts) * t.pages_per_expert
+    expert_pages = (len(chosen) + slot_experts) * EXPERT_MATRICES
     if expert_pages > allocator.num_free(PageType.EXPERT):
         raise ValueError(
             f"the pool ({format_bytes(plan.pool_bytes)}) cannot hold the {len(chosen)} experts "
@@ -202,17 +202,13 @@ def _policy(
             f"({format_bytes(expert_pages * geometry.expert_page_bytes)}): raise the memory "
             f"budget or choose a policy that offloads experts (fixed/elastic)"
         )
-    at_start = _kv_tokens(
-        geometry, plan, len(chosen) + slot_experts, t, config.block_size, mc.num_kv_layers
-    )
+    at_start = _kv_tokens(geometry, plan, len(chosen) + slot_experts, mc.num_kv_layers)
     least, least_slots = len(chosen), slot_experts
     policy = memory_policy(t)
     if policy.moves_boundary:
         least = mc.num_moe_layers * policy.least_kept(mc.num_experts, t)
         least_slots = min(pool_slots, mc.num_experts - least // mc.num_moe_layers)
-    at_most = _kv_tokens(
-        geometry, plan, least + least_slots, t, config.block_size, mc.num_kv_layers
-    )
+    at_most = _kv_tokens(geometry, plan, least + least_slots, mc.num_kv_layers)
     return PolicyCapacity(t.mode, plan, len(chosen), at_start, least, at_most)
 
 
@@ -220,14 +216,12 @@ def _kv_tokens(
     geometry: PageGeometry,
     plan: MemoryPlan,
     num_experts: int,
-    t: Tunables,
-    block_size: int,
     num_layers: int,
 ) -> int:
     """KV tokens the pool holds once `num_experts` experts take their pages (a token needs
     one KV slot in every attention layer)."""
     allocator = PageAllocator(geometry, plan.num_huge_pages)
     for i in range(num_experts):
-        if allocator.allocate(PageType.EXPERT, t.pages_per_expert, ("expert", i)) is None:
+        if allocator.allocate(PageType.EXPERT, EXPERT_MATRICES, ("expert", i)) is None:
             raise ValueError(f"the pool cannot hold {num_experts} experts")
-    return allocator.num_free(PageType.KV) // num_layers * block_size
+    return allocator.num_free(PageType.KV) // num_layers * BLOCK_SIZE

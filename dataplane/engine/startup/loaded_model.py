@@ -34,7 +34,7 @@ class RankLink(Protocol):
     def reduce_ops(self, inner: LayerOps | None) -> LayerOps: ...
 
 
-def page_geometry(mc: ModelConfig, dtype: torch.dtype, block_size: int) -> PageGeometry:
+def page_geometry(mc: ModelConfig, dtype: torch.dtype) -> PageGeometry:
     """Page sizes from the model's shapes; a hybrid's SSM and conv pages hold one GDN
     layer's state of one request."""
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -52,7 +52,6 @@ def page_geometry(mc: ModelConfig, dtype: torch.dtype, block_size: int) -> PageG
             mc.num_kv_heads,
             mc.head_dim,
             itemsize,
-            block_size,
             ssm_state_bytes=ssm,
             conv_state_bytes=conv,
         )
@@ -101,7 +100,7 @@ def load_model(
         config=mc,
         model=model,
         host_experts=host_experts,
-        geometry=page_geometry(mc, dtype, c.block_size),
+        geometry=page_geometry(mc, dtype),
         dtype=dtype,
         device=device,
         max_model_len=c.max_model_len or mc.max_position_embeddings,

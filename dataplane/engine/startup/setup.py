@@ -21,7 +21,7 @@ from rimuru.dataplane.engine.startup.budget import (
 )
 from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.engine.startup.loaded_model import LoadedModel
-from rimuru.dataplane.memory.geometry import PageGeometry
+from rimuru.dataplane.memory.geometry import BLOCK_SIZE, PageGeometry
 from rimuru.dataplane.model.config import ModelConfig
 from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import Tunables
@@ -110,7 +110,7 @@ def activation_reserve(c: EngineConfig, loaded: LoadedModel, paths: ComputePaths
     store = 0
     if loaded.device.type == "cuda":
         store = DeviceBlockTables.nbytes(
-            loaded.config.num_kv_layers, c.max_num_seqs, loaded.max_model_len, c.block_size
+            loaded.config.num_kv_layers, c.max_num_seqs, loaded.max_model_len, BLOCK_SIZE
         )
     # the profiling forward drives MoETransformer's pieces; a hybrid model is estimated
     if loaded.device.type == "cuda" and paths.use_kernels and not loaded.config.is_hybrid:
@@ -164,7 +164,7 @@ def warm_up_kernels(c: EngineConfig, loaded: LoadedModel, paths: ComputePaths) -
 
     contexts = decode_warmup_contexts(mc.num_kv_heads, loaded.max_model_len, device)
     batches = warmup_batches(
-        c.max_num_batched_tokens, c.max_num_seqs, loaded.max_model_len, c.block_size,
+        c.max_num_batched_tokens, c.max_num_seqs, loaded.max_model_len, BLOCK_SIZE,
         moe_key, contexts,
     )  # fmt: skip
     log.info("warm-up: compiling kernels for %d batch shapes before serving", len(batches))

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.sched.request import SamplingParams
-from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.memory.geometry import BLOCK_SIZE, PageType
 from rimuru.dataplane.serve.plane.events import EngineSnapshot, ModelInfo
+from rimuru.policy import EXPERT_MATRICES
 
 
 def warm_up(engine: Engine) -> ModelInfo:
@@ -35,7 +36,7 @@ def warm_up(engine: Engine) -> ModelInfo:
         moe_intermediate_size=mc.moe_intermediate_size,
         num_kv_heads=mc.num_kv_heads,
         head_dim=mc.head_dim,
-        kv_block_size=config.block_size,
+        kv_block_size=BLOCK_SIZE,
         eos_token_ids=tuple(mc.eos_token_ids),
         async_scheduling=config.schedules_async,
     )
@@ -47,7 +48,7 @@ def take_snapshot(engine: Engine, policy_version: int) -> EngineSnapshot:
     kv_used = last.num_kv_pages_used if last is not None else allocator.num_owned(PageType.KV)
     kv_free = allocator.num_free(PageType.KV)
     resident = tuple(len(r) for r in engine.experts.resident)
-    expert_pages = sum(resident) * engine.tunables.pages_per_expert
+    expert_pages = sum(resident) * EXPERT_MATRICES
     return EngineSnapshot(
         step=engine.step_id,
         num_requests_running=len(engine.scheduler.running),
