@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.moe_backend import MoEBackend
 from rimuru.dataplane.engine.forward.profile_run import ScratchRunner
 from rimuru.dataplane.engine.graphs.cuda_graphs import (
     DecodeGraphs,
@@ -195,7 +195,7 @@ class GraphPlanner:
     def build(
         self,
         model: MoETransformer,
-        experts: ExpertManager,
+        experts: MoEBackend,
         allocator: PageAllocator,
         pool: UnifiedPool,
         memory: MemoryPlan,
