@@ -245,7 +245,7 @@ def graphs_match_eager(device: str) -> str:
                 f"{mode}: pools differ ({e.plan.pool_bytes} vs {g.plan.pool_bytes})"
             )
         got, want = g.generate(batch, params), e.generate(batch, params)
-        got_counts, want_counts = g.experts.routing_counts, e.experts.routing_counts
+        got_counts, want_counts = g.moe_backend.routing_counts, e.moe_backend.routing_counts
         for x in (g, e):
             x.check_invariants()
             if x.num_leaked_pages():
@@ -270,7 +270,7 @@ def graphs_match_eager(device: str) -> str:
             raise AssertionError(f"{mode}: {flips} expert choices differ, more than rounding")
         details.append(
             f"{mode} {g.cuda_graphs.decode.replays} + {pieces} piecewise of {g.stats[-1].step} steps replayed, "
-            f"{g.experts.counters.evictions} evictions, {g.experts.counters.loads} loads, "
+            f"{g.expert_counters.evictions} evictions, {g.expert_counters.loads} loads, "
             f"{recomputed} preemptions, {flips} of {int(want_counts.sum())} expert choices "
             f"differ, graphs {g.plan.cuda_graph_bytes / MiB:.1f} MiB planned, "
             f"{_held(g.cuda_graphs.decode, g.cuda_graphs.piecewise)}"
@@ -304,7 +304,7 @@ def device_copy_matches_host(device: str) -> str:
             run = d.cuda_graphs.decode.run
 
             def observed(*args, d=d, run=run, seen=offloaded_replays):
-                seen.append(not d.experts.fully_resident())
+                seen.append(not d.residency.fully_resident())
                 return run(*args)
 
             d.cuda_graphs.decode.run = observed
@@ -313,7 +313,7 @@ def device_copy_matches_host(device: str) -> str:
         d.check_invariants()
         if got != want:
             raise AssertionError(f"{mode}: device copy-in tokens differ from host copies")
-        if not d.experts.counters.buffer_copies:
+        if not d.expert_counters.buffer_copies:
             raise AssertionError(f"{mode}: nothing was copied in")
         if d.cuda_graphs.decode is None or not any(offloaded_replays):
             raise AssertionError(f"{mode}: no graph replayed with experts offloaded")
@@ -322,7 +322,7 @@ def device_copy_matches_host(device: str) -> str:
         details.append(
             f"{mode} {sum(offloaded_replays)} offloaded steps replayed, "
             f"{d.cuda_graphs.piecewise.replays} piecewise, "
-            f"{d.experts.counters.buffer_copies} copies, {d.experts.counters.evictions} evictions"
+            f"{d.expert_counters.buffer_copies} copies, {d.expert_counters.evictions} evictions"
         )
     return "; ".join(details) + "; tokens identical"
 
@@ -379,9 +379,9 @@ def padded_kv_pages(device: str) -> str:
             e.check_invariants()
             if tokens != reference:
                 raise AssertionError(f"{mode}: {tokens} differ from the torch path's {reference}")
-            if kv_blocks is not None and not e.experts.counters.evictions:
+            if kv_blocks is not None and not e.expert_counters.evictions:
                 raise AssertionError(f"{mode} evicted nothing: the pool is not tight")
-            details.append(f"{mode} {e.experts.counters.evictions} evictions")
+            details.append(f"{mode} {e.expert_counters.evictions} evictions")
         return f"KV slot {slot} B for 4096 B pages; " + ", ".join(details) + "; tokens identical"
 
 
@@ -432,13 +432,13 @@ def async_matches_sync(device: str) -> str:
                 raise AssertionError(
                     f"{name}: a {a.plan.pool_bytes / MiB:.1f} MiB pool never preempted"
                 )
-            if policy == "elastic" and not a.experts.counters.evictions:
+            if policy == "elastic" and not a.expert_counters.evictions:
                 raise AssertionError(f"{name}: async evicted nothing")
             kind = "sampled" if params.temperature else "greedy"
             details.append(
                 f"{name} ({a.plan.pool_bytes / MiB:.0f} MiB pool) {kind}: {decode} + {pieces} piecewise replays, preemptions "
                 f"{s.scheduler.num_preemptions} / {a.scheduler.num_preemptions}, evictions "
-                f"{s.experts.counters.evictions} / {a.experts.counters.evictions} (sync / async)"
+                f"{s.expert_counters.evictions} / {a.expert_counters.evictions} (sync / async)"
             )
     return "; ".join(details) + "; tokens identical"
 
@@ -477,7 +477,7 @@ def hybrid_paths_agree(device: str) -> str:
             differ = sum(a != b for a, b in zip(tokens, first, strict=True))
             raise AssertionError(f"{name}: {differ} of {len(batch)} sequences differ from "
                                  f"resident/triton, {e.num_leaked_pages()} pages leaked")  # fmt: skip
-        c = e.experts.counters
+        c = e.expert_counters
         details.append(f"{name} {e.scheduler.num_preemptions}p {c.evictions}e {c.buffer_copies}c")
     return f"{len(runs)} runs, tokens identical (preemptions, evictions, copies): " + ", ".join(
         details

@@ -187,9 +187,9 @@ def measure_roofline(engine: Engine) -> dict:
     contexts = [r.num_tokens for r in running]
     if engine.device.type == "cuda":  # async: the step in flight routes before the reset
         torch.cuda.synchronize(engine.device)
-    engine.experts.reset_routing_counts()
+    engine.moe_backend.reset_routing_counts()
     engine.step()
-    distinct = int((engine.experts.routing_counts > 0).sum())
+    distinct = int((engine.moe_backend.routing_counts > 0).sum())
     roofline = decode_roofline(engine, distinct, contexts)
     return {"distinct_experts": distinct, "decoding": len(running), **roofline.to_dict()}
 

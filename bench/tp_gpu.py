@@ -84,7 +84,7 @@ def checks(args: argparse.Namespace) -> list[dict]:
                 engine.check_invariants()
                 stats[size, mode] = {
                     "preemptions": engine.scheduler.num_preemptions,
-                    "evictions": engine.experts.counters.evictions,
+                    "evictions": engine.expert_counters.evictions,
                 }
                 engine.close()
     rows = []

@@ -39,7 +39,7 @@ def run_trace(
     pending = list(zip(arrivals, trace.requests, strict=True))
     ids: list[str] = []
     first_step = engine.step_id
-    resident_at_start = engine.experts.num_resident()  # the first step may already evict
+    resident_at_start = engine.residency.num_resident()  # the first step may already evict
     with RequestProgress(
         len(trace), desc=desc or engine.tunables.mode, disable=None if progress else True
     ) as bar:

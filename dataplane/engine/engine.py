@@ -1,9 +1,9 @@
 """The Rimuru engine: one scheduling round per `step()`.
 
     schedule ──> adjust ──> apply changes ──> forward ──> sample ──> reclaim
-    (scheduler)  (adjuster:  (expert manager:  (model over   (sampler)  (deferred pages
-                 shortfall ->  evict / copy     pool pages +             freed after the
-                 change list)  into pages)      loading buffers)         step completes)
+    (scheduler)  (adjuster:  (residency table: (model over  (sampler)  (deferred pages
+                 shortfall ->  evict / copy      pool pages +            freed after the
+                 change list)  into pages)       copy-in)                step completes)
 
 The three memory policies run in this one engine on one budget:
   resident  every expert lives in the pool; KV gets the rest (vLLM).
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from rimuru.dataplane.engine.experts.copy_budget import CopyControl
-from rimuru.dataplane.engine.experts.expert_manager import ExpertCounters, ExpertManager
 from rimuru.dataplane.engine.experts.step_cost import StepCostMeter
 from rimuru.dataplane.engine.forward.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.forward.in_flight import InFlightStep, Readback, TokenFill
@@ -50,6 +49,7 @@ from rimuru.dataplane.engine.sched.step_log import StepLog
 from rimuru.dataplane.engine.startup.budget import MemoryPlan, plan_memory
 from rimuru.dataplane.engine.startup.capacity import check_before_loading
 from rimuru.dataplane.engine.startup.config import EngineConfig, check_device_available
+from rimuru.dataplane.engine.startup.expert_parts import build_expert_parts
 from rimuru.dataplane.engine.startup.live_policy import LivePolicy
 from rimuru.dataplane.engine.startup.loaded_model import load_model
 from rimuru.dataplane.engine.startup.setup import (
@@ -57,16 +57,16 @@ from rimuru.dataplane.engine.startup.setup import (
     budget_bytes,
     buffer_slots,
     loading_buffer_bytes,
-    num_loading_buffers,
     warm_up_kernels,
 )
 from rimuru.dataplane.engine.step_forward import StepBatch, run_forward
 from rimuru.dataplane.memory.allocator import PageAllocator
-from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.memory.geometry import BLOCK_SIZE, PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.memory.reclaim import DeferredReclaim
 from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import HotnessRanking, Tunables
+from rimuru.policy.tunables import EXPERT_MATRICES
 
 if TYPE_CHECKING:
     from rimuru.dataplane.engine.tp_link import StepLeader
@@ -120,52 +120,44 @@ class Engine:
         self.allocator = PageAllocator(self.geometry, self.plan.num_huge_pages)
         # async scheduling reuses released pages in stream order (memory/reclaim.py)
         self.reclaim = DeferredReclaim(self.allocator, stream_ordered=config.schedules_async)
-        self.experts = ExpertManager(
-            self.pool,
-            self.allocator,
-            self.reclaim,
-            self.host_experts,
-            slots,
-            router_logits=loaded.model.router_logits,
-            top_k=mc.top_k,
-            moe_kernel=self.paths.moe_kernel(),
-            copy_kernel=self.paths.copy_kernel(),
-            histogram=self.paths.routing_histogram(),
-            num_buffers=num_loading_buffers(config),
+        # the experts: their counters (exported as metrics), where each lies, how the others
+        # come in, and the MoE the model calls (expert_parts.py)
+        self.expert_counters, self.residency, self.copy_in, self.moe_backend = build_expert_parts(
+            loaded, self.paths, self.pool, self.allocator, self.reclaim, slots
         )
         self.attention = PagedAttention(self.pool, kernels=self.paths.attention_kernels())
         self.states: PagedStates | None = None  # a hybrid model's GDN states
         if mc.is_hybrid:
             self.states = PagedStates(self.pool, mc.linear_attention, self.paths.use_kernels)
-            self.model = loaded.model.with_backends(self.attention, self.experts, self.states)
+            self.model = loaded.model.with_backends(self.attention, self.moe_backend, self.states)
         else:
-            self.model = loaded.model.with_backends(self.attention, self.experts)
+            self.model = loaded.model.with_backends(self.attention, self.moe_backend)
         self.kv = KVCacheManager(
-            self.allocator, self.reclaim, mc.num_kv_layers, config.block_size,
+            self.allocator, self.reclaim, mc.num_kv_layers, BLOCK_SIZE,
             num_state_layers=len(mc.linear_attention_layers),
         )  # fmt: skip
         self.block_tables = DeviceBlockTables.for_engine(
-            mc.num_kv_layers, config.max_num_seqs, self.max_model_len, config.block_size,
+            mc.num_kv_layers, config.max_num_seqs, self.max_model_len, BLOCK_SIZE,
             self.device,
         )  # fmt: skip
         self.limits = RequestLimits(
-            mc, self.geometry, self.pool, self.experts, self.policy,
-            num_state_layers=self.kv.num_state_layers, block_size=config.block_size,
+            mc, self.geometry, self.pool, self.residency, self.policy,
+            num_state_layers=self.kv.num_state_layers, block_size=BLOCK_SIZE,
             max_model_len=self.max_model_len,
         )  # fmt: skip
         # ---- scheduling under the policy in force
         self.copy_control = CopyControl(config.max_num_seqs, mc.top_k)  # the copy budget's
+        copy_kernel = self.paths.copy_kernel()  # device copy-in's, priced by the cost rule
         self.step_cost = StepCostMeter.measured(  # the cost rule's prices, on this device
             self.device, 3 * self.geometry.expert_page_bytes,
             all_weight_bytes=self.plan.non_pool_weight_bytes
             + mc.num_moe_layers * mc.num_experts * 3 * self.geometry.expert_page_bytes,
-            copy_in=(self.experts.copy_kernel, self.host_experts[0])
-            if self.experts.device_copy is not None
-            else None,
+            copy_in=(copy_kernel, self.host_experts[0]) if copy_kernel is not None else None,
         )  # fmt: skip
         self.boundary = ElasticBoundary(
-            self.policy, self.allocator, self.kv, self.experts, self.copy_control,
-            self.step_cost, config.max_num_seqs, mc.top_k, config.evict_to_admit,
+            self.policy, self.allocator, self.kv, self.residency, self.moe_backend,
+            self.copy_control, self.step_cost, config.max_num_seqs, mc.top_k,
+            config.evict_to_admit,
         )  # fmt: skip
         elastic = memory_policy(config.tunables).moves_boundary
         self.scheduler = Scheduler(
@@ -176,8 +168,9 @@ class Engine:
             admit_limit=self.boundary.admit_limit,
         )
         self.live_policy = LivePolicy(
-            self.policy, self.scheduler, self.experts, self.allocator, self.reclaim,
-            self.copy_control, config.fixed_expert_share, self.max_kv_tokens,
+            self.policy, self.scheduler, self.residency, self.expert_counters,
+            self.copy_in.num_slots, self.allocator, self.reclaim, self.copy_control,
+            config.fixed_expert_share, self.max_kv_tokens,
         )  # fmt: skip
         # one Triton launch samples the whole batch where kernels run (no launch per request)
         self.sampler = Sampler(race=self.paths.use_kernels)
@@ -189,7 +182,7 @@ class Engine:
         self.stats = StepLog()  # bounded: a recent window and totals (step_log.py)
         self.live_policy.check_buffer_fits(self.tunables)
         self.live_policy.load_initial_experts()
-        self.experts.counters = ExpertCounters()  # start-up loading is not serving traffic
+        self.expert_counters.reset()  # start-up loading is not serving traffic
         self.cuda_graphs: CudaGraphs = NO_GRAPHS
         if self.graph_plan.bytes:
             self.make_cuda_graphs()
@@ -198,7 +191,7 @@ class Engine:
             log.info(
                 "policy %s: %d of %d experts resident, %d KV pages free",
                 self.tunables.mode,
-                self.experts.num_resident(),
+                self.residency.num_resident(),
                 mc.num_moe_layers * mc.num_experts,
                 self.allocator.num_free(PageType.KV),
             )
@@ -234,7 +227,7 @@ class Engine:
         """Build and adopt the decode and piecewise graphs (graph_setup.py); `capture=False`
         builds their bookkeeping without capturing (tests on the CPU)."""
         self.cuda_graphs = self.graph_planner.build(
-            self.model, self.experts, self.allocator, self.pool, self.plan, self.graph_plan,
+            self.model, self.moe_backend, self.allocator, self.pool, self.plan, self.graph_plan,
             capture=capture,
         )  # fmt: skip
         return self.cuda_graphs.decode
@@ -319,7 +312,7 @@ class Engine:
             self.step_id += 1
             step = self.step_id
             started = time.perf_counter()
-            self.copy_control.begin_step(self.experts)
+            self.copy_control.begin_step(self.expert_counters)
             out = self.scheduler.schedule(step)
             refused = []
             if out.preempted_alone is not None:
@@ -328,7 +321,7 @@ class Engine:
                         self.requests[out.preempted_alone],
                         pool_moves=memory_policy(self.tunables).moves_boundary,
                         fits=self.max_kv_tokens(),
-                        num_resident=self.experts.num_resident(),
+                        num_resident=self.residency.num_resident(),
                     ),
                     step,
                 )
@@ -383,7 +376,7 @@ class Engine:
         each request it samples for holds a placeholder until then. `prev`: the step in
         flight, whose sampled tokens the pending rows take (async scheduling)."""
         if not scheduled:
-            return InFlightStep(step, [], None, Readback.start(None, self.experts, self.device))
+            return InFlightStep(step, [], None, Readback.start(None, self.copy_in, self.device))
         batch = StepBatch.of(scheduled)
         fill = None
         if batch.pending_rows:
@@ -392,8 +385,8 @@ class Engine:
             fill = TokenFill.build(batch.pending_rows, batch.pending_requests, prev)
         sample_requests = batch.sample_requests
         if self.tp is not None:  # the other ranks' residency and batch, before the forward
-            self.tp.send_step(step, scheduled, batch, self.experts)
-        self.experts.begin_step()
+            self.tp.send_step(step, scheduled, batch, self.residency)
+        self.copy_in.begin_step()
         graphs = self.cuda_graphs
         hidden = run_forward(
             batch, self.model, graphs.decode, graphs.piecewise, self.block_tables, fill
@@ -415,14 +408,14 @@ class Engine:
             for r in sample_requests:
                 add_placeholder(r)
         readback = Readback.start(
-            None if sampled is None else (sampled, nonfinite), self.experts, self.device
+            None if sampled is None else (sampled, nonfinite), self.copy_in, self.device
         )
         return InFlightStep(step, sample_requests, sampled, readback)
 
     def _read_back(self, launched: InFlightStep) -> list[RequestOutput]:
         """Wait for a launched step, free what was released for it, and give its tokens to
         the requests still running (one stopped or aborted since drops its token)."""
-        tokens, nonfinite = launched.readback.wait(self.experts)
+        tokens, nonfinite = launched.readback.wait(self.copy_in)
         self.reclaim.complete(launched.step)  # its forward has finished (the wait above)
         now = time.monotonic()
         outputs = []
@@ -441,7 +434,9 @@ class Engine:
     def _record(self, out, step: int, running: int, seconds: float) -> None:
         idle = not self.scheduler.running
         decode_only = bool(out.scheduled) and all(s.num_new_tokens == 1 for s in out.scheduled)
-        copies = self.copy_control.end_step(self.experts, decode_only, idle, self.tunables)
+        copies = self.copy_control.end_step(
+            self.expert_counters, self.residency, decode_only, idle, self.tunables
+        )
         self.step_cost.record(len(out.scheduled), out.num_tokens, copies, seconds)
         self.stats.append(
             StepStats.capture(
@@ -449,7 +444,8 @@ class Engine:
                 out.num_tokens,
                 running,
                 self.scheduler,
-                self.experts,
+                self.residency,
+                self.expert_counters,
                 self.allocator,
                 self.pool,
             )
@@ -515,9 +511,9 @@ class Engine:
         self.allocator.check_invariants()
         self.block_tables.check_invariants()
         check_page_owners(
-            self.allocator, self.requests.values(), self.experts,
+            self.allocator, self.requests.values(), self.residency,
             num_state_layers=self.kv.num_state_layers,
-            pages_per_expert=self.tunables.pages_per_expert,
+            pages_per_expert=EXPERT_MATRICES,
         )  # fmt: skip
 
     def num_leaked_pages(self) -> int:

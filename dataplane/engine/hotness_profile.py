@@ -18,8 +18,8 @@ def profile_hotness(
     routed tokens are reset before and after."""
     if not prompts:
         raise ValueError("profiling needs at least one sample prompt")
-    engine.experts.reset_routing_counts()
+    engine.moe_backend.reset_routing_counts()
     engine.generate(prompts, SamplingParams(max_tokens=1, ignore_eos=True))
-    counts = engine.experts.routing_counts.tolist()
-    engine.experts.reset_routing_counts()
+    counts = engine.moe_backend.routing_counts.tolist()
+    engine.moe_backend.reset_routing_counts()
     return HotnessRanking.from_counts(counts, source=source or f"{len(prompts)} prompts routed")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
 from rimuru.dataplane.engine.graphs.cuda_graphs import GRAPH_PADDING
 from rimuru.dataplane.engine.sched.request import Request
 from rimuru.dataplane.memory.allocator import PageAllocator
@@ -21,7 +21,7 @@ REQUEST_PAGES = (PageType.KV, PageType.SSM, PageType.CONV)  # what requests own
 def check_page_owners(
     allocator: PageAllocator,
     requests: Collection[Request],
-    experts: ExpertManager,
+    residency: ResidencyTable,
     *,
     num_state_layers: int,
     pages_per_expert: int,
@@ -42,7 +42,7 @@ def check_page_owners(
         held = r.state_pages
         if held is not None and not (len(held.ssm) == len(held.conv) == num_state_layers):
             raise AssertionError(f"{r.request_id} holds state pages {held}")
-    expected = experts.num_resident() * pages_per_expert
+    expected = residency.num_resident() * pages_per_expert
     expert_owned = sum(
         1
         for t, _, o in allocator.owned_pages()
@@ -50,7 +50,7 @@ def check_page_owners(
     )
     if expected != expert_owned:
         raise AssertionError(f"{expert_owned} expert pages owned, {expected} expected")
-    slots = experts.device_copy
+    slots = residency.loading_slots
     if slots is not None:  # a loading slot per expert offloaded, as many as a layer needs
         slot_owned = sum(
             1

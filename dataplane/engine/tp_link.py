@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+    from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
     from rimuru.dataplane.engine.startup.budget import MemoryPlan
     from rimuru.dataplane.engine.step_forward import StepBatch
 
@@ -19,7 +19,9 @@ class StepLeader(Protocol):
 
     def agree_plan(self, plan: MemoryPlan) -> MemoryPlan: ...
 
-    def send_step(self, step: int, scheduled, batch: StepBatch, experts: ExpertManager) -> None: ...
+    def send_step(
+        self, step: int, scheduled, batch: StepBatch, residency: ResidencyTable
+    ) -> None: ...
 
     def forward_done(self) -> None: ...
 

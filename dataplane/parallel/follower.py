@@ -15,19 +15,18 @@ from dataclasses import replace
 
 import torch
 
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
 from rimuru.dataplane.engine.forward.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.forward.paged_attention import PagedAttention
 from rimuru.dataplane.engine.forward.paged_states import PagedStates
 from rimuru.dataplane.engine.startup.budget import plan_memory
 from rimuru.dataplane.engine.startup.config import EngineConfig
+from rimuru.dataplane.engine.startup.expert_parts import build_expert_parts
 from rimuru.dataplane.engine.startup.loaded_model import load_model
 from rimuru.dataplane.engine.startup.setup import (
     activation_reserve,
     budget_bytes,
     buffer_slots,
     loading_buffer_bytes,
-    num_loading_buffers,
     warm_up_kernels,
 )
 from rimuru.dataplane.engine.step_forward import run_forward
@@ -80,26 +79,16 @@ class FollowerRank:
         )
         self.plan = link.agree_plan(plan)
         pool = UnifiedPool(loaded.geometry, self.plan.num_huge_pages, loaded.dtype, self.device)
-        self.experts = ExpertManager(
-            pool,
-            None,  # no allocator: page ids are rank 0's
-            _RankZeroReclaims(),
-            loaded.host_experts,
-            slots,
-            router_logits=loaded.model.router_logits,
-            top_k=mc.top_k,
-            moe_kernel=paths.moe_kernel(),
-            copy_kernel=paths.copy_kernel(),
-            histogram=paths.routing_histogram(),
-            num_buffers=num_loading_buffers(config),
-            own_slots=False,
+        # no allocator: page ids are rank 0's, and so are the loading slots
+        _, self.residency, self.copy_in, moe = build_expert_parts(
+            loaded, paths, pool, None, _RankZeroReclaims(), slots, own_slots=False
         )
         attention = PagedAttention(pool, kernels=paths.attention_kernels())
         if mc.is_hybrid:  # this rank's heads' states, in the pages rank 0 gave the request
             states = PagedStates(pool, mc.linear_attention, paths.use_kernels)
-            self.model = loaded.model.with_backends(attention, self.experts, states)
+            self.model = loaded.model.with_backends(attention, moe, states)
         else:
-            self.model = loaded.model.with_backends(attention, self.experts)
+            self.model = loaded.model.with_backends(attention, moe)
         self.block_tables = BlockTableMirror()
         self.device_tables = DeviceBlockTables.for_engine(
             mc.num_kv_layers, config.max_num_seqs, loaded.max_model_len, BLOCK_SIZE,
@@ -109,17 +98,17 @@ class FollowerRank:
         self.residency_digest = ""
 
     def step(self, message: StepMessage) -> None:
-        apply_changes(self.experts, message.changes, message.step)
-        if self.experts.device_copy is not None:
-            self.experts.device_copy.set_slots(message.slots)
+        apply_changes(self.residency, message.changes, message.step)
+        if self.residency.loading_slots is not None:
+            self.residency.loading_slots.set_slots(message.slots)
         self.num_evictions += len(message.changes.evict)
         self.num_loads += len(message.changes.load)
         self.check_invariants(message.residency_digest, full=bool(message.changes))
         slices = self.block_tables.slices(message.blocks, message.batch.slices)
-        self.experts.begin_step()
+        self.copy_in.begin_step()
         batch = replace(message.batch, slices=slices)
         run_forward(batch, self.model, None, None, self.device_tables)
-        self.experts.sync_counters()
+        self.copy_in.sync_counters()
         if self.device.type == "cuda":  # the forward has read its pages: see _RankZeroReclaims
             torch.cuda.synchronize(self.device)
         self.num_steps += 1
@@ -127,7 +116,7 @@ class FollowerRank:
     def check_invariants(self, rank_zero_digest: str, *, full: bool = True) -> None:
         """Same expert page table as rank 0's; and, when `full` (after changes), resident
         exactly where a row has pages and no page held by two experts."""
-        table = self.experts.table.host
+        table = self.residency.table.host
         digest = table_digest(table)
         if digest != rank_zero_digest:
             raise AssertionError(
@@ -138,7 +127,7 @@ class FollowerRank:
         if not full:
             return
         has_pages = table[..., 0] != NOT_PRESENT  # [L, E]
-        for layer, resident in enumerate(self.experts.resident):
+        for layer, resident in enumerate(self.residency.resident):
             rows = set(torch.nonzero(has_pages[layer]).flatten().tolist())
             if rows != resident:
                 raise AssertionError(f"layer {layer}: resident {resident}, table rows {rows}")

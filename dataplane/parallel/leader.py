@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
 from rimuru.dataplane.engine.step_forward import StepBatch
 from rimuru.dataplane.parallel.block_tables import BlockTableSender
 from rimuru.dataplane.parallel.groups import RankGroups
@@ -36,11 +36,11 @@ class StepLeader(RankLink):
         self.abandon: Callable[[], None] | None = None
         self.in_forward = False  # a step was sent and rank 0's forward has not finished
 
-    def send_step(self, step: int, scheduled, batch: StepBatch, experts: ExpertManager) -> None:
+    def send_step(self, step: int, scheduled, batch: StepBatch, residency: ResidencyTable) -> None:
         """scheduled: the scheduler's ScheduledRequests, in `batch`'s slice order."""
         if self.closed:
             raise RuntimeError("this engine was closed: its other ranks are gone")
-        table = experts.table.host
+        table = residency.table.host
         if self._diff is None:
             self._diff = ResidencyDiff(table)
         changes = self._diff.changes(table)
@@ -48,7 +48,8 @@ class StepLeader(RankLink):
         blocks = self._tables.delta([s.request for s in scheduled])
         # the followers run the forward only: no Request objects, no sampling
         bare = replace(batch, sample_requests=[], slices=BlockTableSender.bare(batch.slices))
-        slots = tuple(experts.device_copy.slots) if experts.device_copy is not None else ()
+        loading = residency.loading_slots  # device copy-in: the followers take rank 0's
+        slots = tuple(loading.slots) if loading is not None else ()
         self.groups.send(StepMessage(step, changes, self.residency_digest, bare, blocks, slots))
         self.num_steps += 1
         self.in_forward = True

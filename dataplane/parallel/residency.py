@@ -8,8 +8,8 @@ before evictions: an expert that moved is just loaded at its new pages, and no l
 has more experts offloaded than it had before or will have after (device copy-in refuses
 more than its slots), which evictions first could break for a moment.
 
-Ordering rules this keeps on every rank (rank 0 keeps them in ExpertManager):
-  * a load copies into its pages before the page table points at them (ExpertManager.place);
+Ordering rules this keeps on every rank (rank 0 keeps them in its ResidencyTable):
+  * a load copies into its pages before the page table points at them (ResidencyTable.place);
   * a page is reused only after the forward that last read it: rank 0 reuses a page id
     only once its own reclaim says so, and a follower reads step t+1's message only
     after its forward of step t has finished (follower.py synchronises the device).
@@ -22,7 +22,7 @@ import hashlib
 import torch
 
 from rimuru.dataplane.adjust.adjuster import ChangeList, ExpertLoad
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
 from rimuru.dataplane.memory.tables import NOT_PRESENT
 
 
@@ -51,9 +51,9 @@ class ResidencyDiff:
         return ChangeList(evict=evict, load=load)
 
 
-def apply_changes(experts: ExpertManager, changes: ChangeList, step: int) -> None:
+def apply_changes(residency: ResidencyTable, changes: ChangeList, step: int) -> None:
     """A follower's side: loads (moves included), then evictions (module doc)."""
     for load in changes.load:
-        experts.place(load.layer, load.expert, load.pages)
+        residency.place(load.layer, load.expert, load.pages)
     for layer, expert in changes.evict:
-        experts.evict(layer, expert, step)
+        residency.evict(layer, expert, step)

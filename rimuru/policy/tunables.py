@@ -147,11 +147,6 @@ class Tunables:
                 f"{self.grow_threshold}",
             )
 
-    @property
-    def pages_per_expert(self) -> int:
-        """EXPERT_MATRICES, for readers not yet moved to the constant; not a field."""
-        return EXPERT_MATRICES
-
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -42,7 +42,7 @@ def test_same_tokens_as_synchronous_scheduling_in_a_tight_pool(prompts, params, 
     for engine in engines.values():
         engine.check_invariants()
         assert engine.num_leaked_pages() == 0
-        counters = engine.experts.counters
+        counters = engine.expert_counters
         busy = {
             "resident": engine.scheduler.num_preemptions,
             "fixed": counters.buffer_copies,

@@ -44,7 +44,7 @@ def test_a_copy_budget_trades_evictions_for_preemptions_and_keeps_the_tokens(pro
         "elastic", tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=1.0)
     )
     assert budget.generate(prompts, params) == want
-    f, b = free.experts.counters, budget.experts.counters
+    f, b = free.expert_counters, budget.expert_counters
     assert 0 < b.evictions < f.evictions and b.buffer_copies < f.buffer_copies
     assert budget.scheduler.num_preemptions > free.scheduler.num_preemptions == 0
     budget.check_invariants()
@@ -68,7 +68,7 @@ def test_the_budget_holds_at_every_round_that_evicted(prompts, make_engine, budg
         changes = move(kv_pages_short, round, evict_only, apply_copy_budget)
         if changes.evict and apply_copy_budget and running:
             step = StepShape(max(1, len(engine.scheduler.running)), engine.model_config.top_k)
-            copies = expected_copies(engine.ranking, engine.experts.resident_sets(), step)
+            copies = expected_copies(engine.ranking, engine.residency.resident_sets(), step)
             checked.append(copies)
             assert copies <= budget
         return changes
@@ -90,7 +90,7 @@ def test_a_lone_request_may_exceed_the_budget_rather_than_preempt_itself(make_en
             break
         engine.step()
     assert not engine.has_unfinished_requests(), "the lone request never finished"
-    assert engine.scheduler.num_preemptions == 0 and engine.experts.counters.evictions > 0
+    assert engine.scheduler.num_preemptions == 0 and engine.expert_counters.evictions > 0
     engine.check_invariants()
     assert engine.num_leaked_pages() == 0
 
@@ -106,7 +106,7 @@ def test_with_a_skewed_ranking_the_cold_experts_still_go(prompts, make_engine):
     skewed.set_ranking(HotnessRanking.from_counts(counts, source="test: half cold"))
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     assert skewed.generate(prompts, params) == uniform.generate(prompts, params)
-    assert skewed.experts.counters.evictions > uniform.experts.counters.evictions
+    assert skewed.expert_counters.evictions > uniform.expert_counters.evictions
     assert skewed.scheduler.num_preemptions < uniform.scheduler.num_preemptions
 
 
@@ -127,7 +127,7 @@ def test_the_budget_holds_at_every_step_as_the_batch_grows(prompts, make_engine,
         engine.step()
         running = len(engine.scheduler.running)
         step = StepShape(running, engine.model_config.top_k)
-        resident = engine.experts.resident_sets()
+        resident = engine.residency.resident_sets()
         copies = expected_copies(engine.ranking, resident, step, engine.copy_control.start_resident)
         assert running <= 1 or copies <= budget + 1e-9, (running, copies)
         held_back += (
@@ -135,7 +135,7 @@ def test_the_budget_holds_at_every_step_as_the_batch_grows(prompts, make_engine,
             and engine.boundary.admit_limit(engine.scheduler.round_state(engine.step_id)) <= running
         )
     assert not engine.has_unfinished_requests()
-    assert held_back > 0 and engine.experts.counters.evictions > 0, "the cap never bound"
+    assert held_back > 0 and engine.expert_counters.evictions > 0, "the cap never bound"
     engine.check_invariants()
     assert engine.num_leaked_pages() == 0
 
@@ -149,7 +149,7 @@ def test_experts_the_pool_never_held_do_not_hold_the_batch_back(prompts, make_en
         pool_mib=20,
         tunables=Tunables(mode="elastic", expert_offload_limit=16, copy_budget=0.5),
     )
-    offloaded = sum(32 - len(r) for r in engine.experts.resident_sets())
+    offloaded = sum(32 - len(r) for r in engine.residency.resident_sets())
     assert offloaded > 4, "the pool holds every expert: the case does not test start-up"
     assert (
         engine.boundary.admit_limit(engine.scheduler.round_state(0)) == engine.config.max_num_seqs
@@ -210,12 +210,12 @@ def test_measured_copies_past_the_budget_stop_evictions_and_admissions(make_engi
     held = 0
     while engine.has_unfinished_requests():
         measured, running = engine.copy_control.measured, len(engine.scheduler.running)
-        evictions = engine.experts.counters.evictions
+        evictions = engine.expert_counters.evictions
         engine.step()
         if measured >= 1.0:
             held += 1
             after = len(engine.scheduler.running)
-            assert engine.experts.counters.evictions == evictions or after <= 1
+            assert engine.expert_counters.evictions == evictions or after <= 1
             assert after <= max(1, running)
     assert held > 0, "the measured copies never reached the budget: the case tests nothing"
     assert engine.copy_control.measured == 0.0  # every expert back at the end: nothing held
@@ -238,7 +238,7 @@ def test_without_every_expert_at_start_up_the_meter_stays_out(make_engine):
         engine.step()
         peak = max(peak, len(engine.scheduler.running))
         assert engine.copy_control.measured == 0.0
-    assert peak > 2 and engine.experts.counters.buffer_copies > 0
+    assert peak > 2 and engine.expert_counters.buffer_copies > 0
 
 
 def test_the_meter_forgets_a_batch_that_is_gone(make_engine):
@@ -261,4 +261,4 @@ def test_the_meter_forgets_a_batch_that_is_gone(make_engine):
         engine.abort(f"r{i}")
     engine.step()  # nothing runs: the burst is gone
     assert engine.copy_control.measured == 0.0
-    assert engine.experts.num_resident() < layers * experts  # experts are still out
+    assert engine.residency.num_resident() < layers * experts  # experts are still out

@@ -26,13 +26,13 @@ def test_where_copies_cannot_pay_elastic_keeps_its_experts_and_steps_like_reside
     # A bus where one expert copy costs a second: no half request is worth that.
     elastic.step_cost.per_copy = 1.0
     assert elastic.generate(burst(), params) == want
-    assert elastic.experts.counters.evictions == 0
+    assert elastic.expert_counters.evictions == 0
     steps, base = len(elastic.stats), len(resident.stats)
     assert abs(steps - base) <= 0.03 * base, (steps, base)
     # the paper's rule on the same pool offloads (and steps differently)
     paper = make_engine("elastic", tunables=Tunables(expert_offload_limit=16, elastic_rule="paper"))
     assert paper.generate(burst(), params) == want
-    assert paper.experts.counters.evictions > 0
+    assert paper.expert_counters.evictions > 0
     elastic.check_invariants()
     assert elastic.num_leaked_pages() == 0
 
@@ -44,7 +44,7 @@ def test_where_copies_are_cheap_elastic_offloads_and_runs_a_larger_batch(make_en
     elastic = make_engine("elastic")
     elastic.step_cost.per_copy = 0.0  # copies free: every page is worth taking
     assert elastic.generate(burst(), params) == want
-    assert elastic.experts.counters.evictions > 0
+    assert elastic.expert_counters.evictions > 0
     peak = max(s.num_running for s in elastic.stats)
     assert peak > max(s.num_running for s in resident.stats)
     assert len(elastic.stats) < len(resident.stats)
@@ -96,7 +96,7 @@ def offloading(make_engine):
     engine.step_cost.per_copy = 0.0  # copies free: experts go
     for i, prompt in enumerate(burst()):
         engine.add_request(prompt, SamplingParams(max_tokens=16, ignore_eos=True), f"r{i}")
-    while engine.experts.counters.evictions == 0:
+    while engine.expert_counters.evictions == 0:
         engine.step()
     return engine
 
@@ -133,7 +133,7 @@ def test_past_the_tpot_slo_elastic_admits_no_one_more_while_experts_are_offloade
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     for i, prompt in enumerate(burst()):
         engine.add_request(prompt, params, f"r{i}")
-    while engine.experts.counters.evictions == 0:
+    while engine.expert_counters.evictions == 0:
         engine.step()
     running = len(engine.scheduler.running)
     round_now = RoundState(engine.step_id + 1, running, len(engine.scheduler.waiting))
@@ -157,7 +157,7 @@ def test_the_cost_rule_evicts_the_coldest_of_recent_routing_not_of_a_stale_ranki
     assert engine.boundary.order(step=1) is engine.ranking  # no window yet: the seed
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     engine.generate(burst(8), params)
-    live = engine.boundary.live.ranking(engine.experts, engine.step_id + 10**6)  # read now
+    live = engine.boundary.live.ranking(engine.moe_backend, engine.step_id + 10**6)  # read now
     assert live is not None
     num_experts = live.num_experts
     # a stale ranking: live routing's order reversed (its hottest are live's coldest)
@@ -193,8 +193,8 @@ def test_the_boundary_scales_copies_by_what_decode_steps_measured_over_the_share
 
     engine = offloading(make_engine)
     boundary, meter = engine.boundary, engine.copy_control.meter
-    resident = engine.experts.resident_sets()
-    shares = boundary.live.ranking(engine.experts, engine.step_id + 1) or engine.ranking
+    resident = engine.residency.resident_sets()
+    shares = boundary.live.ranking(engine.moe_backend, engine.step_id + 1) or engine.ranking
     expected = expected_copies(shares, resident, StepShape(4, boundary.top_k))
     assert expected > 0
     for measured, scale in [(0.0, 1.0), (0.5, 1.0), (1.7, 1.7), (10.0, MAX_COPY_SCALE)]:
@@ -211,7 +211,7 @@ def test_the_boundary_scales_copies_by_what_decode_steps_measured_over_the_share
 def test_live_routing_is_read_only_in_rounds_where_the_boundary_can_move(make_engine):
     roomy = make_engine("elastic", pool_mib=200)  # every request fits: nothing to evict
     roomy.generate(burst(4), SamplingParams(max_tokens=40, ignore_eos=True))
-    assert roomy.experts.counters.evictions == 0
+    assert roomy.expert_counters.evictions == 0
     assert roomy.boundary.live.window is None  # 40+ rounds, no read
     tight = offloading(make_engine)  # KV ran short: the rule asked for evictions
     assert tight.boundary.live.window is not None

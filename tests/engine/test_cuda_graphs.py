@@ -14,7 +14,7 @@ from rimuru.dataplane.engine.graphs.cuda_graphs import (
 )
 from rimuru.dataplane.engine.graphs.piecewise_graphs import piece_driver_bytes
 from rimuru.dataplane.engine.sched.request import SamplingParams
-from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.memory.geometry import BLOCK_SIZE, PageType
 
 
 def test_capture_sizes_follow_vllm_and_end_at_max_num_seqs():
@@ -53,7 +53,7 @@ def test_padded_static_decode_gives_the_eager_tokens_and_routing_counts(prompts,
     assert got == want
     assert engine.cuda_graphs.decode.steps > 0 and engine.cuda_graphs.decode.replays == 0
     # padding rows routed somewhere, but were not counted
-    assert torch.equal(engine.experts.routing_counts, eager.experts.routing_counts)
+    assert torch.equal(engine.moe_backend.routing_counts, eager.moe_backend.routing_counts)
     kv = engine.pool.view(PageType.KV)
     assert not kv[engine.cuda_graphs.decode.pad_pages].any(), "a padding row wrote KV"
     engine.check_invariants()
@@ -71,7 +71,7 @@ def test_a_step_with_a_prompt_or_an_offloaded_expert_runs_eagerly(prompts, make_
     assert graphs.steps == 0
     engine.step()  # one decode, every expert resident: static inputs
     assert graphs.steps == 1
-    engine.experts.evict(0, 0, last_step=engine.step_id)
+    engine.residency.evict(0, 0, last_step=engine.step_id)
     engine.step()  # an expert of layer 0 is off the device: eager
     assert graphs.steps == 1
 
@@ -90,7 +90,7 @@ def test_the_padding_pages_shrink_the_longest_request_accepted(make_engine):
     engine = make_engine("resident")
     before = engine.max_kv_tokens()
     engine.make_cuda_graphs(capture=False)
-    assert engine.max_kv_tokens() == before - engine.config.block_size
+    assert engine.max_kv_tokens() == before - BLOCK_SIZE
     with pytest.raises(ValueError, match="can never fit"):
         engine.add_request([5] * (before - 1), SamplingParams(max_tokens=1))
 
@@ -110,7 +110,7 @@ def test_graph_memory_is_planned_only_when_every_expert_starts_resident(
         engine.graph_planner.all_experts_fit(plan.budget_bytes, reserve, plan.loading_buffer_bytes)
         is fits
     )
-    assert engine.experts.fully_resident() is (pool_mib == 26)
+    assert engine.residency.fully_resident() is (pool_mib == 26)
 
 
 def test_the_plan_prices_the_drivers_memory_above_what_the_h200_measured():

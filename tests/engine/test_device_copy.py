@@ -27,19 +27,19 @@ def test_device_copy_gives_the_host_copy_tokens(prompts, make_engine, mode):
     assert got == want
     dev.check_invariants()
     assert dev.num_leaked_pages() == 0
-    c = dev.experts.counters
+    c = dev.expert_counters
     assert c.buffer_copies > 0  # counted by the copy, read once per step
     expert_bytes = 3 * dev.geometry.expert_page_bytes  # tiny: a matrix fills its page
     assert c.bytes_h2d == (c.buffer_copies + c.loads) * expert_bytes
     if mode == "elastic":
-        assert dev.experts.counters.evictions > 0 and dev.experts.counters.loads > 0
+        assert dev.expert_counters.evictions > 0 and dev.expert_counters.loads > 0
 
 
 def test_slots_are_pool_pages_taken_from_evictions_and_given_back_by_loads(make_engine):
     """A slot exists while some layer offloads that many experts: the eviction that needs
     one more slot gives it its pages; a load that leaves a slot unused frees it."""
     engine = make_engine("resident", expert_copy="device")
-    experts, dc, alloc = engine.experts, engine.experts.device_copy, engine.allocator
+    experts, dc, alloc = engine.residency, engine.residency.loading_slots, engine.allocator
     assert dc.slots == [] and (dc.offloaded() == -1).all()  # nothing offloaded, no slot
     pages_of = {e: experts.table.pages(1, e) for e in (5, 2)}
     free = alloc.num_free(PageType.EXPERT)
@@ -76,9 +76,9 @@ def test_slots_are_pool_pages_taken_from_evictions_and_given_back_by_loads(make_
 
 def test_too_many_offloaded_for_the_slots_is_refused_and_nothing_leaks(make_engine):
     engine = make_engine("elastic", expert_copy="device", loading_buffer_slots=16)
-    experts, layer = engine.experts, 0
-    assert len(experts.buffers) == 1  # device mode: copy and compute on one stream
-    assert engine.plan.loading_buffer_bytes == experts.buffer_bytes
+    experts, layer = engine.residency, 0
+    assert len(engine.copy_in.buffers) == 1  # device mode: copy and compute on one stream
+    assert engine.plan.loading_buffer_bytes == engine.copy_in.buffer_bytes
     resident = sorted(experts.resident[layer])
     evicted = []
     with pytest.raises(RuntimeError, match="slots"):
@@ -101,7 +101,7 @@ def test_decode_steps_stay_graph_safe_with_experts_offloaded(prompts, make_engin
     run = graphs.run
 
     def observed(*args):
-        served_offloaded.append(not engine.experts.fully_resident())
+        served_offloaded.append(not engine.residency.fully_resident())
         return run(*args)
 
     graphs.run = observed
@@ -124,7 +124,7 @@ def test_a_start_up_residency_past_the_slots_fails_when_loaded_not_mid_step(make
     """Rows are derived lazily; load_initial derives them at once, so a residency that
     leaves a layer more experts offloaded than the buffer has slots raises there."""
     engine = make_engine("elastic", expert_copy="device", loading_buffer_slots=16)
-    experts = engine.experts
+    experts = engine.residency
     experts.release_all()
     with pytest.raises(RuntimeError, match="16 slots"):
         experts.load_initial([(layer, 0) for layer in range(experts.num_layers)], 3)

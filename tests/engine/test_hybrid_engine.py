@@ -122,11 +122,11 @@ def test_tokens_match_transformers_when_pages_run_short(
     engine = hybrid_engine(path, mode, **TIGHT[mode])
     assert run_checked(engine, PROMPTS) == expected[family]
     if mode == "elastic":
-        assert engine.experts.counters.evictions > 0
+        assert engine.expert_counters.evictions > 0
     else:
         assert engine.scheduler.num_preemptions > 0
     if mode == "fixed":
-        assert engine.experts.counters.buffer_copies > 0
+        assert engine.expert_counters.buffer_copies > 0
     assert engine.num_leaked_pages() == 0
 
 
@@ -141,7 +141,7 @@ def test_async_scheduling_gives_the_reference_tokens_when_pages_run_short(
     _, path = hybrid_checkpoints[family]
     engine = hybrid_engine(path, mode, async_scheduling=True, **TIGHT[mode])
     assert run_checked(engine, PROMPTS) == expected[family]
-    counters, scheduler = engine.experts.counters, engine.scheduler
+    counters, scheduler = engine.expert_counters, engine.scheduler
     assert (counters.evictions if mode == "elastic" else scheduler.num_preemptions) > 0
     assert engine.num_leaked_pages() == 0
 
@@ -271,7 +271,7 @@ def test_triton_state_kernels_give_the_torch_paths_tokens(
     # priced so, no eviction would pay, and evictions are what this test reads states over
     engine.step_cost.per_copy = 0.0
     assert run_checked(engine, PROMPTS[1:]) == expected["qwen3_5_moe"][1:]
-    assert engine.experts.counters.evictions > 0
+    assert engine.expert_counters.evictions > 0
 
 
 @pytest.mark.parametrize("kernels", [False, True])

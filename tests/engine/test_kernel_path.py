@@ -24,7 +24,7 @@ for kernels in (False, True):
                log_plan=False)
     out[str(kernels)] = e.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True))
     e.check_invariants()
-    out[str(kernels) + "_copies"] = e.experts.counters.buffer_copies
+    out[str(kernels) + "_copies"] = e.expert_counters.buffer_copies
     # one request whose whole context fits one KV block: [L, 1, 1] block tables
     out[str(kernels) + "_single"] = e.generate([prompts[0][:5]], SamplingParams(max_tokens=4, ignore_eos=True))
 # resident: every expert in its pages, the kernel path without any host synchronisation
@@ -32,14 +32,14 @@ for kernels in (False, True):
     e = Engine(EngineConfig(activation_reserve=0, warmup=False, max_num_batched_tokens=64, memory_budget=200 * 2**20,
                             tunables=Tunables(mode="resident"), use_kernels=kernels), log_plan=False)
     out["resident_" + str(kernels)] = e.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True))
-    out["resident_routed_" + str(kernels)] = int(e.experts.routing_counts.sum())
+    out["resident_routed_" + str(kernels)] = int(e.moe_backend.routing_counts.sum())
 # device copy-in: the copy kernel fills fixed slots, the MoE kernel reads them
 for kernels in (False, True):
     e = Engine(EngineConfig(activation_reserve=0, warmup=False, max_num_batched_tokens=64, memory_budget=200 * 2**20,
                             tunables=Tunables(mode="fixed"), fixed_expert_share=0.01, use_kernels=kernels,
                             expert_copy="device"), log_plan=False)
     out["device_" + str(kernels)] = e.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True))
-    out["device_copies_" + str(kernels)] = e.experts.counters.buffer_copies
+    out["device_copies_" + str(kernels)] = e.expert_counters.buffer_copies
     e.check_invariants()
 print(json.dumps(out))
 """

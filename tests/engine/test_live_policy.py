@@ -21,15 +21,15 @@ def test_a_push_whose_residency_cannot_load_leaves_the_engine_as_it_was(prompts,
         tunables=Tunables(mode="elastic", expert_offload_limit=4),
     )
     layers, experts = engine.model_config.num_layers, engine.model_config.num_experts
-    resident, tunables, ranking = engine.experts.resident_sets(), engine.tunables, engine.ranking
-    counters = replace(engine.experts.counters)  # exported as metrics: a NACK moves none
+    resident, tunables, ranking = engine.residency.resident_sets(), engine.tunables, engine.ranking
+    counters = replace(engine.expert_counters)  # exported as metrics: a NACK moves none
     assert sum(map(len, resident)) < layers * experts, "the pool holds every expert"
     skewed = HotnessRanking.from_counts([list(range(experts, 0, -1))] * layers, source="test")
     with pytest.raises(ValueError, match="pool"):
         engine.apply_policy(replace(tunables, expert_offload_limit=0), skewed)
     assert engine.tunables is tunables and engine.ranking is ranking
-    assert engine.experts.resident_sets() == resident
-    assert engine.experts.counters == counters
+    assert engine.residency.resident_sets() == resident
+    assert engine.expert_counters == counters
     want = make_engine(
         "elastic",
         pool_mib=22.5,

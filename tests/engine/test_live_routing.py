@@ -1,5 +1,5 @@
 """Recent routing for the cost rule's prices (engine/experts/live_routing.py): a decayed window of
-the expert manager's cumulative counts, read every few steps."""
+the MoE backend's cumulative counts, read every few steps."""
 
 import random
 
@@ -56,13 +56,13 @@ def test_the_engine_reads_routing_every_refresh_steps(make_engine):
     engine = make_engine("elastic")
     engine.generate([[11, 12, 13] * 30], None)
     live = LiveRouting(refresh_steps=4, min_tokens=1)
-    assert live.ranking(engine.experts, step=0) is not None  # read at once
-    counts = engine.experts.routing_counts.tolist()
+    assert live.ranking(engine.moe_backend, step=0) is not None  # read at once
+    counts = engine.moe_backend.routing_counts.tolist()
     assert live.window == [[float(c) for c in row] for row in counts]
     engine.generate([[7, 8, 9] * 30], None)
-    live.ranking(engine.experts, step=3)  # not yet due: the window stands
+    live.ranking(engine.moe_backend, step=3)  # not yet due: the window stands
     assert live.window == [[float(c) for c in row] for row in counts]
-    live.ranking(engine.experts, step=4)
+    live.ranking(engine.moe_backend, step=4)
     assert live.window != [[float(c) for c in row] for row in counts]
 
 

@@ -31,7 +31,7 @@ def run(limit: int, budget: int, prompts, evict_to_admit: bool = True):
     engine.check_invariants()
     assert engine.num_leaked_pages() == 0
     fewest = min(s.num_experts_resident for s in engine.stats)
-    return tokens, engine.scheduler.num_preemptions, engine.experts.counters.evictions, fewest
+    return tokens, engine.scheduler.num_preemptions, engine.expert_counters.evictions, fewest
 
 
 def test_elastic_evicts_before_it_preempts_and_preempts_once_the_limit_binds():

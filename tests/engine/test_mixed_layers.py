@@ -1,5 +1,5 @@
 """A model with dense layers between MoE layers, served end to end: the dense MLPs are resident
-weights, only the MoE layers' experts are in the pool, the ranking and the expert manager, and
+weights, only the MoE layers' experts are in the pool, the ranking and the residency table, and
 the elastic policy's evictions change no token (the same greedy tokens as transformers)."""
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ def test_only_moe_layers_have_experts_and_dense_mlps_are_resident(
     engine = make_checkpoint_engine(path, "resident", None)
     mc = engine.model_config
     assert (mc.dense_layers, mc.moe_layers) == (DENSE, MOE)
-    assert len(engine.host_experts) == len(engine.experts.resident) == 2
+    assert len(engine.host_experts) == len(engine.residency.resident) == 2
     assert (engine.ranking.num_layers, engine.ranking.num_experts) == (2, 8)
-    assert engine.experts.num_resident() == 2 * 8
+    assert engine.residency.num_resident() == 2 * 8
     owned = engine.allocator.num_owned(PageType.EXPERT)
     assert owned == 2 * 8 * EXPERT_MATRICES
     assert engine.model.layers[0].router is None and engine.model.layers[1].dense_mlp is None
@@ -78,10 +78,10 @@ def test_elastic_engine_evicts_and_gives_transformers_greedy_tokens(
     got = engine.generate(PROMPTS, params)
     engine.check_invariants()
     assert engine.num_leaked_pages() == 0
-    assert engine.experts.counters.evictions > 0  # KV was short: the adjuster made room
+    assert engine.expert_counters.evictions > 0  # KV was short: the adjuster made room
     assert min(s.num_experts_resident for s in engine.stats) < 2 * 8
     if expert_copy == "host":
-        assert engine.experts.counters.predictor_needed > 0
+        assert engine.expert_counters.predictor_needed > 0
     for prompt, tokens in zip(PROMPTS, got, strict=True):
         with torch.no_grad():
             ref = model.generate(

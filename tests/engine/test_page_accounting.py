@@ -31,7 +31,7 @@ def test_a_page_a_finished_request_still_owns_is_a_leak(served):
 
 
 def test_an_expert_page_no_resident_expert_accounts_for_is_reported(served):
-    resident = served.experts.num_resident() * EXPERT_MATRICES
+    resident = served.residency.num_resident() * EXPERT_MATRICES
     owner = ("expert", 0, 10_000)  # an expert the model does not have
     pages = served.allocator.allocate(PageType.EXPERT, 1, owner)
     assert pages is not None
@@ -40,7 +40,7 @@ def test_an_expert_page_no_resident_expert_accounts_for_is_reported(served):
 
 
 def test_loading_slot_pages_the_residency_does_not_need_are_reported(served):
-    slots = served.experts.device_copy
+    slots = served.residency.loading_slots
     assert slots is not None  # device copy-in, the default
     assert len(slots.slots) == slots.slots_needed()
     pages = served.allocator.allocate(PageType.EXPERT, 3, ("loading slot", 99))

@@ -49,9 +49,9 @@ def test_prompt_steps_through_the_pieces_give_the_eager_tokens_and_counts(
     assert pw.steps > 0
     assert pw.steps + decode.steps == len(engine.stats)
     # padding tokens were routed but not counted
-    assert torch.equal(engine.experts.routing_counts, eager.experts.routing_counts)
+    assert torch.equal(engine.moe_backend.routing_counts, eager.moe_backend.routing_counts)
     if mode == "elastic":  # the tight pool made it move the boundary while prompts ran
-        assert engine.experts.counters.evictions > 0
+        assert engine.expert_counters.evictions > 0
     engine.check_invariants()
     assert engine.num_leaked_pages() == 0
 
@@ -87,7 +87,7 @@ def test_a_prompt_step_with_an_offloaded_expert_runs_eagerly_under_host_copies(
     engine.add_request(prompts[0], SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()  # the prompt, every expert resident: the pieces
     assert pw.steps == 1
-    engine.experts.evict(0, 0, last_step=engine.step_id)
+    engine.residency.evict(0, 0, last_step=engine.step_id)
     engine.add_request(prompts[1], SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()  # a prompt step, an expert of layer 0 off the device: eager
     assert pw.steps == 1 and not pw.serves(40)

@@ -23,8 +23,8 @@ def test_same_tokens_under_every_policy_even_when_memory_is_tight(prompts, param
     assert outputs["resident"] == outputs["fixed"] == outputs["elastic"]
     # the budget really was tight: the baseline preempted, elastic moved the boundary
     assert engines["resident"].scheduler.num_preemptions > 0
-    assert engines["elastic"].experts.counters.evictions > 0
-    assert engines["fixed"].experts.counters.buffer_copies > 0
+    assert engines["elastic"].expert_counters.evictions > 0
+    assert engines["fixed"].expert_counters.buffer_copies > 0
     peak = {m: max(s.num_running for s in e.stats) for m, e in engines.items()}
     assert peak["elastic"] > peak["resident"]
 
@@ -65,14 +65,14 @@ def test_gather_ablation_path_gives_the_same_tokens(prompts, make_engine):
     paged = make_engine("fixed", expert_copy="host")
     gather = make_engine("fixed", moe_path="gather", expert_copy="host")
     assert paged.generate(prompts[:6], params) == gather.generate(prompts[:6], params)
-    assert gather.experts.counters.buffer_copies > 0
+    assert gather.expert_counters.buffer_copies > 0
     gather.check_invariants()
 
 
 def test_predictor_counts_hits_on_non_resident_experts(prompts, make_engine):
     engine = make_engine("fixed", expert_copy="host")  # host copies prefetch by prediction
     engine.generate(prompts[:4], SamplingParams(max_tokens=4, ignore_eos=True))
-    c = engine.experts.counters
+    c = engine.expert_counters
     assert c.predictor_needed > 0
     assert 0 < c.predictor_hits <= c.predictor_needed  # layer l+1's router on layer l's input
     assert c.buffer_copies >= c.predictor_needed - c.predictor_hits

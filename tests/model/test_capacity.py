@@ -13,7 +13,7 @@ from rimuru.cli import main
 from rimuru.dataplane.engine.engine import Engine
 from rimuru.dataplane.engine.startup.capacity import PolicyCapacity, plan_capacity
 from rimuru.dataplane.engine.startup.config import EngineConfig
-from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.memory.geometry import BLOCK_SIZE, PageType
 from rimuru.policy import MODES, HotnessRanking, Tunables
 
 MiB = 2**20
@@ -28,9 +28,9 @@ def assert_plan_is_the_engines(config: EngineConfig) -> list[PolicyCapacity]:
         )
         mc = engine.model_config
         assert cap.plan == engine.plan
-        assert cap.experts_at_start == engine.experts.num_resident()
+        assert cap.experts_at_start == engine.residency.num_resident()
         kv_pages = engine.allocator.num_free(PageType.KV)
-        assert cap.kv_tokens_at_start == kv_pages // mc.num_layers * config.block_size
+        assert cap.kv_tokens_at_start == kv_pages // mc.num_layers * BLOCK_SIZE
     return list(planned)
 
 
@@ -132,7 +132,7 @@ def test_plan_follows_the_hotness_ranking_like_the_engine(tmp_path):
     fixed = plan_capacity(config, ("fixed",)).policies[0]
     assert isinstance(fixed, PolicyCapacity), fixed
     engine = Engine(replace(config, tunables=Tunables(mode="fixed")), log_plan=False)
-    assert fixed.experts_at_start == engine.experts.num_resident()
+    assert fixed.experts_at_start == engine.residency.num_resident()
     assert fixed.kv_tokens_at_start == engine.allocator.num_free(PageType.KV) // 4 * 16
     uniform = plan_capacity(replace(config, hotness_path=None), ("fixed",)).policies[0]
     assert isinstance(uniform, str) and "leaves 32 experts of a layer" in uniform

@@ -132,7 +132,7 @@ def test_rank_0_failing_inside_a_forward_stops_the_other_ranks_at_once():
         engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True), "r")
         out = engine.scheduler.schedule(1)
         # the step goes out, then rank 0 "fails" before its own forward
-        engine.tp.send_step(1, out.scheduled, StepBatch.of(out.scheduled), engine.experts)
+        engine.tp.send_step(1, out.scheduled, StepBatch.of(out.scheduled), engine.residency)
         started = time.monotonic()
         with pytest.raises(RuntimeError, match="failed inside a tensor-parallel forward"):
             engine.close()

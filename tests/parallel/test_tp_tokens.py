@@ -60,9 +60,9 @@ def test_tp2_tokens_equal_tp1_under_a_tight_pool(workers, prompts, expected, mod
     if mode == "resident":
         assert two.scheduler.num_preemptions > 0
     if mode == "fixed":
-        assert two.experts.counters.buffer_copies > 0
+        assert two.expert_counters.buffer_copies > 0
     if mode == "elastic":
-        assert two.experts.counters.evictions > 0
+        assert two.expert_counters.evictions > 0
         assert report.num_evictions > 0 and report.num_loads > 0
 
 
@@ -109,7 +109,7 @@ def test_tp2_tokens_equal_tp1_on_a_checkpoint(workers, qwen2_checkpoint):
     prompts = [[rng.randrange(512) for _ in range(rng.randint(20, 50))] for _ in range(6)]
     pool = tight_pool(kv_blocks=10, requests=0)
     two = tp2_after_tp1(workers, qwen2_checkpoint, "elastic", prompts, pool, 64)
-    assert two.experts.counters.evictions > 0
+    assert two.expert_counters.evictions > 0
     assert two.tp.reports[0].num_evictions > 0
 
 
@@ -128,7 +128,7 @@ def test_tp2_tokens_equal_tp1_on_a_hybrid_checkpoint(workers, hybrid_checkpoints
     prompts = [[rng.randrange(512) for _ in range(rng.randint(12, 30))] for _ in range(4)]
     two = tp2_after_tp1(workers, path, mode, prompts, tight_pool(*TIGHT_HYBRID[mode]), 32)
     if mode == "elastic":
-        assert two.experts.counters.evictions > 0 and two.tp.reports[0].num_evictions > 0
+        assert two.expert_counters.evictions > 0 and two.tp.reports[0].num_evictions > 0
     else:
         assert two.scheduler.num_preemptions > 0
 

@@ -198,7 +198,7 @@ async def test_routing_reports_drive_online_hotness_into_the_engine(
 
         await eventually(on_latest_ranking, what="the engine on the latest online ranking")
         # The counts the control plane folded in came from this engine's routing.
-        routed = await dp.engine(lambda e: e.experts.routing_counts.sum(dim=1).tolist())
+        routed = await dp.engine(lambda e: e.moe_backend.routing_counts.sum(dim=1).tolist())
         counts = plane.hotness.counts(DEPLOYMENT, now=plane._clock())
         assert all(0 < sum(row) <= total for row, total in zip(counts, routed, strict=True))
 

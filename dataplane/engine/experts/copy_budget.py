@@ -25,7 +25,8 @@ decode step).
 from __future__ import annotations
 
 from rimuru.dataplane.adjust.adjuster import Residency, max_batch_within_budget
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.counters import ExpertCounters
+from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
 from rimuru.dataplane.policies import memory_policy
 from rimuru.policy import HotnessRanking, Tunables
 
@@ -69,25 +70,30 @@ class CopyControl:
     def measured(self) -> float:
         return self.meter.value if self._meter_on else 0.0
 
-    def begin_step(self, experts: ExpertManager) -> None:
+    def begin_step(self, counters: ExpertCounters) -> None:
         # host copies are counted inside the forward, device copy-in after it
-        self._copies_before = experts.counters.buffer_copies
+        self._copies_before = counters.buffer_copies
 
     def end_step(
-        self, experts: ExpertManager, decode_only: bool, idle: bool, tunables: Tunables
+        self,
+        counters: ExpertCounters,
+        residency: ResidencyTable,
+        decode_only: bool,
+        idle: bool,
+        tunables: Tunables,
     ) -> int:
         """After the step's forward finished and the device's counters were synced;
         `decode_only`: the step had one new token per sequence. `idle`: nothing runs now; what was
         measured belonged to a batch that is gone (a server does not step while idle, so the
         next burst would start held). Returns the step's expert copies. Without a budget or
         the cost rule the meter is left alone."""
-        copies = experts.counters.buffer_copies - self._copies_before
+        copies = counters.buffer_copies - self._copies_before
         policy = memory_policy(tunables)
         priced = tunables.copy_budget > 0 or policy.prices_copies
         if not policy.moves_boundary or not priced or not self._meter_on:
             return copies
         back = all(
-            len(r) == len(s) for r, s in zip(experts.resident, self.start_resident, strict=True)
+            len(r) == len(s) for r, s in zip(residency.resident, self.start_resident, strict=True)
         )
         if idle or back:  # back: every expert (start-up held them all)
             self.meter.value = 0.0
@@ -96,7 +102,7 @@ class CopyControl:
         return copies
 
     def limit(
-        self, tunables: Tunables, ranking: HotnessRanking, experts: ExpertManager, running: int
+        self, tunables: Tunables, ranking: HotnessRanking, residency: ResidencyTable, running: int
     ) -> int:
         """Running requests up to which waiting ones may be admitted: max_num_seqs unless
         elastic with a copy budget; then the model's cap, and no one more than runs now (at
@@ -104,13 +110,13 @@ class CopyControl:
         or past the budget."""
         if not memory_policy(tunables).moves_boundary or tunables.copy_budget <= 0:
             return self.max_num_seqs
-        key = (experts.residency_version, tunables.copy_budget, ranking)
+        key = (residency.residency_version, tunables.copy_budget, ranking)
         cached = self._cap_key
         # The ranking by identity: a new policy brings a new object, and comparing two
         # rankings' contents every round would cost more than the lookup it saves.
         if cached is None or cached[:2] != key[:2] or cached[2] is not ranking:
             self._cap = max_batch_within_budget(
-                ranking, experts.resident_sets(), self.top_k, tunables.copy_budget,
+                ranking, residency.resident_sets(), self.top_k, tunables.copy_budget,
                 self.max_num_seqs, self.start_resident,
             )  # fmt: skip
             self._cap_key = key

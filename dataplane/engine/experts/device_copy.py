@@ -1,5 +1,8 @@
 """Expert copy-in decided on the device (`expert_copy="device"`, the default): the
-alternative to the host-driven loading buffers of expert_manager.py.
+alternative to the host-driven loading buffers (copy_in.HostBufferCopyIn). This module
+holds the loading slots and the tables the kernels read through them (`LoadingSlots`,
+kept by the residency table, since slots come and go with residency) and the torch
+reference of the copy kernel; copy_in.DeviceCopyIn launches the copy per layer.
 
 Host mode reads each layer's routing on the host, then copies the missing experts with
 cudaMemcpyAsync, prefetching layer l+1's predicted experts while layer l computes. That
@@ -24,8 +27,8 @@ is why device mode is the default.
 Invariants:
   * `table` (the kernels' [L, E, 3] table) equals the expert page table for resident
     experts; an offloaded expert's row names its slot's three pool pages. It, `offloaded`
-    [L, S] and the slots' pages [3S] are derived from the manager's page table, residency
-    and slots lazily: a layer whose residency changed is re-derived when next read, before
+    [L, S] and the slots' pages [3S] are derived from the residency table's page table,
+    resident sets and slots lazily: a layer whose residency changed is re-derived when next read, before
     a forward, in place (a captured graph keeps their addresses);
   * slot s exists while some layer has more than s experts offloaded, and nothing else owns
     its pages;
@@ -42,11 +45,12 @@ import torch
 from rimuru.dataplane.memory.tables import DeviceMirror, ExpertPageTable
 
 
-class DeviceCopyIn:
+class LoadingSlots:
     def __init__(
         self, pages: ExpertPageTable, resident: list[set[int]], num_slots: int, device
     ):  # fmt: skip
-        """pages, resident: the ExpertManager's own page table and residency sets (read)."""
+        """pages, resident: the residency table's own page table and resident sets (read;
+        residency_table.ResidencyTable builds this object and tells it what changed)."""
         self.pages, self.resident = pages, resident
         num_layers, num_experts = len(resident), pages.host.shape[1]
         self.num_experts, self.num_slots = num_experts, num_slots

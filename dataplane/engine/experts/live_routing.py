@@ -3,7 +3,7 @@
 The hotness ranking orders evictions (it is the policy's, replaced only by a push); but the
 copies an offloaded expert costs depend on how often it is routed now, which a ranking
 profiled on a few prompts, or on yesterday's traffic, can misjudge. So the cost rule prices
-each expert by its share of recent routing: the expert manager's routing counts, read every
+each expert by its share of recent routing: the MoE backend's routing counts, read every
 `refresh_steps` steps (one small device read), decayed so that the window follows the load.
 Until every MoE layer has routed `min_tokens` pairs in the window, the ranking's shares
 stand (the offline ranking seeds the estimate).
@@ -18,7 +18,7 @@ it is skewed (a Zipf law, as the presets' default skew 1 makes it) they barely m
 
 from __future__ import annotations
 
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.moe_backend import MoEBackend
 from rimuru.policy import HotnessRanking
 
 UNSEEN_PAIRS = 1.0  # added to every expert's window count (observe says why)
@@ -37,11 +37,11 @@ class LiveRouting:
         self.ranking_now: HotnessRanking | None = None  # from the window; None while thin
         self._next_read = 0
 
-    def ranking(self, experts: ExpertManager, step: int) -> HotnessRanking | None:
+    def ranking(self, moe: MoEBackend, step: int) -> HotnessRanking | None:
         """Shares of recent routing as a ranking, or None while the window is too thin."""
         if step >= self._next_read:
             self._next_read = step + self.refresh_steps
-            self.observe(experts.routing_counts.tolist())
+            self.observe(moe.routing_counts.tolist())
         return self.ranking_now
 
     def observe(self, counts: list[list[int]]) -> None:

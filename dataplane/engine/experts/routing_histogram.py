@@ -1,4 +1,4 @@
-"""Tokens routed to each expert, the torch way: the CPU path of the expert manager's routing
+"""Tokens routed to each expert, the torch way: the CPU path of the MoE backend's routing
 statistics, and the reference of the one-launch kernel (rimuru.kernels.routing_histogram)
 that the CUDA path calls in its place.
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.copy_in import CopyIn
 from rimuru.dataplane.engine.forward.pinned_upload import to_device
 from rimuru.dataplane.engine.sched.request import Request
 
@@ -38,7 +38,7 @@ class Readback:
     def start(
         cls,
         sampled: tuple[torch.Tensor, torch.Tensor] | None,
-        experts: ExpertManager,
+        copy_in: CopyIn,
         device: torch.device,
     ) -> Readback:
         """Queue the copy behind the step's kernels; returns at once on CUDA. The device's
@@ -46,7 +46,7 @@ class Readback:
         `sampled`: the tokens [R] and, per row, whether its logits held a NaN or an
         infinity [R] bool (read beside the tokens, so reporting them costs no wait)."""
         tokens, nonfinite = sampled if sampled is not None else (None, None)
-        counter = experts.device_counters()
+        counter = copy_in.device_counters()
         parts = [t.to(torch.int64) for t in (tokens, nonfinite, counter) if t is not None]
         values, done = None, None
         if parts:
@@ -57,14 +57,14 @@ class Readback:
             else:
                 values = on_device
             if counter is not None:
-                experts.restart_device_count()
+                copy_in.restart_device_count()
         if device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
         num_tokens = 0 if tokens is None else int(tokens.shape[0])
         return cls(values, done, num_tokens, counter is not None)
 
-    def wait(self, experts: ExpertManager) -> tuple[list[int], list[bool]]:
+    def wait(self, copy_in: CopyIn) -> tuple[list[int], list[bool]]:
         """The step's one wait on the device: after it the step's forward has finished.
         Returns the sampled tokens and, per token, whether its logits were not finite
         (the token is then meaningless); counts the expert copies the device made."""
@@ -74,7 +74,7 @@ class Readback:
             return [], []
         values = self.values.tolist()
         if self.counts_copies:
-            experts.add_device_copies(values.pop())
+            copy_in.add_device_copies(values.pop())
         n = self.num_tokens
         return values[:n], [bool(v) for v in values[n : 2 * n]]
 

@@ -11,9 +11,10 @@ CUDA only: the CPU has no peak counter, so there the engine uses `estimate_activ
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +42,11 @@ class OneSlotExperts:
         rows = torch.tensor([buffer_slot_id(i) for i in range(3)], dtype=torch.int32)
         self.table = rows.repeat(experts.num_experts, 1).to(device)  # [E, 3]
         self.moe_kernel = moe_kernel
-        self.count_rows = None  # what graphs set on an ExpertManager; nothing is counted here
+
+    @contextlib.contextmanager
+    def counting_rows(self, rows: torch.Tensor) -> Iterator[None]:
+        """As MoEBackend.counting_rows (the graphs call it); nothing is counted here."""
+        yield
 
     def reset_routing_counts(self) -> None:
         """Nothing to reset: this backend counts no routing (the graphs call it after capture)."""

@@ -19,7 +19,7 @@ Invariants the replay relies on:
     (block_table_store.py): the host sends only the step's new blocks and [S] vectors.
   - Padding rows (the batch padded up to a capture size) write no KV (slot -1) and attend
     over one reserved, zeroed KV page per layer with a context of 1, so they read zeros,
-    never NaN. ExpertManager.count_rows keeps them out of the routing statistics.
+    never NaN. MoEBackend.counting_rows keeps them out of the routing statistics.
   - The graphs' memory is planned before the pool: `graph_memory_bytes` captures the
     largest graph once on the profiling scratch and the engine adds it to its reserve, only
     when the policy starts with every expert resident beside it (else no graph is captured).
@@ -154,7 +154,7 @@ class DecodeGraphs:
     def __init__(
         self,
         model: MoETransformer,
-        experts,  # ExpertManager: count_rows and graph_safe()
+        experts,  # MoEBackend: counting_rows, graph_safe, refresh_device_tables
         pad_pages: Sequence[int],  # one reserved, zeroed KV page per layer
         sizes: Sequence[int],
         max_context: int,
@@ -219,11 +219,8 @@ class DecodeGraphs:
         return HybridStepMeta(attention, states)
 
     def _forward(self, size: int) -> torch.Tensor:
-        self.experts.count_rows = self.rows[:size]
-        try:
+        with self.experts.counting_rows(self.rows[:size]):
             return self.model.forward(self.ids[:size], self.pos[:size], self._meta(size))
-        finally:
-            self.experts.count_rows = None
 
     def capture(self) -> None:
         """One graph per size, largest first, all in one memory pool (smaller graphs reuse
@@ -297,7 +294,7 @@ class DecodeGraphs:
 
 def build_decode_graphs(
     model: MoETransformer,
-    experts,  # ExpertManager
+    experts,  # MoEBackend
     allocator: PageAllocator,
     pool: UnifiedPool,
     sizes: Sequence[int],
@@ -329,7 +326,6 @@ def build_decode_graphs(
         )
     except Exception:  # serving eagerly beats not serving; the log says why
         log.exception("CUDA graphs: capture failed, every step runs eagerly")
-        experts.count_rows = None
         allocator.free(PageType.KV, pad, GRAPH_PADDING)
         return None
     cost = graphs.cost

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.moe_backend import MoEBackend
 from rimuru.dataplane.engine.forward.profile_run import ScratchRunner
 from rimuru.dataplane.engine.graphs.cuda_graphs import (
     DecodeGraphs,
@@ -35,10 +35,11 @@ from rimuru.dataplane.engine.startup.compute_paths import ComputePaths
 from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.engine.startup.loaded_model import LoadedModel
 from rimuru.dataplane.memory.allocator import PageAllocator
-from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.memory.geometry import BLOCK_SIZE, PageType
 from rimuru.dataplane.memory.pool import UnifiedPool
 from rimuru.dataplane.model import MoETransformer
 from rimuru.dataplane.policies import memory_policy
+from rimuru.policy.tunables import EXPERT_MATRICES
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class GraphPlanner:
             return False
         expert_pages = plan.pool_bytes // geometry.bytes_of(PageType.EXPERT)
         margin = memory_policy(t).free_pages_at_start(t)
-        return expert_pages - margin >= mc.num_moe_layers * mc.num_experts * t.pages_per_expert
+        return expert_pages - margin >= mc.num_moe_layers * mc.num_experts * EXPERT_MATRICES
 
     def plan(self, budget: int, reserve: int, buffers: int) -> GraphPlan:
         """The CUDA graphs' memory, planned before the pool (0 bytes when eager): the largest
@@ -158,7 +159,7 @@ class GraphPlanner:
         device_copy = c.expert_copy == "device" and memory_policy(c.tunables).offloads
         if not device_copy and not self.all_experts_fit(budget, reserve, buffers):
             return GraphPlan(0, False)
-        mc, bs = loaded.config, c.block_size
+        mc, bs = loaded.config, BLOCK_SIZE
         sizes = self.decode_sizes()
         driver, piece_driver = graph_driver_bytes(
             mc.num_layers, c.max_num_seqs, c.max_num_batched_tokens
@@ -195,7 +196,7 @@ class GraphPlanner:
     def build(
         self,
         model: MoETransformer,
-        experts: ExpertManager,
+        experts: MoEBackend,
         allocator: PageAllocator,
         pool: UnifiedPool,
         memory: MemoryPlan,
@@ -208,7 +209,7 @@ class GraphPlanner:
         (`graph_plan.piecewise`) allow them. `model` is the one behind the pool's backends."""
         decode = build_decode_graphs(
             model, experts, allocator, pool, self.decode_sizes(), self.max_context(),
-            self.config.block_size, capture=capture, planned_bytes=memory.cuda_graph_bytes,
+            BLOCK_SIZE, capture=capture, planned_bytes=memory.cuda_graph_bytes,
         )  # fmt: skip
         piecewise = None
         if decode is not None and graph_plan.piecewise:

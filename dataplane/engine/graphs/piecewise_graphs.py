@@ -32,9 +32,9 @@ Invariants the replay relies on:
   - Padding rows (real tokens .. T) have id 0 and position 0, write no KV (attention sees
     only the real tokens), read whatever an earlier step left in their rows of the
     attention output (finite values: every op is row-wise, so no padding row reaches a real
-    one), and are not counted in the routing statistics (ExpertManager.count_rows, as for
+    one), and are not counted in the routing statistics (MoEBackend.counting_rows, as for
     the decode graphs).
-  - Experts: the decode graphs' rule (ExpertManager.graph_safe): device copy-in, or every
+  - Experts: the decode graphs' rule (MoEBackend.graph_safe): device copy-in, or every
     expert resident; the device tables are refreshed in place before each replay.
 
 Known difference from an eager step: the MoE kernel picks its tiles by the padded token
@@ -86,7 +86,7 @@ class PiecewiseGraphs:
     eagerly: what a CPU can test."""
 
     def __init__(self, model: MoETransformer, experts, sizes: Sequence[int], *, replay=True):
-        self.model, self.experts = model, experts  # experts: ExpertManager (or a scratch one)
+        self.model, self.experts = model, experts  # experts: MoEBackend (or a scratch one)
         self.sizes = tuple(sorted(sizes))
         self.replay = replay
         cfg, n, device, dtype = model.config, self.sizes[-1], model.device, model.dtype
@@ -143,8 +143,7 @@ class PiecewiseGraphs:
         stream = torch.cuda.Stream(device)  # this device's (see cuda_graphs.graph_memory_bytes)
         with torch.inference_mode():
             for size in reversed(self.sizes):
-                self.experts.count_rows = self.rows[:size]
-                try:
+                with self.experts.counting_rows(self.rows[:size]):
                     for piece in self._pieces(size):  # eager first: kernels loaded, allocator warm
                         piece()
                     torch.cuda.synchronize(device)
@@ -154,8 +153,6 @@ class PiecewiseGraphs:
                         with torch.cuda.graph(graph, pool=pool, stream=stream):
                             piece()
                         graphs.append(graph)
-                finally:
-                    self.experts.count_rows = None
                 self._graphs[size] = graphs
         torch.cuda.synchronize(device)
         self.experts.reset_routing_counts()  # capture routed padding only; keep no trace
@@ -188,16 +185,12 @@ class PiecewiseGraphs:
         else:
             pieces = self._pieces(size)
         attention = self.model.attention
-        self.experts.count_rows = self.rows[:size]
-        try:
-            with torch.inference_mode():
-                for layer, piece in enumerate(pieces[:-1]):
-                    piece()
-                    out = attention.attend(layer, self.q[:n], self.k[:n], self.v[:n], meta)
-                    self.attn[:n].copy_(out)
-                pieces[-1]()
-        finally:
-            self.experts.count_rows = None
+        with self.experts.counting_rows(self.rows[:size]), torch.inference_mode():
+            for layer, piece in enumerate(pieces[:-1]):
+                piece()
+                out = attention.attend(layer, self.q[:n], self.k[:n], self.v[:n], meta)
+                self.attn[:n].copy_(out)
+            pieces[-1]()
         return self.hidden[:n]
 
 
@@ -238,7 +231,7 @@ def piecewise_memory_bytes(model: MoETransformer, experts, size: int) -> int:
 
 def build_piecewise_graphs(
     model: MoETransformer,
-    experts,  # ExpertManager
+    experts,  # MoEBackend
     sizes: Sequence[int],
     *,
     capture: bool = True,
@@ -253,7 +246,6 @@ def build_piecewise_graphs(
         graphs = capture_measured(model.device, lambda: PiecewiseGraphs(model, experts, sizes))
     except Exception:  # serving eagerly beats not serving; the log says why
         log.exception("piecewise CUDA graphs: capture failed, those steps run eagerly")
-        experts.count_rows = None
         return None
     cost = graphs.cost
     log.info(

@@ -1,5 +1,5 @@
 """Moving the boundary: the adjuster's decision, reserved in the allocator and applied to the
-expert manager. The engine calls it after every scheduling round (the Rimuru paper's
+residency table. The engine calls it after every scheduling round (the Rimuru paper's
 adjuster) and, in elastic mode, inside a round before a running request would be preempted
 (`ElasticBoundary`: the batch the copy budget prices, and the scheduler's two hooks,
 make_room and admit_limit).
@@ -23,8 +23,9 @@ from rimuru.dataplane.adjust.adjuster import (
 )
 from rimuru.dataplane.adjust.payoff import CostView, eviction_pays
 from rimuru.dataplane.engine.experts.copy_budget import CopyControl
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
 from rimuru.dataplane.engine.experts.live_routing import LiveRouting
+from rimuru.dataplane.engine.experts.moe_backend import MoEBackend
+from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
 from rimuru.dataplane.engine.experts.step_cost import StepCostMeter
 from rimuru.dataplane.engine.sched.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.sched.policy_state import PolicyState
@@ -43,7 +44,7 @@ def move_boundary(
     kv_pages_short: int,
     allocator: PageAllocator,
     kv: KVCacheManager,
-    experts: ExpertManager,
+    residency: ResidencyTable,
     ranking: HotnessRanking,
     tunables: Tunables,
     last_step: int,
@@ -58,7 +59,7 @@ def move_boundary(
         kv.shortfall_in_expert_pages(kv_pages_short),
         allocator.num_free(PageType.EXPERT),
         ranking,
-        experts.resident_sets(),
+        residency.resident_sets(),
         tunables,
         step,
         counted,
@@ -68,7 +69,7 @@ def move_boundary(
     if evict_only:
         decision = AdjusterDecision(evict=decision.evict)
     changes = reserve(decision, allocator, tunables)
-    experts.apply(changes, last_step=last_step)
+    residency.apply(changes, last_step=last_step)
     return changes
 
 
@@ -81,7 +82,8 @@ class ElasticBoundary:
         policy: PolicyState,
         allocator: PageAllocator,
         kv: KVCacheManager,
-        experts: ExpertManager,
+        residency: ResidencyTable,
+        moe: MoEBackend,  # read: its routing counts price the cost rule (live_routing.py)
         copy_control: CopyControl,
         step_cost: StepCostMeter,
         max_num_seqs: int,
@@ -95,7 +97,8 @@ class ElasticBoundary:
         self._hottest = 0.0
         self.allocator = allocator
         self.kv = kv
-        self.experts = experts
+        self.residency = residency
+        self.moe = moe
         self.copy_control = copy_control
         self.max_num_seqs = max_num_seqs
         self.top_k = top_k
@@ -128,10 +131,10 @@ class ElasticBoundary:
         # not even for headroom), no order is read: live routing is not refreshed (a read
         # and a ranking of every layer's experts, a few ms at 48 x 128 on the host) in
         # rounds where the boundary cannot move.
-        still = self.experts.fully_resident() and not (asks and demand)
+        still = self.residency.fully_resident() and not (asks and demand)
         ranking = self.policy.ranking if still else self.order(round.step)
         return move_boundary(
-            kv_pages_short, self.allocator, self.kv, self.experts, ranking,
+            kv_pages_short, self.allocator, self.kv, self.residency, ranking,
             self.policy.tunables, round.step - 1, evict_only=evict_only, step=step,
             counted=self.copy_control.start_resident, measured=self.copy_control.measured,
             costs=costs,
@@ -150,7 +153,7 @@ class ElasticBoundary:
         price by the ranking, and must count the experts the adjuster offloads."""
         t = self.policy.tunables
         if memory_policy(t).prices_copies and t.copy_budget <= 0:
-            live = self.live.ranking(self.experts, step)
+            live = self.live.ranking(self.moe, step)
             if live is not None:
                 return live
         return self.policy.ranking
@@ -169,10 +172,10 @@ class ElasticBoundary:
         t = self.policy.tunables
         if not memory_policy(t).prices_copies:
             return None
-        prices = self.live.ranking(self.experts, step)
+        prices = self.live.ranking(self.moe, step)
         shares = prices or self.policy.ranking
         mix = self.step_cost.mix()
-        resident = self.experts.resident_sets()
+        resident = self.residency.resident_sets()
         scale = self.copy_scale(shares, resident, num_running)
         expected = expected_copies(shares, resident, StepShape(max(batch, 1), self.top_k, mix))
         copies = max(scale * expected, self.copy_control.measured)
@@ -209,7 +212,7 @@ class ElasticBoundary:
         this batch: the pages that finishing requests free then go back to experts (the
         grow rule) instead of to a larger batch whose copies cost more than it gains."""
         limit = self.copy_control.limit(
-            self.policy.tunables, self.policy.ranking, self.experts, round.num_running
+            self.policy.tunables, self.policy.ranking, self.residency, round.num_running
         )
         if round.num_running and not self._hottest_offloaded_pays(
             round.num_running + 1, round.step
@@ -219,9 +222,9 @@ class ElasticBoundary:
 
     def _hottest_offloaded_pays(self, batch: int, step: int) -> bool:
         t = self.policy.tunables
-        if not memory_policy(t).prices_copies or self.experts.fully_resident():
+        if not memory_policy(t).prices_copies or self.residency.fully_resident():
             return True  # (fully resident: nothing to bring back, live routing left unread)
-        prices = self.live.ranking(self.experts, step)
+        prices = self.live.ranking(self.moe, step)
         hottest = self._hottest_offloaded_share(prices or self.policy.ranking)
         view = self.costs(batch, batch - 1, demand=True, step=step)
         # (past the TPOT SLO nothing pays: with experts offloaded, pages go back to them)
@@ -231,7 +234,7 @@ class ElasticBoundary:
     def _hottest_offloaded_share(self, ranking: HotnessRanking) -> float:
         """The largest routing share among offloaded experts (at least one is); asked every
         round that has requests waiting, so kept until the residency or ranking changes."""
-        key = (self.experts.residency_version, ranking)
+        key = (self.residency.residency_version, ranking)
         if (
             self._hottest_key is None
             or self._hottest_key[0] != key[0]
@@ -239,7 +242,7 @@ class ElasticBoundary:
         ):
             shares = [
                 ranking.share(layer, e)
-                for layer, here in enumerate(self.experts.resident_sets())
+                for layer, here in enumerate(self.residency.resident_sets())
                 for e in range(ranking.num_experts)
                 if e not in here
             ]

@@ -41,12 +41,14 @@ class StepStats:
     preemptions: int
 
     @classmethod
-    def capture(cls, step, num_tokens, running, scheduler, experts, allocator, pool) -> StepStats:
+    def capture(
+        cls, step, num_tokens, running, scheduler, residency, counters, allocator, pool
+    ) -> StepStats:
         """The state after a round: gauges now, counters cumulative since start-up; `running`
         is the scheduler's running queue right after scheduling (the batch in flight, before
         the step's finished requests leave it: counted after, a step that finished all four
         of its requests recorded 0 running)."""
-        g, c = pool.geometry, experts.counters
+        g, c = pool.geometry, counters
         kv_used = allocator.num_owned(PageType.KV)
         expert_pages = allocator.num_owned(PageType.EXPERT)
         kv_bytes, expert_bytes = kv_used * g.kv_page_bytes, expert_pages * g.expert_page_bytes
@@ -61,7 +63,7 @@ class StepStats:
             pool.num_bytes - kv_bytes - expert_bytes,
             kv_bytes,
             expert_bytes,
-            experts.num_resident(),
+            residency.num_resident(),
             c.evictions,
             c.loads,
             c.buffer_copies,

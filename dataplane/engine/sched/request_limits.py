@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
 from rimuru.dataplane.engine.sched.policy_state import PolicyState
 from rimuru.dataplane.engine.sched.request import SamplingParams
 from rimuru.dataplane.memory.geometry import PageGeometry, PageType
@@ -20,7 +20,7 @@ from rimuru.policy import EXPERT_MATRICES, Tunables
 
 
 class RequestLimits:
-    """Reads the residency in force (`experts`) and the policy in force (`policy`) at each
+    """Reads the residency in force (`residency`) and the policy in force (`policy`) at each
     call; `num_pad_pages` (the CUDA graphs' padding pages) is the caller's, since the
     graphs are built after this object and may be rebuilt."""
 
@@ -29,7 +29,7 @@ class RequestLimits:
         model_config: ModelConfig,
         geometry: PageGeometry,
         pool: UnifiedPool,
-        experts: ExpertManager,
+        residency: ResidencyTable,
         policy: PolicyState,
         *,
         num_state_layers: int,
@@ -39,7 +39,7 @@ class RequestLimits:
         self.model_config = model_config
         self.geometry = geometry
         self.pool = pool
-        self.experts = experts
+        self.residency = residency
         self.policy = policy
         self.num_state_layers = num_state_layers
         self.block_size = block_size
@@ -53,12 +53,12 @@ class RequestLimits:
         # each layer at the fewest residents the policy may leave it (a layer already below
         # that, after a live lowering of the limit, stays where it is)
         keep = memory_policy(t).least_kept(mc.num_experts, t)
-        kept = [len(r) if keep is None else min(len(r), keep) for r in self.experts.resident]
+        kept = [len(r) if keep is None else min(len(r), keep) for r in self.residency.resident]
         min_resident = sum(kept)
         offloaded = max(mc.num_experts - k for k in kept)
         # device copy-in: a loading slot (three pool pages) per expert the most offloading
         # layer leaves on the host
-        slots = self.experts.device_copy
+        slots = self.residency.loading_slots
         slot_pages = 3 * min(slots.num_slots, offloaded) if slots is not None else 0
         kv_pages = (
             total_expert_pages - min_resident * EXPERT_MATRICES - slot_pages

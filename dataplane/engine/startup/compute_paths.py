@@ -1,7 +1,7 @@
 """Which compute path serves this engine: the Triton kernels (CUDA by default) or the torch
 references (CPU), and the functions each part of the forward calls on that path.
 
-Chosen once from the config and the device; the start-up planners, the expert manager, the
+Chosen once from the config and the device; the start-up planners, the expert parts, the
 attention backend and the model's layers all ask this one object, so a profiling or warm-up
 forward runs exactly the kernels serving will run.
 """
@@ -25,7 +25,7 @@ class ComputePaths:
         )
 
     def moe_kernel(self):
-        """The expert backend's MoE function (None = the torch reference in the manager)."""
+        """The expert backend's MoE function (None = the torch reference in moe_backend.py)."""
         mc = self.model_config
         if self.config.moe_path == "gather":
             from rimuru.dataplane.engine.experts.moe_gather import (

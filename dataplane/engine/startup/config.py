@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from rimuru.dataplane.memory.geometry import BLOCK_SIZE
 from rimuru.dataplane.policies import memory_policy, policy_named
 from rimuru.policy import Tunables
 
@@ -164,12 +163,6 @@ class EngineConfig:
             and self.tensor_parallel_size == 1
             and self._copies_on_the_device
         )
-
-    @property
-    def block_size(self) -> int:
-        """BLOCK_SIZE, for readers not yet moved to the constant; not a field (the kernels'
-        page layout fixes it)."""
-        return BLOCK_SIZE
 
     @property
     def policy(self) -> str:

@@ -11,7 +11,8 @@ import dataclasses
 from collections.abc import Callable
 
 from rimuru.dataplane.engine.experts.copy_budget import CopyControl
-from rimuru.dataplane.engine.experts.expert_manager import ExpertManager
+from rimuru.dataplane.engine.experts.counters import ExpertCounters
+from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
 from rimuru.dataplane.engine.sched.policy_state import PolicyState
 from rimuru.dataplane.engine.sched.scheduler import Scheduler
 from rimuru.dataplane.engine.startup.residency import initial_experts, max_offloaded
@@ -20,6 +21,7 @@ from rimuru.dataplane.memory.allocator import PageAllocator
 from rimuru.dataplane.memory.geometry import PageType
 from rimuru.dataplane.memory.reclaim import DeferredReclaim
 from rimuru.policy import HotnessRanking, Tunables
+from rimuru.policy.tunables import EXPERT_MATRICES
 
 
 class LivePolicy:
@@ -27,7 +29,9 @@ class LivePolicy:
         self,
         policy: PolicyState,
         scheduler: Scheduler,
-        experts: ExpertManager,
+        residency: ResidencyTable,
+        counters: ExpertCounters,
+        num_buffer_slots: int,  # experts a loading buffer holds (the copy-in's)
         allocator: PageAllocator,
         reclaim: DeferredReclaim,
         copy_control: CopyControl,
@@ -36,7 +40,9 @@ class LivePolicy:
     ):
         self.policy = policy
         self.scheduler = scheduler
-        self.experts = experts
+        self.residency = residency
+        self.counters = counters
+        self.num_buffer_slots = num_buffer_slots
         self.allocator = allocator
         self.reclaim = reclaim
         self.copy_control = copy_control
@@ -46,25 +52,26 @@ class LivePolicy:
     def load_initial_experts(self) -> None:
         """Start-up residency (residency.py) from the policy in force, into free pages."""
         t, ranking = self.policy.tunables, self.policy.ranking
-        slots = self.experts.num_buffer_slots if self.experts.device_copy is not None else 0
+        # device copy-in's slots are pool pages: start-up residency leaves room for them
+        slots = self.num_buffer_slots if self.residency.loading_slots is not None else 0
         chosen = initial_experts(
             t, ranking, self.allocator.num_free(PageType.EXPERT), self.fixed_expert_share, slots
         )
         offloaded = max_offloaded(chosen, ranking.num_layers, ranking.num_experts)
-        check_offload_fits(t.mode, offloaded, self.experts.num_buffer_slots)
-        self.experts.load_initial(chosen, t.pages_per_expert)
+        check_offload_fits(t.mode, offloaded, self.num_buffer_slots)
+        self.residency.load_initial(chosen, EXPERT_MATRICES)
         # The copy budget prices only experts resident now that the adjuster evicts later.
-        self.copy_control.reset(self.experts.resident_sets(), ranking.num_experts)
+        self.copy_control.reset(self.residency.resident_sets(), ranking.num_experts)
 
     def check_buffer_fits(self, tunables: Tunables) -> None:
-        check_buffer_fits(tunables, self.policy.ranking.num_experts, self.experts.num_buffer_slots)
+        check_buffer_fits(tunables, self.policy.ranking.num_experts, self.num_buffer_slots)
 
     def apply(self, tunables: Tunables, ranking: HotnessRanking | None, step: int) -> None:
         """Both halves of a policy push, or neither: raises ValueError with nothing changed.
         `step`: the last step launched. Under async scheduling its forward may still run
         (an abort can leave the scheduler empty with a step in flight); a reload is then
         safe as the adjuster's moves between rounds are: expert copies wait for the
-        device's queued work (ExpertManager.place) before they write freed pages."""
+        device's queued work (ResidencyTable.place) before they write freed pages."""
         self._check_tunables(tunables)
         current = self.policy.ranking
         if ranking is not None and (ranking.num_layers, ranking.num_experts) != (
@@ -105,8 +112,6 @@ class LivePolicy:
                 f"mode {tunables.mode!r} differs from the running mode {current.mode!r}: "
                 f"changing the memory policy needs a restart"
             )
-        if tunables.pages_per_expert != current.pages_per_expert:
-            raise ValueError("pages_per_expert is fixed by the model (w1, w3, w2)")
         self.check_buffer_fits(tunables)
         # A request was accepted because it fit; one that no longer could would wait at the
         # head of the queue for ever, and every request behind it with it.
@@ -126,10 +131,10 @@ class LivePolicy:
         in force."""
         # re-placing the start-up set is not serving traffic: the counters (exported as
         # metrics) stay as they were, also when the reload fails and is rolled back
-        saved = dataclasses.replace(self.experts.counters)
+        saved = self.counters.snapshot()
         try:
-            self.experts.release_all()
+            self.residency.release_all()
             self.reclaim.complete(step)
             self.load_initial_experts()
         finally:
-            self.experts.counters = saved
+            self.counters.restore(saved)

@@ -43,11 +43,11 @@ def warm_up(engine: Engine) -> ModelInfo:
 
 
 def take_snapshot(engine: Engine, policy_version: int) -> EngineSnapshot:
-    allocator, g, c = engine.allocator, engine.geometry, engine.experts.counters
+    allocator, g, c = engine.allocator, engine.geometry, engine.expert_counters
     last = engine.stats[-1] if engine.stats else None
     kv_used = last.num_kv_pages_used if last is not None else allocator.num_owned(PageType.KV)
     kv_free = allocator.num_free(PageType.KV)
-    resident = tuple(len(r) for r in engine.experts.resident)
+    resident = tuple(len(r) for r in engine.residency.resident)
     expert_pages = sum(resident) * EXPERT_MATRICES
     return EngineSnapshot(
         step=engine.step_id,
@@ -69,5 +69,5 @@ def take_snapshot(engine: Engine, policy_version: int) -> EngineSnapshot:
         policy_mode=engine.tunables.mode,
         kv_pool_bytes=kv_used * g.kv_page_bytes,
         expert_pool_bytes=expert_pages * g.expert_page_bytes,
-        routing_counts=engine.experts.routing_counts.clone(),
+        routing_counts=engine.moe_backend.routing_counts.clone(),
     )
