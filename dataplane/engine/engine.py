@@ -44,6 +44,7 @@ from rimuru.dataplane.engine.sched.request import (
     raise_if_failed,
 )
 from rimuru.dataplane.engine.sched.request_limits import RequestLimits
+from rimuru.dataplane.engine.sched.round_moves import RoundMoves
 from rimuru.dataplane.engine.sched.scheduler import Scheduler
 from rimuru.dataplane.engine.sched.step_log import StepLog
 from rimuru.dataplane.engine.startup.budget import MemoryPlan, plan_memory
@@ -313,6 +314,7 @@ class Engine:
             step = self.step_id
             started = time.perf_counter()
             self.copy_control.begin_step(self.expert_counters)
+            between = self.residency.take_moves()  # start-up residency, a live push
             out = self.scheduler.schedule(step)
             refused = []
             if out.preempted_alone is not None:
@@ -328,6 +330,9 @@ class Engine:
             running = len(self.scheduler.running)  # before this step's finished leave
             if memory_policy(self.tunables).moves_boundary:
                 self.boundary.move(out.kv_pages_short, self.scheduler.round_state(step))
+            moves = RoundMoves(between, self.residency.take_moves())  # make_room's, the adjuster's
+            if self.tp is not None:
+                self.tp.moved(moves)
             waiting = self.scheduler.waiting
             refused += self._keep_alive(
                 self.liveness.after_round(
@@ -344,7 +349,7 @@ class Engine:
                 self._in_flight = launched
             else:
                 outputs += self._read_back(launched)
-            self._record(out, step, running, time.perf_counter() - started)
+            self._record(out, moves, step, running, time.perf_counter() - started)
             return outputs
 
     def _keep_alive(self, refusal: Refusal | None, step: int) -> list[RequestOutput]:
@@ -431,7 +436,7 @@ class Engine:
             outputs.append(token_output(r.request_id, token, status))
         return outputs
 
-    def _record(self, out, step: int, running: int, seconds: float) -> None:
+    def _record(self, out, moves: RoundMoves, step: int, running: int, seconds: float) -> None:
         idle = not self.scheduler.running
         decode_only = bool(out.scheduled) and all(s.num_new_tokens == 1 for s in out.scheduled)
         copies = self.copy_control.end_step(
@@ -444,6 +449,7 @@ class Engine:
                 out.num_tokens,
                 running,
                 self.scheduler,
+                moves,
                 self.residency,
                 self.expert_counters,
                 self.allocator,

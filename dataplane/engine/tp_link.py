@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
+    from rimuru.dataplane.engine.sched.round_moves import RoundMoves
     from rimuru.dataplane.engine.startup.budget import MemoryPlan
     from rimuru.dataplane.engine.step_forward import StepBatch
 
@@ -18,6 +19,8 @@ class StepLeader(Protocol):
     before its forward (their residency and batch follow rank 0's)."""
 
     def agree_plan(self, plan: MemoryPlan) -> MemoryPlan: ...
+
+    def moved(self, moves: RoundMoves) -> None: ...
 
     def send_step(
         self, step: int, scheduled, batch: StepBatch, residency: ResidencyTable

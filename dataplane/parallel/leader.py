@@ -12,19 +12,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from rimuru.dataplane.adjust.adjuster import ChangeList
 from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
+from rimuru.dataplane.engine.sched.round_moves import RoundMoves, net_changes
 from rimuru.dataplane.engine.step_forward import StepBatch
 from rimuru.dataplane.parallel.block_tables import BlockTableSender
 from rimuru.dataplane.parallel.groups import RankGroups
 from rimuru.dataplane.parallel.messages import RankReport, StepMessage, StopEngine
 from rimuru.dataplane.parallel.rank import RankLink
-from rimuru.dataplane.parallel.residency import ResidencyDiff, table_digest
+from rimuru.dataplane.parallel.residency import table_digest
 
 
 class StepLeader(RankLink):
     def __init__(self, groups: RankGroups):
         super().__init__(groups)
-        self._diff: ResidencyDiff | None = None
+        self._unsent: list[ChangeList] = []  # moves since the last step message, in order
         self._tables = BlockTableSender()
         self.num_steps = 0
         self.residency_digest = ""
@@ -36,15 +38,17 @@ class StepLeader(RankLink):
         self.abandon: Callable[[], None] | None = None
         self.in_forward = False  # a step was sent and rank 0's forward has not finished
 
+    def moved(self, moves: RoundMoves) -> None:
+        """Every round's moves, those of rounds that run no forward too: the next step
+        message carries them all, netted."""
+        self._unsent += moves.changes
+
     def send_step(self, step: int, scheduled, batch: StepBatch, residency: ResidencyTable) -> None:
         """scheduled: the scheduler's ScheduledRequests, in `batch`'s slice order."""
         if self.closed:
             raise RuntimeError("this engine was closed: its other ranks are gone")
-        table = residency.table.host
-        if self._diff is None:
-            self._diff = ResidencyDiff(table)
-        changes = self._diff.changes(table)
-        self.residency_digest = table_digest(table)
+        changes, self._unsent = net_changes(self._unsent), []
+        self.residency_digest = table_digest(residency.table.host)
         blocks = self._tables.delta([s.request for s in scheduled])
         # the followers run the forward only: no Request objects, no sampling
         bare = replace(batch, sample_requests=[], slices=BlockTableSender.bare(batch.slices))

@@ -1,12 +1,14 @@
-"""Residency as it travels between ranks: rank 0's expert page table, diffed against what
-it last sent, and a digest of it that every rank checks after applying the diff.
+"""Residency as it travels between ranks: the moves rank 0's residency table made since
+the last step message, netted into one change list (engine/sched/round_moves.py), and a
+digest of its expert page table that every rank checks after applying them.
 
-The diff is taken from the table itself, not from the adjuster's change lists, so every
-path that moves an expert (the adjuster between rounds, make_room inside one, start-up
-residency, a live policy push) reaches the other ranks alike. A follower applies loads
-before evictions: an expert that moved is just loaded at its new pages, and no layer ever
-has more experts offloaded than it had before or will have after (device copy-in refuses
-more than its slots), which evictions first could break for a moment.
+Every path that moves an expert on rank 0 (the adjuster after a round, make_room inside
+one, start-up residency, a live policy push) goes through the table's apply,
+load_initial or release_all, which keep its moves, so all reach the other ranks alike;
+the digest would catch one that did not. A follower applies loads before evictions: an
+expert that moved is just loaded at its new pages, and no layer ever has more experts
+offloaded than it had before or will have after (device copy-in refuses more than its
+slots), which evictions first could break for a moment.
 
 Ordering rules this keeps on every rank (rank 0 keeps them in its ResidencyTable):
   * a load copies into its pages before the page table points at them (ResidencyTable.place);
@@ -21,34 +23,13 @@ import hashlib
 
 import torch
 
-from rimuru.dataplane.adjust.adjuster import ChangeList, ExpertLoad
+from rimuru.dataplane.adjust.adjuster import ChangeList
 from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
-from rimuru.dataplane.memory.tables import NOT_PRESENT
 
 
 def table_digest(table: torch.Tensor) -> str:
     """The expert page table [L, E, 3] int32 (host), as a short hash."""
     return hashlib.blake2b(table.numpy().tobytes(), digest_size=16).hexdigest()
-
-
-class ResidencyDiff:
-    """Rank 0's side: the table as last sent; `changes` returns what moved since."""
-
-    def __init__(self, table: torch.Tensor):
-        self._sent = torch.full_like(table, NOT_PRESENT)  # the other ranks start empty
-
-    def changes(self, table: torch.Tensor) -> ChangeList:
-        moved = (table != self._sent).any(dim=-1).nonzero().tolist()  # [(layer, expert)]
-        evict = tuple(
-            (layer, expert) for layer, expert in moved if table[layer, expert, 0] == NOT_PRESENT
-        )
-        load = tuple(
-            ExpertLoad(layer, expert, tuple(table[layer, expert].tolist()))
-            for layer, expert in moved
-            if table[layer, expert, 0] != NOT_PRESENT
-        )
-        self._sent = table.clone()
-        return ChangeList(evict=evict, load=load)
 
 
 def apply_changes(residency: ResidencyTable, changes: ChangeList, step: int) -> None:

@@ -77,3 +77,39 @@ def test_net_changes_equal_the_table_difference(history):
     # and nothing that did not change travels
     assert all(start.get((x.layer, x.expert)) != x.pages for x in net.load)
     assert all(key in start for key in net.evict)
+
+
+def test_an_elastic_run_records_each_round_s_own_moves(make_engine, prompts):
+    from rimuru.dataplane.engine.sched.request import SamplingParams
+
+    engine = make_engine("elastic")
+    start_up = engine.residency.take_moves()  # what the first round would find
+    assert len(start_up) == 1 and not start_up[0].evict
+    assert len(start_up[0].load) == engine.residency.num_resident()
+    engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0))
+    c = engine.expert_counters
+    assert c.evictions > 0 and c.loads > 0  # the pool ran short: the boundary moved
+    # per round, the round's moves; summed, the counters (start-up was not counted)
+    assert sum(s.evicted for s in engine.stats) == c.evictions
+    assert sum(s.loaded for s in engine.stats) == c.loads
+    assert [s.evictions for s in engine.stats][-1] == c.evictions
+    before = _pages(engine.residency)
+    # a reset between rounds (a live push's) is counted in no round; netted, its moves take
+    # the table from before to after, as a tensor-parallel follower applies them
+    engine.reset_residency()
+    pushed = engine.residency.take_moves()
+    assert [(bool(c.evict), bool(c.load)) for c in pushed] == [(True, False), (False, True)]
+    follower = dict(before)
+    net = net_changes(pushed)
+    follower.update({(x.layer, x.expert): x.pages for x in net.load})
+    for key in net.evict:
+        del follower[key]
+    assert follower == _pages(engine.residency)
+
+
+def _pages(residency) -> dict:
+    return {
+        (layer, e): tuple(residency.table.pages(layer, e))
+        for layer, experts in enumerate(residency.resident)
+        for e in experts
+    }

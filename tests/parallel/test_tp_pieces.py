@@ -13,6 +13,7 @@ from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_fr
 from rimuru.dataplane.engine.forward.block_table_store import DeviceBlockTables
 from rimuru.dataplane.engine.forward.paged_attention import SequenceSlice
 from rimuru.dataplane.engine.sched.request import Request, RequestStatus, SamplingParams
+from rimuru.dataplane.engine.sched.round_moves import net_changes
 from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.memory.tables import NOT_PRESENT, ExpertPageTable
 from rimuru.dataplane.model.checkpoint import RandomWeights, preset_config
@@ -23,7 +24,7 @@ from rimuru.dataplane.model.checkpoint.shard import (
     shard_config,
 )
 from rimuru.dataplane.parallel.block_tables import BlockTableMirror, BlockTableSender
-from rimuru.dataplane.parallel.residency import ResidencyDiff, table_digest
+from rimuru.dataplane.parallel.residency import table_digest
 
 
 def test_ranks_slices_put_together_are_the_whole_layer():
@@ -115,20 +116,20 @@ def test_a_hybrid_rank_has_its_share_of_gated_deltanet_heads():
     assert rank.key_head_dim == gdn.key_head_dim and rank.value_head_dim == gdn.value_head_dim
 
 
-def test_the_diff_carries_loads_moves_and_evictions_and_the_digest_follows_the_table():
+def test_the_moves_net_to_loads_moves_and_evictions_and_the_digest_follows_the_table():
     table = ExpertPageTable(2, 4)
-    diff = ResidencyDiff(table.host)
-    table.set_pages(0, 1, (3, 4, 5))
-    table.set_pages(1, 2, (6, 7, 8))
-    first = diff.changes(table.host)
-    assert first == ChangeList(load=(ExpertLoad(0, 1, (3, 4, 5)), ExpertLoad(1, 2, (6, 7, 8))))
+    start_up = ChangeList(load=(ExpertLoad(0, 1, (3, 4, 5)), ExpertLoad(1, 2, (6, 7, 8))))
+    for load in start_up.load:
+        table.set_pages(load.layer, load.expert, load.pages)
+    assert net_changes([start_up]) == start_up
     before = table_digest(table.host)
+    # two rounds before the next message: (0, 1) evicted; (1, 2) evicted, then back at
+    # new pages (moved: a load at its new pages, no eviction)
+    rounds = [ChangeList(evict=((0, 1), (1, 2))), ChangeList(load=(ExpertLoad(1, 2, (0, 1, 2)),))]
     table.clear(0, 1)
-    table.set_pages(1, 2, (0, 1, 2))  # moved: a load at its new pages, no eviction
-    assert diff.changes(table.host) == ChangeList(
-        evict=((0, 1),), load=(ExpertLoad(1, 2, (0, 1, 2)),)
-    )
-    assert diff.changes(table.host) == ChangeList()  # nothing since
+    table.set_pages(1, 2, (0, 1, 2))
+    assert net_changes(rounds) == ChangeList(evict=((0, 1),), load=(ExpertLoad(1, 2, (0, 1, 2)),))
+    assert net_changes([]) == ChangeList()  # nothing since
     assert table_digest(table.host) != before
     assert table.host[0, 1, 0] == NOT_PRESENT
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rimuru.dataplane.adjust.adjuster import ChangeList
+from rimuru.dataplane.adjust.adjuster import ChangeList, ExpertLoad
 from rimuru.dataplane.engine.experts.counters import ExpertCounters
 from rimuru.dataplane.engine.experts.device_copy import LoadingSlots
 from rimuru.dataplane.memory.allocator import PageAllocator
@@ -66,6 +66,9 @@ class ResidencyTable:
         self.residency_version = 0  # bumped whenever `resident` changes (caches key on it)
         self._sets: list[frozenset[int]] = []
         self._sets_version = -1  # the residency_version _sets was built at
+        # What apply, load_initial and release_all changed since take_moves, in order
+        # (sched/round_moves.py); a follower's place/evict replay them and are not kept.
+        self._moves: list[ChangeList] = []
         self.own_slots = own_slots
         self.loading_slots = (
             LoadingSlots(self.table, self.resident, num_loading_slots, self.device)
@@ -136,6 +139,11 @@ class ResidencyTable:
             self.loading_slots.check_evict(layer)  # the expert stays resident, nothing leaks
         self._drop(layer, expert, last_step)
 
+    def take_moves(self) -> tuple[ChangeList, ...]:
+        """The change lists applied since the last call, oldest first."""
+        moves, self._moves = tuple(self._moves), []
+        return moves
+
     def apply(self, changes: ChangeList, last_step: int) -> None:
         """Evictions first (their pages free after `last_step`), then the reserved loads."""
         for layer, expert in changes.evict:
@@ -143,9 +151,12 @@ class ResidencyTable:
         for load in changes.load:
             self.place(load.layer, load.expert, load.pages)
             self.counters.loads += 1
+        if changes:
+            self._moves.append(changes)
 
     def load_initial(self, experts: Sequence[tuple[int, int]], pages_per_expert: int) -> None:
         """Start-up residency; raises if the pool cannot hold them."""
+        loads = []
         for layer, expert in experts:
             pages = self.allocator.allocate(
                 PageType.EXPERT, pages_per_expert, ("expert", layer, expert)
@@ -157,6 +168,8 @@ class ResidencyTable:
                     f"offloads experts (fixed/elastic)"
                 )
             self.place(layer, expert, tuple(pages))
+            loads.append(ExpertLoad(layer, expert, tuple(pages)))
+        self._moves.append(ChangeList(load=tuple(loads)))
         if self.loading_slots is not None:  # a residency past the slots fails here, not mid-step
             self._take_slots()
             self.loading_slots.offloaded()
@@ -165,9 +178,12 @@ class ResidencyTable:
         """Every expert off the device, only to re-choose residency: load_initial follows.
         Past the loading slots on purpose (evict() would refuse): their rows are derived
         only when next read, after load_initial."""
+        evicted = []
         for layer in range(self.num_layers):
             for expert in sorted(self.resident[layer]):
                 self._drop(layer, expert, last_step=self.reclaim.last_completed_step)
+                evicted.append((layer, expert))
+        self._moves.append(ChangeList(evict=tuple(evicted)))
         if self.loading_slots is not None:  # load_initial takes them again
             self._release_slots_beyond(0)
 

@@ -39,15 +39,19 @@ class StepStats:
     predictor_hits: int
     predictor_needed: int
     preemptions: int
+    # the round's own moves (make_room's and the adjuster's, round_moves.py): what moved the
+    # boundary in this step, where `evictions` and `loads` count since start-up
+    evicted: int = 0
+    loaded: int = 0
 
     @classmethod
     def capture(
-        cls, step, num_tokens, running, scheduler, residency, counters, allocator, pool
+        cls, step, num_tokens, running, scheduler, moves, residency, counters, allocator, pool
     ) -> StepStats:
         """The state after a round: gauges now, counters cumulative since start-up; `running`
         is the scheduler's running queue right after scheduling (the batch in flight, before
         the step's finished requests leave it: counted after, a step that finished all four
-        of its requests recorded 0 running)."""
+        of its requests recorded 0 running); `moves` the round's RoundMoves."""
         g, c = pool.geometry, counters
         kv_used = allocator.num_owned(PageType.KV)
         expert_pages = allocator.num_owned(PageType.EXPERT)
@@ -71,4 +75,6 @@ class StepStats:
             c.predictor_hits,
             c.predictor_needed,
             scheduler.num_preemptions,
+            evicted=moves.num_evicted,
+            loaded=moves.num_loaded,
         )
