@@ -90,6 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the search stops once first failing rate / max rate <= 1 + this",
     )
     p.add_argument(
+        "--system-prompt-tokens",
+        type=int,
+        default=0,
+        help="put the same N-token system prompt (the trace's first prompt tokens) before "
+        "every prompt: the shared-prefix load prefix caching serves",
+    )
+    p.add_argument(
         "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)"
     )
     p.add_argument(
@@ -148,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     # Asked for more than the trace has: refused, not silently fewer (profile-hotness agrees).
     trace = trace.head(args.num_prompts or min(DEFAULT_NUM_PROMPTS, len(trace)))
+    trace = trace.with_system_prompt(args.system_prompt_tokens)
     # Drawn before any engine is built, so a bad --burstiness is refused at once.
     for rate in rates:
         arrival_times(len(trace), rate, args.burstiness, args.seed)

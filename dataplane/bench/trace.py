@@ -95,6 +95,25 @@ class Trace:
             )
         return Trace(self.name, self.requests[:num_requests], self.metadata)
 
+    def with_system_prompt(self, num_tokens: int) -> Trace:
+        """Every prompt behind the same `num_tokens`-token prefix, the shared system prompt
+        of a deployment: the trace's own first prompt tokens, concatenated in trace order, so
+        the prefix is real text and the same for every --num-prompts that holds that many
+        tokens. 0 leaves the trace as it is."""
+        if num_tokens < 0:
+            raise ValueError(f"a system prompt of {num_tokens} tokens: give 0 or more")
+        if num_tokens == 0:
+            return self
+        stream = [t for r in self.requests for t in r.prompt_token_ids][:num_tokens]
+        if len(stream) < num_tokens:
+            raise ValueError(
+                f"trace {self.name!r} holds {len(stream)} prompt tokens, fewer than the "
+                f"{num_tokens} the system prompt asks for"
+            )
+        prefix = tuple(stream)
+        requests = [TraceRequest(prefix + r.prompt_token_ids, r.output_len) for r in self.requests]
+        return Trace(self.name, requests, {**self.metadata, "system_prompt_tokens": num_tokens})
+
 
 def save_trace(trace: Trace, path: str | Path) -> Path:
     """Write `trace` in the compact .npz format above; returns the path written."""

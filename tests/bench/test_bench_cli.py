@@ -359,3 +359,9 @@ def test_a_run_longer_than_the_step_log_counts_each_step_from_the_oldest_kept_re
     counted = sum(s.num_preemptions for s in result.steps)
     assert counted <= engine.scheduler.num_preemptions - before
     assert len(result.steps) <= 7  # the oldest kept record is the baseline
+
+
+def test_bench_refuses_a_negative_system_prompt_before_building_an_engine(tmp_path, capsys):
+    code = main(["bench", "--system-prompt-tokens", "-1", "--output-dir", str(tmp_path / "out")])
+    assert code == 2
+    assert "a system prompt of -1 tokens: give 0 or more" in capsys.readouterr().err

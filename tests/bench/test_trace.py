@@ -147,3 +147,17 @@ def test_a_qwen_trace_on_a_smaller_vocabulary_is_refused_from_the_config_alone(c
     assert f"holds token ids up to {cpu.max_token_id} (tokenized with qwen.tiktoken" in message
     assert "'mixtral-8x7b' has a vocabulary of 32000" in message
     assert "presets: tiny, qwen1.5-moe-a2.7b, qwen3-30b-a3b" in message
+
+
+def test_a_system_prompt_is_the_trace_s_first_tokens_before_every_prompt(cpu):
+    shared = cpu.with_system_prompt(300)
+    stream = [t for r in cpu.requests for t in r.prompt_token_ids][:300]
+    assert len(shared) == len(cpu) and shared.output_lens == cpu.output_lens
+    for before, after in zip(cpu.requests, shared.requests, strict=True):
+        assert after.prompt_token_ids == tuple(stream) + before.prompt_token_ids
+    # the same prefix for a shorter run that holds that many tokens
+    assert cpu.head(5).with_system_prompt(300).requests[0].prompt_token_ids[:300] == tuple(stream)
+    assert shared.metadata["system_prompt_tokens"] == 300
+    assert cpu.with_system_prompt(0) is cpu
+    with pytest.raises(ValueError, match="fewer than the 10000 the system prompt asks for"):
+        cpu.head(2).with_system_prompt(10_000)
