@@ -97,6 +97,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "every prompt: the shared-prefix load prefix caching serves",
     )
     p.add_argument(
+        "--multi-turn",
+        type=int,
+        default=0,
+        metavar="TURNS",
+        help="chat: conversations of TURNS consecutive requests, each turn resending the "
+        "history with the model's answers, sent as a closed loop (conversations.py)",
+    )
+    p.add_argument(
+        "--num-clients",
+        type=positive_int,
+        default=16,
+        help="--multi-turn: conversations at once",
+    )
+    p.add_argument(
         "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)"
     )
     p.add_argument(
@@ -156,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
     # Asked for more than the trace has: refused, not silently fewer (profile-hotness agrees).
     trace = trace.head(args.num_prompts or min(DEFAULT_NUM_PROMPTS, len(trace)))
     trace = trace.with_system_prompt(args.system_prompt_tokens)
+    if args.multi_turn:
+        _check_multi_turn(args, trace)
     # Drawn before any engine is built, so a bad --burstiness is refused at once.
     for rate in rates:
         arrival_times(len(trace), rate, args.burstiness, args.seed)
@@ -251,16 +267,26 @@ def _bench_policy(args, engine, policy: str, trace, rates, slo, ranking, results
     def run_at(rate: float, engine=engine, policy=policy, first=policy_runs) -> BenchResult:
         if len(results) > first:  # the last rate's evictions must not carry over
             engine.reset_residency()
-        arrivals = arrival_times(len(trace), rate, args.burstiness, args.seed).tolist()
-        result = run_trace(
-            engine,
-            trace,
-            arrivals,
-            rate,
-            progress=not args.no_progress,
-            desc=f"{policy} @ {rate:g} req/s",
-            temperature=args.temperature,
-        )
+        if args.multi_turn:
+            result = run_conversations(
+                engine,
+                conversations_of(trace, args.multi_turn),
+                args.num_clients,
+                progress=not args.no_progress,
+                desc=f"{policy}, {args.num_clients} chats",
+                temperature=args.temperature,
+            )
+        else:
+            arrivals = arrival_times(len(trace), rate, args.burstiness, args.seed).tolist()
+            result = run_trace(
+                engine,
+                trace,
+                arrivals,
+                rate,
+                progress=not args.no_progress,
+                desc=f"{policy} @ {rate:g} req/s",
+                temperature=args.temperature,
+            )
         engine.check_invariants()
         if engine.num_leaked_pages():
             raise RuntimeError(f"{policy}: {engine.num_leaked_pages()} KV pages leaked")
@@ -297,8 +323,30 @@ def _rates(args: argparse.Namespace, slo: SLO | None) -> list[float]:
     return [start]
 
 
+def _check_multi_turn(args: argparse.Namespace, trace) -> None:
+    """A closed loop sets its own pace: no rates, no rate search, in-process only."""
+    if args.request_rate is not None or args.find_max_rate or args.target:
+        raise ValueError(
+            "--multi-turn sends each turn when the last answer is complete: drop "
+            "--request-rate, --find-max-rate and --target"
+        )
+    conversations_of(trace, args.multi_turn)  # too few requests or turns: refused now
+
+
 def _slo_section(slo: SLO | None, results, searches) -> dict | None:
     return slo_section(slo, results, searches) if slo is not None else None
+
+
+def run_conversations(*args, **kwargs):
+    from rimuru.dataplane.bench.conversations import run_conversations as _run
+
+    return _run(*args, **kwargs)
+
+
+def conversations_of(*args, **kwargs):
+    from rimuru.dataplane.bench.conversations import conversations_of as _of
+
+    return _of(*args, **kwargs)
 
 
 def run_trace(*args, **kwargs):

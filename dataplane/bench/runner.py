@@ -63,7 +63,23 @@ def run_trace(
             bar.advance_to(
                 done, running=len(engine.scheduler.running), waiting=len(engine.scheduler.waiting)
             )
-    duration = clock() - start
+    return collect_result(
+        engine, ids, start, clock() - start, first_step, resident_at_start, request_rate
+    )
+
+
+def collect_result(
+    engine: Engine,
+    ids: list[str],
+    start: float,
+    duration: float,
+    first_step: int,
+    resident_at_start: int,
+    request_rate: float,
+    **extra_config,
+) -> BenchResult:
+    """A finished run's records: its requests `ids`, the steps after `first_step`, and the
+    engine's config (with `extra_config`, what the driver adds) for the results file."""
     requests = [_request_record(engine, i, start) for i in ids]
     baseline, kept = engine.stats.at(first_step), engine.stats.since(first_step)
     dropped = engine.stats.dropped_since(first_step)
@@ -82,6 +98,7 @@ def run_trace(
     config["memory_plan"] = asdict(engine.plan)
     config["schedules_async"] = engine.config.schedules_async  # async_scheduling resolved
     config["experts_resident_at_start"] = resident_at_start
+    config.update(extra_config)
     return BenchResult.build(engine.tunables.mode, request_rate, config, requests, steps, duration)
 
 

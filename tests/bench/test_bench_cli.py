@@ -365,3 +365,20 @@ def test_bench_refuses_a_negative_system_prompt_before_building_an_engine(tmp_pa
     code = main(["bench", "--system-prompt-tokens", "-1", "--output-dir", str(tmp_path / "out")])
     assert code == 2
     assert "a system prompt of -1 tokens: give 0 or more" in capsys.readouterr().err
+
+
+def test_bench_multi_turn_runs_a_closed_loop_and_refuses_a_rate(tmp_path, capsys):
+    code = main(
+        ["bench", "--multi-turn", "2", "--request-rate", "5", "--output-dir", str(tmp_path)]
+    )
+    assert code == 2
+    assert (
+        "--multi-turn sends each turn when the last answer is complete" in capsys.readouterr().err
+    )
+    out = tmp_path / "chat"
+    args = ["--multi-turn", "2", "--num-clients", "2", "--num-prompts", "4"]
+    code = main(["bench", *args, "--policies", "resident", "--output-dir", str(out)])
+    assert code == 0, capsys.readouterr().err
+    (result,) = json.loads((out / "results.json").read_text())["results"]
+    assert result["request_metrics"]["num_completed"] == 4
+    assert (result["config"]["num_clients"], result["config"]["conversations"]) == (2, 2)
