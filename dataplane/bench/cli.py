@@ -97,6 +97,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "every prompt: the shared-prefix load prefix caching serves",
     )
     p.add_argument(
+        "--max-concurrency",
+        type=positive_int,
+        default=None,
+        help="at most N requests in flight, as vLLM's bench serve: one that arrives with N "
+        "in flight is sent when one finishes, its latencies counted from then",
+    )
+    p.add_argument(
         "--multi-turn",
         type=int,
         default=0,
@@ -172,6 +179,11 @@ def run(args: argparse.Namespace) -> int:
     trace = trace.with_system_prompt(args.system_prompt_tokens)
     if args.multi_turn:
         _check_multi_turn(args, trace)
+    if args.max_concurrency is not None and (args.target or args.multi_turn):
+        raise ValueError(
+            "--max-concurrency caps an in-process open-loop run: not with --target or "
+            "--multi-turn (--num-clients caps a closed loop)"
+        )
     # Drawn before any engine is built, so a bad --burstiness is refused at once.
     for rate in rates:
         arrival_times(len(trace), rate, args.burstiness, args.seed)
@@ -286,6 +298,7 @@ def _bench_policy(args, engine, policy: str, trace, rates, slo, ranking, results
                 progress=not args.no_progress,
                 desc=f"{policy} @ {rate:g} req/s",
                 temperature=args.temperature,
+                max_concurrency=args.max_concurrency,
             )
         engine.check_invariants()
         if engine.num_leaked_pages():

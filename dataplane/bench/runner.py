@@ -32,12 +32,21 @@ def run_trace(
     desc: str = "",
     clock: Callable[[], float] = time.monotonic,
     temperature: float = 0.0,
+    max_concurrency: int | None = None,
 ) -> BenchResult:
+    """max_concurrency: at most this many requests in flight, as a client's semaphore
+    (vLLM's `bench serve --max-concurrency`, guidellm's concurrency cap): a request that
+    arrives with the cap full is sent once one finishes, and its latencies count from then,
+    as such a client measures them."""
     if len(arrivals) != len(trace):
         raise ValueError("one arrival time per request")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"--max-concurrency must be at least 1; got {max_concurrency}")
     start = clock()
     pending = list(zip(arrivals, trace.requests, strict=True))
     ids: list[str] = []
+    finished = 0  # of ids, counted as they finish
+    held = False  # the cap kept arrived requests back: the next is sent on a freed slot
     first_step = engine.step_id
     resident_at_start = engine.residency.num_resident()  # the first step may already evict
     with RequestProgress(
@@ -46,20 +55,25 @@ def run_trace(
         while pending or engine.has_unfinished_requests():
             now = clock() - start
             while pending and pending[0][0] <= now:
+                if max_concurrency is not None and len(ids) - finished >= max_concurrency:
+                    held = True
+                    break
                 at, request = pending.pop(0)
                 ids.append(
                     engine.add_request(
                         list(request.prompt_token_ids),
                         bench_params(request.output_len, len(ids), temperature),
                         request_id=f"{engine.tunables.mode}-{len(ids)}",
-                        arrival_time=start + at,
+                        arrival_time=start + (max(at, now) if held else at),
                     )
                 )
+            else:
+                held = False
             if not engine.has_unfinished_requests():
                 time.sleep(max(0.0, min(pending[0][0] - now, 0.05)))
                 continue
             engine.step()
-            done = sum(1 for i in ids if engine.requests[i].status.finished)
+            done = finished = sum(1 for i in ids if engine.requests[i].status.finished)
             bar.advance_to(
                 done, running=len(engine.scheduler.running), waiting=len(engine.scheduler.waiting)
             )

@@ -8,7 +8,7 @@ import pytest
 
 from rimuru.cli import main
 from rimuru.dataplane.bench.results import read_results, read_slo_section
-from rimuru.dataplane.bench.trace import Trace, TraceRequest, save_trace
+from rimuru.dataplane.bench.trace import Trace, TraceRequest, load_trace, save_trace
 
 
 def test_bench_runs_three_policies_and_writes_results(tmp_path, capsys):
@@ -382,3 +382,33 @@ def test_bench_multi_turn_runs_a_closed_loop_and_refuses_a_rate(tmp_path, capsys
     (result,) = json.loads((out / "results.json").read_text())["results"]
     assert result["request_metrics"]["num_completed"] == 4
     assert (result["config"]["num_clients"], result["config"]["conversations"]) == (2, 2)
+
+
+def test_max_concurrency_holds_arrived_requests_until_one_finishes():
+    from rimuru.dataplane.bench.runner import run_trace
+    from rimuru.dataplane.engine.engine import Engine
+    from rimuru.dataplane.engine.startup.config import EngineConfig
+    from rimuru.policy import Tunables
+
+    trace = load_trace("sharegpt_qwen_cpu").head(6)
+    config = EngineConfig(activation_reserve=0, tunables=Tunables(mode="resident"))
+    engine = Engine(config, log_plan=False)
+    result = run_trace(engine, trace, [0.0] * 6, math.inf, progress=False, max_concurrency=2)
+    requests = [engine.requests[f"resident-{i}"] for i in range(6)]
+    # never more than two in flight: each request is sent after an earlier one finished
+    for i, r in enumerate(requests[2:], start=2):
+        done_before = [q for q in requests[:i] if q.finish_time <= r.arrival_time]
+        assert len(done_before) >= i - 1
+    assert max(s.num_running for s in engine.stats) <= 2
+    # the first two were sent at their arrival, the rest on a freed slot, timed from then
+    assert requests[0].arrival_time == requests[1].arrival_time
+    assert all(r.arrival_time > requests[0].arrival_time for r in requests[2:])
+    assert result.request_metrics.num_completed == 6
+    with pytest.raises(ValueError, match="--max-concurrency must be at least 1; got 0"):
+        run_trace(engine, trace, [0.0] * 6, math.inf, progress=False, max_concurrency=0)
+
+
+def test_bench_refuses_max_concurrency_with_a_closed_loop(tmp_path, capsys):
+    args = ["--multi-turn", "2", "--max-concurrency", "4", "--output-dir", str(tmp_path)]
+    assert main(["bench", *args]) == 2
+    assert "--max-concurrency caps an in-process open-loop run" in capsys.readouterr().err
