@@ -2,7 +2,8 @@
 pool and on the host (pages of half the bytes), and every memory policy gives the greedy
 tokens of the same model with its weights dequantized, served by transformers and by the
 engine as a plain checkpoint. One attention-only and one hybrid architecture, with weights
-of more than one 128 x 128 block per matrix (and partial blocks)."""
+of more than one 128 x 128 block per matrix (and partial blocks); every family loads and
+serves resident."""
 
 from __future__ import annotations
 
@@ -47,10 +48,31 @@ def _models() -> dict[str, transformers.PreTrainedModel]:
         linear_value_head_dim=8,
         shared_expert_intermediate_size=96,
     )
+    hybrid = {k: v for k, v in qwen35.to_dict().items() if k in _HYBRID_KEYS}
+    qwen3_next = transformers.Qwen3NextConfig(**_COMMON, **hybrid, intermediate_size=128)
+    mixtral = {
+        k: v for k, v in _COMMON.items() if k not in ("moe_intermediate_size", "num_experts")
+    }
+    mixtral = transformers.MixtralConfig(
+        **mixtral, num_hidden_layers=2, num_local_experts=8, intermediate_size=160
+    )
     return {
         "qwen3_moe": transformers.Qwen3MoeForCausalLM(qwen3),
         "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM(qwen35),
+        "qwen3_next": transformers.Qwen3NextForCausalLM(qwen3_next),
+        "mixtral": transformers.MixtralForCausalLM(mixtral),
     }
+
+
+_HYBRID_KEYS = (
+    "num_hidden_layers",
+    "layer_types",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "shared_expert_intermediate_size",
+)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +102,7 @@ def _tokens(engine: Engine) -> list[list[int]]:
     return got
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "qwen3_next", "mixtral"])
 def test_resident_fp8_gives_the_dequantized_models_tokens(
     fp8_twins, make_checkpoint_engine, family
 ):
