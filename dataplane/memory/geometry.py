@@ -180,18 +180,20 @@ def padded_slot_bytes(content_bytes: int, parent_bytes: int, align_bytes: int) -
 
 def _kv_larger_than_expert(shape: MemoryShape) -> str:
     """Why a model whose KV page is larger than its expert page cannot be served, in terms
-    a user can check against a config.json (the dtype's bytes cancel out)."""
+    a user can check against a config.json (bytes per element named: FP8 experts hold one
+    byte, the KV cache the activations' dtype)."""
     kv_elems = 2 * shape.block_size * shape.num_kv_heads * shape.head_dim
     expert_elems = shape.moe_intermediate_size * shape.hidden_size
     return (
         f"this model cannot be served by this version of rimuru: its KV page (2 x "
         f"{shape.block_size} tokens x {shape.num_kv_heads} KV heads x head_dim "
-        f"{shape.head_dim} = {kv_elems} elements) is larger than its expert page "
-        f"(moe_intermediate_size {shape.moe_intermediate_size} x hidden_size "
-        f"{shape.hidden_size} = {expert_elems} elements). KV pages are carved from expert "
-        f"pages and the block size is fixed at {BLOCK_SIZE} tokens, so only models whose "
-        f"moe_intermediate_size x hidden_size is at least 2 x {BLOCK_SIZE} x "
-        f"num_key_value_heads x head_dim can be served (every supported preset is one)"
+        f"{shape.head_dim} = {kv_elems} elements of {shape.dtype_bytes} B) is larger than "
+        f"its expert page (moe_intermediate_size {shape.moe_intermediate_size} x hidden_size "
+        f"{shape.hidden_size} = {expert_elems} elements of {shape.expert_itemsize} B). KV "
+        f"pages are carved from expert pages and the block size is fixed at {BLOCK_SIZE} "
+        f"tokens, so only models whose moe_intermediate_size x hidden_size x the experts' "
+        f"bytes per element is at least 2 x {BLOCK_SIZE} x num_key_value_heads x head_dim x "
+        f"the KV cache's can be served (every supported preset is one)"
     )
 
 

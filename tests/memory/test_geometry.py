@@ -89,11 +89,16 @@ def test_refuses_kv_page_larger_than_expert_page_with_advice_a_user_can_follow()
         PageGeometry.from_shape(shape)
     message = str(err.value)
     assert message.startswith("this model cannot be served by this version of rimuru")
-    assert "(2 x 16 tokens x 3 KV heads x head_dim 4 = 384 elements) is larger" in message
-    assert "(moe_intermediate_size 16 x hidden_size 16 = 256 elements)" in message
+    assert "(2 x 16 tokens x 3 KV heads x head_dim 4 = 384 elements of 4 B) is larger" in message
+    assert "(moe_intermediate_size 16 x hidden_size 16 = 256 elements of 4 B)" in message
     assert "the block size is fixed at 16 tokens" in message
-    assert "is at least 2 x 16 x num_key_value_heads x head_dim" in message
+    assert "is at least 2 x 16 x num_key_value_heads x head_dim x the KV cache's" in message
     assert "block size may fit" not in message
+    # FP8 experts: the same elements in half the bytes of a bf16 KV cache's
+    fits = MemoryShape(2, 4, 32, 12, num_kv_heads=3, head_dim=4, dtype_bytes=2)
+    assert PageGeometry.from_shape(fits).expert_page_bytes == 768
+    with pytest.raises(ValueError, match=r"= 384 elements of 1 B\)"):
+        PageGeometry.from_shape(replace(fits, expert_dtype_bytes=1))
 
 
 def test_refuses_conv_state_larger_than_expert_page():
