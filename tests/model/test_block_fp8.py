@@ -125,7 +125,7 @@ _ONE = "model.layers.0.self_attn.q_proj.weight"
         (lambda t: t.pop(_ONE + "_scale_inv"), r"has no '.*q_proj.weight_scale_inv' beside it"),
         (
             lambda t: t.update({_ONE + "_scale_inv": torch.ones(2, 2)}),
-            r"q_proj.weight_scale_inv' .* needs F32 \(1, 1\)",
+            r"q_proj.weight_scale_inv' .* needs float scales \(1, 1\)",
         ),
         (
             lambda t: t.update({_ONE: t[_ONE].float().to(torch.float8_e5m2)}),
@@ -193,3 +193,24 @@ def test_tensor_parallel_is_refused_for_fp8_until_ranks_split_the_blocks():
     check_shardable(PRESETS["tiny-fp8"], 1)
     with pytest.raises(ValueError, match=r"tensor-parallel-size 2 with a block-FP8 .* not"):
         check_shardable(PRESETS["tiny-fp8"], 2)
+
+
+def test_bf16_scales_load_as_fp32(twins, tmp_path):
+    """Some Qwen3 -FP8 releases store their weight_scale_inv in bf16."""
+    fp8_dir, _ = twins["qwen3_moe"]
+
+    def to_bf16(tensors):
+        for name in [n for n in tensors if n.endswith("_scale_inv")]:
+            tensors[name] = tensors[name].to(torch.bfloat16)
+
+    _rewrite(fp8_dir, tmp_path, to_bf16)
+    ours, bf16 = CheckpointWeights(fp8_dir), CheckpointWeights(tmp_path)
+    a, b = ours.expert_weights(0, torch.float32), bf16.expert_weights(0, torch.float32)
+    assert b.w2_scale.dtype == torch.float32
+    assert torch.equal(b.w2_scale, a.w2_scale.to(torch.bfloat16).float())
+    cpu = torch.device("cpu")
+    q = bf16.layer_weights(0, cpu, torch.float32).attention.q_proj
+    assert (
+        q.dtype == torch.float32
+        and q.shape == ours.layer_weights(0, cpu, torch.float32).attention.q_proj.shape
+    )

@@ -215,10 +215,11 @@ class CheckpointWeights:
             )
         scale = self._handles[path].get_slice(scale_name)
         expected = scale_shape(*shape)
-        if scale.get_dtype() != "F32" or tuple(scale.get_shape()) != expected:
+        # fp32 mostly; some Qwen3 -FP8 releases store bf16 or fp16 scales (read as fp32)
+        if scale.get_dtype() not in _FLOAT_DTYPES or tuple(scale.get_shape()) != expected:
             raise CheckpointError(
                 f"{scale_name!r} in {path.name} is {scale.get_dtype()} "
-                f"{tuple(scale.get_shape())}, but {name!r} {shape} needs F32 {expected} "
+                f"{tuple(scale.get_shape())}, but {name!r} {shape} needs float scales {expected} "
                 f"(one scale per {BLOCK} x {BLOCK} block)"
             )
 
@@ -235,14 +236,14 @@ class CheckpointWeights:
         return dequantize(tensor, self._read_stored(name + "_scale_inv", None), torch.float32)
 
     def _read_fp8(self, name: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A block-FP8 weight as stored: (e4m3 [N, K], fp32 scales)."""
+        """A block-FP8 weight: (e4m3 [N, K] as stored, its scales in fp32)."""
         tensor = self._read_stored(name, shape)
         if tensor.dtype != FP8_DTYPE:
             raise CheckpointError(
                 f"tensor {self._disk_name(name)!r} is {tensor.dtype}, but the experts of a "
                 f"block-FP8 checkpoint must be FP8 (e4m3) with their block scales"
             )
-        return tensor, self._read_stored(name + "_scale_inv", None)
+        return tensor, self._read_stored(name + "_scale_inv", None).to(torch.float32)
 
     def _read_stored(self, name: str, shape: tuple[int, ...] | None) -> torch.Tensor:
         name = self._disk_name(name)
