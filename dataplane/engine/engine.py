@@ -111,13 +111,16 @@ class Engine:
         self.graph_planner = GraphPlanner(config, loaded, self.paths)
         self.graph_plan = self.graph_planner.plan(budget, reserve_bytes, buffer_bytes)
         self.plan: MemoryPlan = plan_memory(
-            budget, loaded.model.resident_nbytes(), reserve_bytes, buffer_bytes, self.geometry,
+            budget, loaded.non_pool_weight_bytes, reserve_bytes, buffer_bytes, self.geometry,
             cuda_graph_bytes=self.graph_plan.bytes,
         )  # fmt: skip
         if tp is not None:  # every rank's pool has the same pages: page ids are rank 0's
             self.plan = tp.agree_plan(self.plan)
         # ---- the pool and the parts that own its pages
-        self.pool = UnifiedPool(self.geometry, self.plan.num_huge_pages, self.dtype, self.device)
+        self.pool = UnifiedPool(
+            self.geometry, self.plan.num_huge_pages, self.dtype, self.device,
+            expert_dtype=mc.expert_dtype,
+        )  # fmt: skip
         self.allocator = PageAllocator(self.geometry, self.plan.num_huge_pages)
         # async scheduling reuses released pages in stream order (memory/reclaim.py)
         self.reclaim = DeferredReclaim(self.allocator, stream_ordered=config.schedules_async)

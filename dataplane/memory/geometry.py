@@ -5,6 +5,7 @@ its parent's slot:
 
     huge page  = lcm(expert slot, SSM slot)         (= the expert page without SSM layers)
     ├── expert page  one expert matrix (w1, w3 or w2 of one expert): I * D elements
+    │                (block FP8: I * D bytes; the block scales stay outside the pool)
     │   ├── KV page    one attention layer's 16-token block: [2, 16, H_kv, Dh]
     │   └── conv page  one GDN layer's conv state of one request: [conv_dim, kernel - 1]
     └── SSM page     one GDN layer's recurrent state of one request: fp32 [H_v, D_k, D_v]
@@ -30,6 +31,15 @@ A KV page is per layer, not one block of all layers: for Qwen1.5-MoE-A2.7B a 16-
 block of all 24 layers (3 MiB) does not divide an expert page (5.5 MiB), a per-layer
 block (128 KiB) does — 44 of them fill one expert page. Carving KV pages from expert pages
 rather than from huge pages keeps them small beside SSM pages.
+
+A block-FP8 expert page holds its matrix's e4m3 bytes only (half a BF16 page); its fp32
+scales (one per 128 x 128 block, 384 B beside Qwen3-30B-A3B's 1.5 MiB page: 0.02 %) stay
+outside the pool, all layers' and experts' together, read by (layer, expert) as vLLM's fused
+MoE reads its `w1_scale[E]`. Inside the page they would break the tiling: 1.5 MiB + 384 B is
+divided by no KV page, so every KV slot would be padded and the huge page's lcm with an SSM
+page would grow past any pool. A side table indexed by page id would follow every page move
+with a second copy; scales of every expert (48 x 128 x 3 x 384 B = 6.75 MiB for Qwen3-30B-A3B)
+resident outside the pool need no copy at all, and are counted with the non-pool weights.
 """
 
 from __future__ import annotations
@@ -107,10 +117,17 @@ class MemoryShape:
     # one GDN layer's state of one request (GatedDeltaNetShape computes them); 0 = none
     ssm_state_bytes: int = 0
     conv_state_bytes: int = 0
+    # bytes per expert weight when experts are stored apart from the activations' dtype
+    # (block FP8: 1, its scales kept outside the pool); None = dtype_bytes
+    expert_dtype_bytes: int | None = None
+
+    @property
+    def expert_itemsize(self) -> int:
+        return self.dtype_bytes if self.expert_dtype_bytes is None else self.expert_dtype_bytes
 
     @property
     def expert_page_bytes(self) -> int:
-        return self.moe_intermediate_size * self.hidden_size * self.dtype_bytes
+        return self.moe_intermediate_size * self.hidden_size * self.expert_itemsize
 
     @property
     def kv_page_bytes(self) -> int:
@@ -163,18 +180,20 @@ def padded_slot_bytes(content_bytes: int, parent_bytes: int, align_bytes: int) -
 
 def _kv_larger_than_expert(shape: MemoryShape) -> str:
     """Why a model whose KV page is larger than its expert page cannot be served, in terms
-    a user can check against a config.json (the dtype's bytes cancel out)."""
+    a user can check against a config.json (bytes per element named: FP8 experts hold one
+    byte, the KV cache the activations' dtype)."""
     kv_elems = 2 * shape.block_size * shape.num_kv_heads * shape.head_dim
     expert_elems = shape.moe_intermediate_size * shape.hidden_size
     return (
         f"this model cannot be served by this version of rimuru: its KV page (2 x "
         f"{shape.block_size} tokens x {shape.num_kv_heads} KV heads x head_dim "
-        f"{shape.head_dim} = {kv_elems} elements) is larger than its expert page "
-        f"(moe_intermediate_size {shape.moe_intermediate_size} x hidden_size "
-        f"{shape.hidden_size} = {expert_elems} elements). KV pages are carved from expert "
-        f"pages and the block size is fixed at {BLOCK_SIZE} tokens, so only models whose "
-        f"moe_intermediate_size x hidden_size is at least 2 x {BLOCK_SIZE} x "
-        f"num_key_value_heads x head_dim can be served (every supported preset is one)"
+        f"{shape.head_dim} = {kv_elems} elements of {shape.dtype_bytes} B) is larger than "
+        f"its expert page (moe_intermediate_size {shape.moe_intermediate_size} x hidden_size "
+        f"{shape.hidden_size} = {expert_elems} elements of {shape.expert_itemsize} B). KV "
+        f"pages are carved from expert pages and the block size is fixed at {BLOCK_SIZE} "
+        f"tokens, so only models whose moe_intermediate_size x hidden_size x the experts' "
+        f"bytes per element is at least 2 x {BLOCK_SIZE} x num_key_value_heads x head_dim x "
+        f"the KV cache's can be served (every supported preset is one)"
     )
 
 
@@ -197,6 +216,8 @@ class PageGeometry:
         for name in ("num_kv_heads", "head_dim", "dtype_bytes", "block_size"):
             if getattr(shape, name) <= 0:
                 raise ValueError(f"MemoryShape.{name} must be > 0, got {getattr(shape, name)}")
+        if shape.expert_dtype_bytes is not None and shape.expert_dtype_bytes <= 0:
+            raise ValueError("MemoryShape.expert_dtype_bytes must be > 0 or None")
         for name in ("ssm_state_bytes", "conv_state_bytes"):
             if getattr(shape, name) < 0:
                 raise ValueError(f"MemoryShape.{name} must be >= 0, got {getattr(shape, name)}")

@@ -33,7 +33,10 @@ class UnifiedPool:
         num_huge_pages: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        expert_dtype: torch.dtype | None = None,
     ):
+        """dtype: the activations' (KV pages); expert_dtype: the experts' (block FP8's
+        float8_e4m3fn), None = dtype."""
         if num_huge_pages < 1:
             raise ValueError(
                 f"the pool must hold at least one huge page of {geometry.huge_page_bytes} B"
@@ -44,8 +47,15 @@ class UnifiedPool:
                 f"dtype {dtype} has {itemsize} B per element but the geometry was computed "
                 f"for {geometry.shape.dtype_bytes} B"
             )
+        expert_dtype = dtype if expert_dtype is None else expert_dtype
+        if expert_dtype.itemsize != geometry.shape.expert_itemsize:
+            raise ValueError(
+                f"expert dtype {expert_dtype} has {expert_dtype.itemsize} B per element but the "
+                f"geometry's expert pages hold {geometry.shape.expert_itemsize} B per element"
+            )
         self.geometry = geometry
         self.dtype = dtype
+        self.expert_dtype = expert_dtype
         self.num_huge_pages = num_huge_pages
         self.num_bytes = num_huge_pages * geometry.huge_page_bytes
         self.device = torch.device(device)
@@ -59,6 +69,7 @@ class UnifiedPool:
         budget_bytes: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        expert_dtype: torch.dtype | None = None,
     ) -> UnifiedPool:
         num_huge = budget_bytes // geometry.huge_page_bytes
         if num_huge < 1:
@@ -66,7 +77,7 @@ class UnifiedPool:
                 f"a pool budget of {budget_bytes} B cannot hold one huge page of "
                 f"{geometry.huge_page_bytes} B: raise --memory-budget"
             )
-        return cls(geometry, num_huge, dtype, device)
+        return cls(geometry, num_huge, dtype, device, expert_dtype)
 
     def num_pages(self, page_type: PageType) -> int:
         return self.num_bytes // self.geometry.bytes_of(page_type)
@@ -90,7 +101,7 @@ class UnifiedPool:
             return block.view(n, 2, shape.block_size, shape.num_kv_heads, shape.head_dim)
         if page_type is PageType.EXPERT:
             # [P, I*D]: one expert matrix per page; w1/w3 read it as [I, D], w2 as [D, I]
-            return self.buffer.view(self.dtype).view(
+            return self.buffer.view(self.expert_dtype).view(
                 n, shape.moe_intermediate_size * shape.hidden_size
             )
         if page_type in (PageType.SSM, PageType.CONV, PageType.HUGE):

@@ -22,6 +22,9 @@ from rimuru.dataplane.model.linear_attention import LinearAttentionConfig
 FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_moe")
 HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_moe")
 
+FP8_BLOCK128 = "fp8_block128"
+QUANT_FORMATS = (FP8_BLOCK128,)
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -59,6 +62,10 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0  # RoPE turns the first rotary_dim of each head
     attn_output_gate: bool = False  # q_proj also yields a sigmoid gate on attention's output
     zero_centred_norms: bool = False  # RMSNorms scale by (1 + w) (gated GDN norm excepted)
+    # How the checkpoint stores its linear weights: None = plain floats of `dtype`;
+    # FP8_BLOCK128 = float8_e4m3fn with an fp32 scale per 128 x 128 block (block_fp8.py).
+    # Routed experts stay FP8 on the host and in the pool; the rest is dequantized at load.
+    quant: str | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -102,6 +109,8 @@ class ModelConfig:
             raise ValueError(f"top_k ({self.top_k}) cannot exceed num_experts ({self.num_experts})")
         if self.shared_expert_intermediate_size < 0:
             raise ValueError("shared_expert_intermediate_size must be >= 0 (0 = no shared expert)")
+        if self.quant is not None and self.quant not in QUANT_FORMATS:
+            raise ValueError(f"quant must be None or one of {QUANT_FORMATS}, got {self.quant!r}")
         if self.dtype not in _DTYPES.values():
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype}")
         dense = self.dense_layers
@@ -135,6 +144,12 @@ class ModelConfig:
     def is_hybrid(self) -> bool:
         """Gated DeltaNet layers beside full attention (Qwen3-Next, Qwen3.5-MoE)."""
         return self.family in HYBRID_FAMILIES
+
+    @property
+    def expert_dtype(self) -> torch.dtype:
+        """The dtype routed experts are stored in (host and pool): FP8 for a block-FP8
+        checkpoint, else the model's."""
+        return torch.float8_e4m3fn if self.quant == FP8_BLOCK128 else self.dtype
 
     @property
     def rotary_dim(self) -> int:

@@ -16,17 +16,24 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rimuru.dataplane.model.block_fp8 import dequantize
 from rimuru.dataplane.model.weights import ExpertWeights
 
 
 class DenseExperts:
-    """ExpertBackend over all layers' experts, copied to `device` once."""
+    """ExpertBackend over all layers' experts, copied to `device` once (block-FP8 experts
+    with their scales, dequantized per expert as the engine's torch MoE does)."""
 
     def __init__(
         self, experts: Sequence[ExpertWeights], device: torch.device | str = "cpu"
     ) -> None:
+        def moved(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
         self._layers = [
-            ExpertWeights(w1=e.w1.to(device), w3=e.w3.to(device), w2=e.w2.to(device))
+            ExpertWeights(
+                *(moved(t) for t in (e.w1, e.w3, e.w2, e.w1_scale, e.w3_scale, e.w2_scale))
+            )
             for e in experts
         ]
 
@@ -39,8 +46,12 @@ class DenseExperts:
         for e in torch.unique(topk_ids).tolist():
             tokens, slots = torch.nonzero(topk_ids == e, as_tuple=True)
             xe = x[tokens]  # [n, D]
-            h = F.silu(F.linear(xe, w.w1[e])) * F.linear(xe, w.w3[e])  # [n, I]
-            ye = F.linear(h, w.w2[e]) * topk_weights[tokens, slots, None]  # [n, D] fp32
+            w1, w3, w2 = w.expert(e)
+            if w.is_fp8:
+                pairs = zip(w.expert(e), w.scales(e), strict=True)
+                w1, w3, w2 = (dequantize(m, s, x.dtype) for m, s in pairs)
+            h = F.silu(F.linear(xe, w1)) * F.linear(xe, w3)  # [n, I]
+            ye = F.linear(h, w2) * topk_weights[tokens, slots, None]  # [n, D] fp32
             # index_put_ rather than index_add_: same sums, far faster on CPU.
             out.index_put_((tokens,), ye.to(x.dtype), accumulate=True)
         return out

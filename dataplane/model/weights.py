@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from rimuru.dataplane.model.block_fp8 import FP8_DTYPE, scale_shape
 from rimuru.dataplane.model.config import ModelConfig
 
 
@@ -86,11 +87,17 @@ class LayerWeights:
 
 @dataclass(frozen=True)
 class ExpertWeights:
-    """One layer's routed experts, stacked: expert e is (w1[e], w3[e], w2[e])."""
+    """One layer's routed experts, stacked: expert e is (w1[e], w3[e], w2[e]).
+
+    Block-FP8 experts (block_fp8.py) are float8_e4m3fn with their fp32 block scales beside
+    them; the scales never enter the pool (the MoE reads them by layer and expert id)."""
 
     w1: torch.Tensor  # [E, I, D] gate_proj
     w3: torch.Tensor  # [E, I, D] up_proj
     w2: torch.Tensor  # [E, D, I] down_proj
+    w1_scale: torch.Tensor | None = None  # [E, ceil(I/128), ceil(D/128)] fp32; FP8 only
+    w3_scale: torch.Tensor | None = None  # [E, ceil(I/128), ceil(D/128)]
+    w2_scale: torch.Tensor | None = None  # [E, ceil(D/128), ceil(I/128)]
 
     def __post_init__(self) -> None:
         num_experts, inter, hidden = self.w1.shape
@@ -101,6 +108,30 @@ class ExpertWeights:
             )
         if not self.w1.dtype == self.w3.dtype == self.w2.dtype:
             raise ValueError("w1, w3 and w2 must share one dtype")
+        scales = (self.w1_scale, self.w3_scale, self.w2_scale)
+        if self.is_fp8:
+            expected = (
+                (num_experts, *scale_shape(inter, hidden)),
+                (num_experts, *scale_shape(inter, hidden)),
+                (num_experts, *scale_shape(hidden, inter)),
+            )
+            got = tuple(None if t is None else tuple(t.shape) for t in scales)
+            if got != expected or any(t.dtype != torch.float32 for t in scales):
+                raise ValueError(
+                    f"FP8 experts need fp32 block scales of shapes {expected}, got {got}"
+                )
+        elif any(t is not None for t in scales):
+            raise ValueError(f"block scales belong to FP8 experts, not {self.w1.dtype} ones")
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.w1.dtype == FP8_DTYPE
+
+    def scales(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Expert e's block scales, in page order (w1, w3, w2); FP8 experts only."""
+        if not self.is_fp8:
+            raise ValueError(f"{self.w1.dtype} experts have no block scales")
+        return self.w1_scale[e], self.w3_scale[e], self.w2_scale[e]
 
     @property
     def num_experts(self) -> int:

@@ -75,10 +75,13 @@ class FollowerRank:
         reserve_bytes = activation_reserve(config, loaded, paths)
         warm_up_kernels(config, loaded, paths)
         plan = plan_memory(
-            budget, loaded.model.resident_nbytes(), reserve_bytes, buffer_bytes, loaded.geometry
+            budget, loaded.non_pool_weight_bytes, reserve_bytes, buffer_bytes, loaded.geometry
         )
         self.plan = link.agree_plan(plan)
-        pool = UnifiedPool(loaded.geometry, self.plan.num_huge_pages, loaded.dtype, self.device)
+        pool = UnifiedPool(
+            loaded.geometry, self.plan.num_huge_pages, loaded.dtype, self.device,
+            expert_dtype=loaded.config.expert_dtype,
+        )  # fmt: skip
         # no allocator: page ids are rank 0's, and so are the loading slots
         _, self.residency, self.copy_in, moe = build_expert_parts(
             loaded, paths, pool, None, _RankZeroReclaims(), slots, own_slots=False

@@ -29,13 +29,15 @@ def test_same_tokens_under_every_policy_even_when_memory_is_tight(prompts, param
     assert peak["elastic"] > peak["resident"]
 
 
-def test_matches_the_dense_reference_backends(prompts, make_engine):
-    """Paged KV + pool experts == contiguous KV + dense experts (the model's oracle)."""
+@pytest.mark.parametrize(("model", "pool_mib"), [("tiny", 26), ("tiny-fp8", 14)])
+def test_matches_the_dense_reference_backends(prompts, make_engine, model, pool_mib):
+    """Paged KV + pool experts == contiguous KV + dense experts (the model's oracle); block
+    FP8 experts (half the pages) dequantized alike on both sides."""
     import torch
 
     from rimuru.dataplane.model import ContiguousKVAttention, ContiguousKVMeta, DenseExperts
 
-    engine = make_engine("elastic")
+    engine = make_engine("elastic", pool_mib, model=model)
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     got = engine.generate(prompts[:3], params)
     ref_model = engine.model.with_backends(

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from rimuru.dataplane.memory.geometry import (
@@ -33,6 +35,18 @@ def test_qwen15_per_layer_kv_page_divides_expert_page():
 )
 def test_supported_models_fit(shape, ratio):
     assert PageGeometry.from_shape(shape).kv_pages_per_expert_page == ratio
+
+
+def test_fp8_expert_pages_are_half_the_bf16_ones_and_keep_the_kv_tiling():
+    bf16 = MemoryShape(48, 128, 2048, 768, num_kv_heads=4, head_dim=128, dtype_bytes=2)
+    fp8 = PageGeometry.from_shape(replace(bf16, expert_dtype_bytes=1))
+    assert fp8.expert_page_bytes == 768 * 2048 == 1_572_864
+    assert PageGeometry.from_shape(bf16).expert_page_bytes == 2 * fp8.expert_page_bytes
+    assert fp8.kv_page_bytes == 32_768 and fp8.kv_pages_per_expert_page == 48
+    assert fp8.huge_page_bytes == fp8.expert_page_bytes
+    assert all(p.waste_bytes == 0 for p in fp8.padding)
+    with pytest.raises(ValueError, match="expert_dtype_bytes must be > 0"):
+        PageGeometry.from_shape(replace(bf16, expert_dtype_bytes=0))
 
 
 def test_ssm_makes_huge_page_the_lcm():
@@ -75,11 +89,16 @@ def test_refuses_kv_page_larger_than_expert_page_with_advice_a_user_can_follow()
         PageGeometry.from_shape(shape)
     message = str(err.value)
     assert message.startswith("this model cannot be served by this version of rimuru")
-    assert "(2 x 16 tokens x 3 KV heads x head_dim 4 = 384 elements) is larger" in message
-    assert "(moe_intermediate_size 16 x hidden_size 16 = 256 elements)" in message
+    assert "(2 x 16 tokens x 3 KV heads x head_dim 4 = 384 elements of 4 B) is larger" in message
+    assert "(moe_intermediate_size 16 x hidden_size 16 = 256 elements of 4 B)" in message
     assert "the block size is fixed at 16 tokens" in message
-    assert "is at least 2 x 16 x num_key_value_heads x head_dim" in message
+    assert "is at least 2 x 16 x num_key_value_heads x head_dim x the KV cache's" in message
     assert "block size may fit" not in message
+    # FP8 experts: the same elements in half the bytes of a bf16 KV cache's
+    fits = MemoryShape(2, 4, 32, 12, num_kv_heads=3, head_dim=4, dtype_bytes=2)
+    assert PageGeometry.from_shape(fits).expert_page_bytes == 768
+    with pytest.raises(ValueError, match=r"= 384 elements of 1 B\)"):
+        PageGeometry.from_shape(replace(fits, expert_dtype_bytes=1))
 
 
 def test_refuses_conv_state_larger_than_expert_page():

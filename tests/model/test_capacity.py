@@ -158,3 +158,49 @@ def test_plan_refuses_a_context_past_the_models_as_the_engine_does(capsys):
     assert "max_model_len=32769 exceeds the model's context of 32768 tokens" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    ("preset", "expert_page", "huge_page", "padding", "scale_bytes"),
+    [
+        # 768 x 2048 e4m3 = 1.5 MiB; 48 layers x 128 experts x (6x16 + 6x16 + 16x6) fp32
+        ("qwen3-30b-a3b", 1_572_864, 1_572_864, "kv page 32768 B", 48 * 128 * 288 * 4),
+        # 512 x 2048 e4m3 = 1 MiB beside the 2 MiB SSM page; the 48 KiB conv state still
+        # takes a 64 KiB slot; 40 layers x 256 experts x (4x16 + 4x16 + 16x4) fp32
+        (
+            "qwen3.5-35b-a3b",
+            1_048_576,
+            2_097_152,
+            "conv page 49152 B in a 65536 B slot",
+            40 * 256 * 192 * 4,
+        ),
+    ],
+)
+def test_fp8_presets_plan_half_sized_expert_pages(
+    capsys, preset, expert_page, huge_page, padding, scale_bytes
+):
+    """Block-FP8 expert pages hold e4m3 bytes only: half a BF16 page, the same KV pages; the
+    scales are counted with the non-pool weights, which are otherwise the BF16 model's."""
+    budget = int(28.8 * 2**30)
+    fp8, bf16 = (
+        plan_capacity(
+            EngineConfig(model=name, memory_budget=budget, max_num_batched_tokens=1024),
+            ("fixed",),
+        )
+        for name in (preset + "-fp8", preset)
+    )
+    g = fp8.geometry
+    assert g.expert_page_bytes == expert_page == bf16.geometry.expert_page_bytes // 2
+    assert g.huge_page_bytes == huge_page
+    assert g.kv_page_bytes == bf16.geometry.kv_page_bytes
+    assert fp8.expert_bytes == bf16.expert_bytes // 2
+    assert fp8.non_pool_weight_bytes - bf16.non_pool_weight_bytes == scale_bytes
+    argv = ["plan", "--model", preset + "-fp8", "--memory-budget", "28.8GiB"]
+    assert main([*argv, "--max-num-batched-tokens", "1024"]) in (0, 2)
+    out = capsys.readouterr().out
+    assert f"huge page {huge_page} B; expert page {expert_page} B" in out and padding in out
+
+
+def test_plan_equals_a_real_engine_for_the_tiny_fp8_preset():
+    config = EngineConfig(model="tiny-fp8", memory_budget=304 * MiB, max_num_batched_tokens=1024)
+    assert_plan_is_the_engines(config)  # FP8 pages and the scales beside the pool

@@ -131,7 +131,7 @@ class HostBufferCopyIn:
         self.device = residency.device
         self._copy_stream = residency.copy_stream
         _, inter, hidden = self.host[0].w1.shape
-        rows, dtype = 3 * self.num_slots, residency.pool.dtype  # [3S, I*D] per buffer
+        rows, dtype = 3 * self.num_slots, residency.pool.expert_dtype  # [3S, I*D] per buffer
         self.buffers = [
             _Buffer(torch.empty(rows, inter * hidden, dtype=dtype, device=self.device))
             for _ in range(num_buffers)
@@ -278,7 +278,9 @@ class DeviceCopyIn:
         # The MoE kernel's buffer argument, never read (every row names pool pages): a
         # single slot, one buffer for every layer (copy and compute share the stream).
         self.buffers = [
-            torch.empty(3, inter * hidden, dtype=residency.pool.dtype, device=residency.device)
+            torch.empty(
+                3, inter * hidden, dtype=residency.pool.expert_dtype, device=residency.device
+            )
         ]
         # experts copied in, counted on the device, read once per step
         self._device_copies = torch.zeros(1, dtype=torch.int32, device=residency.device)

@@ -24,6 +24,7 @@ from rimuru.dataplane.engine.experts.routing_histogram import (
     routing_histogram_torch,
 )
 from rimuru.dataplane.memory.geometry import PageType
+from rimuru.dataplane.model.block_fp8 import dequantize
 
 MoEKernel = Callable[..., torch.Tensor]
 
@@ -45,6 +46,14 @@ class MoEBackend:
         self.histogram = histogram
         self.num_experts, self.inter, self.hidden = residency.host[0].w1.shape
         self._pages = residency.pool.view(PageType.EXPERT)
+        # Block-FP8 experts: every expert's scales [E, ...] per layer and matrix, on the
+        # device beside the pool, never moved (memory/geometry.py says why); None otherwise.
+        self._scales = None
+        if residency.host[0].is_fp8:
+            self._scales = [
+                tuple(s.to(residency.device) for s in (w.w1_scale, w.w3_scale, w.w2_scale))
+                for w in residency.host
+            ]
         # tokens routed to each expert since the last reset: the online-hotness signal. Kept
         # on the device so a layer whose experts are all resident needs no host sync.
         self._routing_counts = torch.zeros(
@@ -98,7 +107,9 @@ class MoEBackend:
     def reset_routing_counts(self) -> None:
         self._routing_counts.zero_()
 
-    def _weights(self, layer: int, expert: int) -> tuple[torch.Tensor, ...]:
+    def _weights(self, layer: int, expert: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """Expert `expert`'s (w1, w3, w2) from its pages or loading rows, in `dtype` (block
+        FP8 dequantized with its scales)."""
         pages = self.residency.table.pages(layer, expert)
         if pages is not None:
             source, ids = self._pages, pages
@@ -107,13 +118,16 @@ class MoEBackend:
         w1 = source[ids[0]].view(self.inter, self.hidden)  # [I, D]
         w3 = source[ids[1]].view(self.inter, self.hidden)  # [I, D]
         w2 = source[ids[2]].view(self.hidden, self.inter)  # [D, I]
-        return w1, w3, w2
+        if self._scales is None:
+            return w1, w3, w2
+        scales = (s[expert] for s in self._scales[layer])
+        return tuple(dequantize(w, s, dtype) for w, s in zip((w1, w3, w2), scales, strict=True))
 
     def _moe_torch(self, layer, x, topk_ids, topk_weights, needed) -> torch.Tensor:
         out = torch.zeros_like(x)  # [T, D]
         for e in needed:  # ascending expert id, whatever the residency
             tokens, slots = torch.nonzero(topk_ids == e, as_tuple=True)
-            w1, w3, w2 = self._weights(layer, e)
+            w1, w3, w2 = self._weights(layer, e, x.dtype)
             xe = x[tokens]  # [n, D]
             h = F.silu(F.linear(xe, w1)) * F.linear(xe, w3)  # [n, I]
             ye = F.linear(h, w2) * topk_weights[tokens, slots, None]  # [n, D]

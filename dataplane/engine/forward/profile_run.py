@@ -85,8 +85,9 @@ class ScratchRunner:
         layers = model.config.num_layers
         kv_per_huge = geometry.huge_page_bytes // geometry.kv_page_bytes
         pool = UnifiedPool(
-            geometry, math.ceil(layers * SCRATCH_BLOCKS / kv_per_huge), model.dtype, model.device
-        )
+            geometry, math.ceil(layers * SCRATCH_BLOCKS / kv_per_huge), model.dtype, model.device,
+            expert_dtype=model.config.expert_dtype,
+        )  # fmt: skip
         pool.buffer.zero_()
         experts = OneSlotExperts(host_experts[0], moe_kernel, model.device)
         self.runner = model.with_backends(PagedAttention(pool, kernels=attention_kernels), experts)

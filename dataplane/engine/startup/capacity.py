@@ -23,7 +23,7 @@ from rimuru.dataplane.engine.startup.budget import (
     plan_memory,
 )
 from rimuru.dataplane.engine.startup.config import EngineConfig
-from rimuru.dataplane.engine.startup.loaded_model import page_geometry
+from rimuru.dataplane.engine.startup.loaded_model import expert_scale_bytes, page_geometry
 from rimuru.dataplane.engine.startup.residency import initial_experts, max_offloaded
 from rimuru.dataplane.engine.startup.setup import (
     buffer_slots,
@@ -66,7 +66,7 @@ def non_pool_weight_bytes(mc: ModelConfig, dtype: torch.dtype, router_skew: floa
                 tensors += vars(block).values()
     by_id = {id(t): t.numel() * t.element_size() for t in tensors if t is not None}
     bias = mc.num_moe_layers * mc.num_experts * _ROUTER_BIAS_ITEMSIZE if router_skew else 0
-    return sum(by_id.values()) + bias
+    return sum(by_id.values()) + bias + expert_scale_bytes(mc)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,14 @@ class ComputePaths:
         self.use_kernels: bool = (
             config.use_kernels if config.use_kernels is not None else device.type == "cuda"
         )
+        if model_config.quant is not None and (self.use_kernels or config.moe_path == "gather"):
+            # Refused rather than run with the torch MoE behind Triton's other kernels: the
+            # profiling forward, graphs and device copy-in assume the fused MoE on that path.
+            raise ValueError(
+                f"a block-FP8 ({model_config.quant}) model runs only on the torch reference "
+                f"path (EngineConfig use_kernels=False, moe_path 'paged') until the fused "
+                f"MoE kernel reads FP8 expert pages; serve its BF16 release on a GPU meanwhile"
+            )
 
     def moe_kernel(self):
         """The expert backend's MoE function (None = the torch reference in moe_backend.py)."""

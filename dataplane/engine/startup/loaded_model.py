@@ -18,11 +18,14 @@ from rimuru.dataplane.engine.startup.compute_paths import ComputePaths
 from rimuru.dataplane.engine.startup.config import EngineConfig
 from rimuru.dataplane.memory.geometry import SSM_STATE_DTYPE_BYTES, MemoryShape, PageGeometry
 from rimuru.dataplane.model import MoETransformer
+from rimuru.dataplane.model.block_fp8 import scale_shape
 from rimuru.dataplane.model.checkpoint import PRESETS, open_weights
 from rimuru.dataplane.model.config import ModelConfig, parse_dtype
 from rimuru.dataplane.model.hybrid.transformer import HybridTransformer
 from rimuru.dataplane.model.ops import LayerOps
 from rimuru.dataplane.model.weights import ExpertWeights, WeightSource
+
+_SCALE_ITEMSIZE = 4  # block-FP8 scales are fp32
 
 
 class RankLink(Protocol):
@@ -36,7 +39,8 @@ class RankLink(Protocol):
 
 def page_geometry(mc: ModelConfig, dtype: torch.dtype) -> PageGeometry:
     """Page sizes from the model's shapes; a hybrid's SSM and conv pages hold one GDN
-    layer's state of one request."""
+    layer's state of one request. `dtype` is the activations' (KV, conv states); experts
+    are in `mc.expert_dtype`."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     ssm = conv = 0
     if mc.is_hybrid:
@@ -54,8 +58,20 @@ def page_geometry(mc: ModelConfig, dtype: torch.dtype) -> PageGeometry:
             itemsize,
             ssm_state_bytes=ssm,
             conv_state_bytes=conv,
+            # block FP8: pages of e4m3 bytes (the scales stay outside the pool, geometry.py)
+            expert_dtype_bytes=mc.expert_dtype.itemsize if mc.quant is not None else None,
         )
     )
+
+
+def expert_scale_bytes(mc: ModelConfig) -> int:
+    """Block-FP8 experts' fp32 scales, every layer's and expert's: they stay on the device
+    outside the pool (memory/geometry.py says why); 0 for unquantized experts."""
+    if mc.quant is None:
+        return 0
+    inter, hidden = mc.moe_intermediate_size, mc.hidden_size
+    per_expert = 2 * math.prod(scale_shape(inter, hidden)) + math.prod(scale_shape(hidden, inter))
+    return mc.num_moe_layers * mc.num_experts * per_expert * _SCALE_ITEMSIZE
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,12 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     max_model_len: int  # the config's (at most the model's: check_before_loading), else the model's
+
+    @property
+    def non_pool_weight_bytes(self) -> int:
+        """Every weight on the device outside the pool: the model's, and block-FP8 experts'
+        scales (the MoE backend's)."""
+        return self.model.resident_nbytes() + expert_scale_bytes(self.config)
 
 
 def load_model(

@@ -93,7 +93,7 @@ def budget_bytes(c: EngineConfig, loaded: LoadedModel) -> int:
         return int(0.9 * device_memory_bytes(loaded.device))
     mc = loaded.config
     experts = mc.num_moe_layers * mc.num_experts * 3 * loaded.geometry.expert_page_bytes
-    return loaded.model.resident_nbytes() + 2 * experts + 256 * 2**20
+    return loaded.non_pool_weight_bytes + 2 * experts + 256 * 2**20
 
 
 def activation_reserve(c: EngineConfig, loaded: LoadedModel, paths: ComputePaths) -> int:

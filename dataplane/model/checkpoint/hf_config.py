@@ -22,8 +22,8 @@ every expert-side structure (host experts, pool pages, hotness ranking, adjuster
 layers only: MoE layer m is decoder layer `moe_layers[m]`.
 
 Anything the model does not implement (sliding windows, scaled RoPE, activations other than
-SiLU, quantized weights, architectures such as DeepSeek-V3 or GLM-4.5 whose attention or
-routing differ) is refused with an error that names the key or the architecture, so a
+SiLU, quantized weights other than block-wise FP8, architectures such as DeepSeek-V3 or
+GLM-4.5 whose attention or routing differ) is refused with an error that names the key or the architecture, so a
 checkpoint never runs with silently different math.
 """
 
@@ -33,8 +33,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rimuru.dataplane.model.block_fp8 import BLOCK
 from rimuru.dataplane.model.config import (
     FAMILIES,
+    FP8_BLOCK128,
     HYBRID_FAMILIES,
     ModelConfig,
     parse_dtype,
@@ -211,6 +213,7 @@ def _parse(hf: _Keys) -> ModelConfig:
         partial_rotary_factor=_partial_rotary_factor(hf) if hybrid else 1.0,
         attn_output_gate=hybrid,
         zero_centred_norms=hybrid,
+        quant=_quant(hf),
     )
 
 
@@ -270,7 +273,6 @@ def _family(hf: dict[str, Any]) -> str:
 
 
 def _refuse_unsupported(hf: _Keys, family: str) -> None:
-    _refuse_quantized(hf)
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' is")
     if family in HYBRID_FAMILIES and hf.get("attn_output_gate", True) is not True:
@@ -290,18 +292,47 @@ def _refuse_unsupported(hf: _Keys, family: str) -> None:
         raise ValueError(f"RoPE type {rope_type!r} is not supported; only 'default' RoPE is")
 
 
-def _refuse_quantized(hf: _Keys) -> None:
-    """The model computes with plain float weights: a quantized checkpoint's weights (FP8
-    with block scales, GPTQ/AWQ ints, ...) read as floats are garbage, so refuse them."""
-    for key in ("quantization_config", "compression_config"):
-        quant = hf.get(key)
-        if quant:
-            method = quant.get("quant_method") if isinstance(quant, dict) else None
+def _quant(hf: _Keys) -> str | None:
+    """The weight format config.json declares: None (plain floats) or FP8_BLOCK128. Every
+    other quantization (GPTQ/AWQ ints, bitsandbytes, per-tensor FP8, compressed-tensors,
+    other block sizes) is refused by name: its weights read as floats would be garbage."""
+    if hf.get("compression_config"):
+        raise ValueError(
+            f"{hf.source} declares a compressed-tensors checkpoint (compression_config), which "
+            f"rimuru does not load; {_SERVED_FORMATS}"
+        )
+    quant = hf.get("quantization_config")
+    if not quant:
+        return None
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method != "fp8":
+        raise ValueError(
+            f"{hf.source} declares a quantized checkpoint (quantization_config with quant_method "
+            f"{method!r}), which rimuru does not load; {_SERVED_FORMATS}"
+        )
+    block = quant.get("weight_block_size")
+    if block is None:
+        raise ValueError(
+            f"{hf.source} declares per-tensor FP8 (quant_method 'fp8' without "
+            f"weight_block_size), which rimuru does not load; {_SERVED_FORMATS}"
+        )
+    # the fused-MoE kernels to come tile by 128, as vLLM's block-FP8 path does
+    served = {"fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [BLOCK, BLOCK]}
+    for key, want in served.items():
+        got = quant.get(key, want)
+        if got != want:
             raise ValueError(
-                f"{hf.source} declares a quantized checkpoint ({key} with quant_method "
-                f"{method!r}); rimuru loads unquantized float32/bfloat16/float16 weights only: "
-                f"use the model's unquantized (e.g. BF16) release"
+                f"{hf.source}: FP8 {key} {got!r} is not supported until rimuru computes with "
+                f"it; only {want!r} is"
             )
+    return FP8_BLOCK128
+
+
+_SERVED_FORMATS = (
+    "it serves unquantized float32/bfloat16/float16 weights and block-wise FP8 (quant_method "
+    "'fp8', fmt 'e4m3', weight_block_size [128, 128]): use such a release (e.g. the BF16 or "
+    "-FP8 one)"
+)
 
 
 def _rope_theta(hf: _Keys, family: str) -> float:

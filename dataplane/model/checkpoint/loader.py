@@ -24,8 +24,15 @@ Hybrid models (Qwen3-Next, Qwen3.5-MoE) get `HybridLayerWeights` from `layer_wei
 model's tensors are `model.language_model.*` where transformers' text-only save writes
 `model.*`; both are read (the vision tower's and MTP's tensors are ignored).
 
+A block-FP8 checkpoint (config.json's quantization_config; block_fp8.py) keeps its routed
+experts FP8 with their block scales (they fill the pool at one byte per element); every other
+FP8 linear (attention, shared expert, dense MLP, GDN projections) is dequantized at load to
+the model's dtype, and the tensors it leaves unquantized (embeddings, norms, router, LM head,
+its modules_to_not_convert) are read as they are.
+
 Every shard is opened (its header parsed) when the source is made, so a truncated or corrupt
-file, or a quantized one the model cannot compute with, is refused before any weight is read.
+file, a quantized one the model cannot compute with, or an FP8 weight without scales of its
+block shape, is refused before any weight is read.
 Errors about the checkpoint are `CheckpointError`s (a ValueError: the CLI reports them and
 exits 2) naming the file or the tensor.
 
@@ -40,6 +47,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from rimuru.dataplane.model.block_fp8 import BLOCK, FP8_DTYPE, dequantize, scale_shape
 from rimuru.dataplane.model.checkpoint.hf_config import load_config, read_json
 from rimuru.dataplane.model.checkpoint.hf_layout import (
     Fetch,
@@ -57,6 +65,7 @@ _INDEX = "model.safetensors.index.json"
 # safetensors dtypes of unquantized weights; anything else (F8_E4M3, I8, U8, ...) is the
 # storage of a quantization scheme.
 _FLOAT_DTYPES = frozenset({"F32", "F16", "BF16", "F64"})
+_SCALE_SUFFIX = ".weight_scale_inv"  # a block-FP8 weight's scales
 # Tensors that exist only beside quantized weights (FP8 block scales, GPTQ/AWQ packs).
 _QUANT_SUFFIXES = (
     "weight_scale_inv", "weight_scale", "input_scale", ".qweight", ".qzeros", ".scales", ".g_idx",
@@ -117,42 +126,102 @@ class CheckpointWeights:
         cfg.check_moe_layer(moe_layer)
         layer = cfg.moe_layers[moe_layer]  # the checkpoint names decoder layers
         n, inter, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        fp8 = cfg.quant is not None
+        dtype = cfg.expert_dtype if fp8 else dtype  # FP8 experts stay FP8 (block_fp8.py)
         w1 = host_empty((n, inter, hidden), dtype, pin_memory)
         w3 = host_empty((n, inter, hidden), dtype, pin_memory)
         w2 = host_empty((n, hidden, inter), dtype, pin_memory)
         fused = f"model.layers.{layer}.mlp.experts."
         if self._disk_name(fused + "gate_up_proj") in self._files:
+            if fp8:
+                raise CheckpointError(
+                    f"{self.model_dir}: FP8 experts in the fused layout ({fused}gate_up_proj) "
+                    f"are not supported; save the checkpoint with one tensor per expert"
+                )
             gate_up = self._read(fused + "gate_up_proj", (n, 2 * inter, hidden))
             w1.copy_(gate_up[:, :inter])
             w3.copy_(gate_up[:, inter:])
             w2.copy_(self._read(fused + "down_proj", (n, hidden, inter)))
             return ExpertWeights(w1=w1, w3=w3, w2=w2)
         names = ("w1", "w3", "w2") if self._moe == "block_sparse_moe" else _QWEN_EXPERT_NAMES
+        if not fp8:
+            for e in range(n):
+                p = f"model.layers.{layer}.{self._moe}.experts.{e}."
+                w1[e].copy_(self._read(p + names[0] + ".weight", (inter, hidden)))
+                w3[e].copy_(self._read(p + names[1] + ".weight", (inter, hidden)))
+                w2[e].copy_(self._read(p + names[2] + ".weight", (hidden, inter)))
+            return ExpertWeights(w1=w1, w3=w3, w2=w2)
+        scales = [
+            torch.empty((n, *scale_shape(*m.shape[1:])), dtype=torch.float32) for m in (w1, w3, w2)
+        ]
         for e in range(n):
             p = f"model.layers.{layer}.{self._moe}.experts.{e}."
-            w1[e].copy_(self._read(p + names[0] + ".weight", (inter, hidden)))
-            w3[e].copy_(self._read(p + names[1] + ".weight", (inter, hidden)))
-            w2[e].copy_(self._read(p + names[2] + ".weight", (hidden, inter)))
-        return ExpertWeights(w1=w1, w3=w3, w2=w2)
+            for name, matrix, scale in zip(names, (w1, w3, w2), scales, strict=True):
+                q, s = self._read_fp8(p + name + ".weight", tuple(matrix.shape[1:]))
+                matrix[e].copy_(q)
+                scale[e].copy_(s)
+        return ExpertWeights(w1, w3, w2, *scales)
 
     def _fetcher(self, device: torch.device, dtype: torch.dtype) -> Fetch:
         return lambda name, shape: self._read(name, shape).to(device=device, dtype=dtype)
 
     def _refuse_quantized(self) -> None:
+        """Every tensor is plain float, or (in a block-FP8 checkpoint) an e4m3 weight with
+        its fp32 `weight_scale_inv` of the block shape beside it; anything else is the
+        storage of another scheme, or a malformed FP8 checkpoint, named here."""
+        fp8 = self._config.quant is not None
         for name, path in self._files.items():
             try:
-                dtype = self._handles[path].get_slice(name).get_dtype()
+                tensor = self._handles[path].get_slice(name)
             except SafetensorError as exc:
                 raise CheckpointError(
                     f"{self._weights_name} maps {name!r} to {path}, which lacks it: the index "
                     f"and the shards disagree; fetch the checkpoint again"
                 ) from exc
+            dtype = tensor.get_dtype()
+            if fp8 and name.endswith(_SCALE_SUFFIX):
+                weight = name.removesuffix("_scale_inv")
+                weight_path = self._files.get(weight)
+                stored = weight_path and self._handles[weight_path].get_slice(weight).get_dtype()
+                if stored != "F8_E4M3":
+                    raise CheckpointError(
+                        f"{name!r} in {path} scales no FP8 weight: {weight!r} is "
+                        f"{stored or 'missing'}; the checkpoint is malformed"
+                    )
+                continue  # its shape is checked with its weight
+            if fp8 and dtype == "F8_E4M3":
+                self._check_fp8_tensor(name, tuple(tensor.get_shape()))
+                continue
+            if fp8 and dtype.startswith("F8"):
+                raise CheckpointError(
+                    f"tensor {name!r} in {path} is {dtype}, but config.json declares fmt 'e4m3' "
+                    f"(F8_E4M3): the checkpoint and its config disagree"
+                )
             if dtype not in _FLOAT_DTYPES or name.endswith(_QUANT_SUFFIXES):
                 raise CheckpointError(
                     f"tensor {name!r} in {path} is {dtype}: a quantized checkpoint, which rimuru "
                     f"cannot compute with (it loads unquantized float32/bfloat16/float16 "
-                    f"weights only); use the model's unquantized (e.g. BF16) release"
+                    f"weights, and block-wise FP8 declared in config.json's "
+                    f"quantization_config); use the model's unquantized (e.g. BF16) release"
                 )
+
+    def _check_fp8_tensor(self, name: str, shape: tuple[int, ...]) -> None:
+        scale_name = name + "_scale_inv"
+        path = self._files.get(scale_name)
+        if not name.endswith(".weight") or len(shape) != 2 or path is None:
+            raise CheckpointError(
+                f"FP8 tensor {name!r} has no {scale_name!r} beside it: block-wise FP8 weights "
+                f"need their fp32 block scales; the checkpoint is incomplete"
+            )
+        scale = self._handles[path].get_slice(scale_name)
+        expected = scale_shape(*shape)
+        # fp32 mostly; some Qwen3 -FP8 releases store bf16 or fp16 scales (read as fp32)
+        if scale.get_dtype() not in _FLOAT_DTYPES or tuple(scale.get_shape()) != expected:
+            raise CheckpointError(
+                f"{scale_name!r} in {path.name} is {scale.get_dtype()} "
+                f"{tuple(scale.get_shape())}, but {name!r} {shape} needs float scales {expected} "
+                f"(one scale per {BLOCK} x {BLOCK} block)"
+            )
 
     def _disk_name(self, name: str) -> str:
         if name.startswith("model."):
@@ -160,6 +229,23 @@ class CheckpointWeights:
         return name
 
     def _read(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A float tensor; a block-FP8 weight comes dequantized to fp32 (the caller casts)."""
+        tensor = self._read_stored(name, shape)
+        if tensor.dtype != FP8_DTYPE:
+            return tensor
+        return dequantize(tensor, self._read_stored(name + "_scale_inv", None), torch.float32)
+
+    def _read_fp8(self, name: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A block-FP8 weight: (e4m3 [N, K] as stored, its scales in fp32)."""
+        tensor = self._read_stored(name, shape)
+        if tensor.dtype != FP8_DTYPE:
+            raise CheckpointError(
+                f"tensor {self._disk_name(name)!r} is {tensor.dtype}, but the experts of a "
+                f"block-FP8 checkpoint must be FP8 (e4m3) with their block scales"
+            )
+        return tensor, self._read_stored(name + "_scale_inv", None).to(torch.float32)
+
+    def _read_stored(self, name: str, shape: tuple[int, ...] | None) -> torch.Tensor:
         name = self._disk_name(name)
         path = self._files.get(name)
         if path is None:
@@ -171,7 +257,7 @@ class CheckpointWeights:
             tensor = self._handles[path].get_tensor(name)
         except SafetensorError as exc:
             raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from None
-        if tuple(tensor.shape) != shape:
+        if shape is not None and tuple(tensor.shape) != shape:
             raise CheckpointError(
                 f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, but config.json "
                 f"implies {shape}"

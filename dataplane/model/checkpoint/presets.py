@@ -9,6 +9,11 @@
     qwen3.5-35b-a3b      qwen3_5_moe  40      2048  256      512    8      16 (2)      512
     tiny-hybrid          qwen3_5_moe  4       128   16       128    4      4 (2)       128
 
+`qwen3-30b-a3b-fp8`, `qwen3.5-35b-a3b-fp8` and `tiny-fp8` are those models' block-FP8 twins
+(block_fp8.py): the same seeded experts, quantized to e4m3 with one scale per 128 x 128
+block, as Qwen's -FP8 releases store them. Their other weights are the twins' own (an -FP8
+checkpoint's other linears are dequantized at load, so they serve in the model's dtype).
+
 The last three are hybrids (linear_attention.py). In the real two, 3 of every 4 layers are Gated
 DeltaNet (16 key heads, 32 value heads, dims 128, conv kernel 4), the 4th gated attention with
 head_dim 256 and a quarter of it rotary. `tiny-hybrid` is their structure shrunk: layers 0-2
@@ -49,6 +54,7 @@ import math
 
 import torch
 
+from rimuru.dataplane.model.block_fp8 import FP8_DTYPE, quantize
 from rimuru.dataplane.model.checkpoint.hf_layout import (
     Fetch,
     build_global_weights,
@@ -57,7 +63,7 @@ from rimuru.dataplane.model.checkpoint.hf_layout import (
     is_router_weight,
 )
 from rimuru.dataplane.model.checkpoint.hybrid_layout import build_hybrid_layer_weights
-from rimuru.dataplane.model.config import ModelConfig
+from rimuru.dataplane.model.config import FP8_BLOCK128, ModelConfig
 from rimuru.dataplane.model.hybrid.weights import HybridLayerWeights
 from rimuru.dataplane.model.linear_attention import LinearAttentionConfig
 from rimuru.dataplane.model.weights import ExpertWeights, GlobalWeights, LayerWeights, host_empty
@@ -257,6 +263,9 @@ PRESETS: dict[str, ModelConfig] = {
     "qwen3-next-80b-a3b": _QWEN3_NEXT_80B_A3B,
     "qwen3.5-35b-a3b": _QWEN3_5_35B_A3B,
     "tiny-hybrid": _TINY_HYBRID,
+    "qwen3-30b-a3b-fp8": _QWEN3_30B_A3B.replace(quant=FP8_BLOCK128),
+    "qwen3.5-35b-a3b-fp8": _QWEN3_5_35B_A3B.replace(quant=FP8_BLOCK128),
+    "tiny-fp8": _TINY.replace(quant=FP8_BLOCK128),
 }
 
 
@@ -321,6 +330,8 @@ class RandomWeights:
         layer = cfg.moe_layers[moe_layer]  # tensors are seeded by their decoder layer's name
         n, inter, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
         work_device = torch.device(work_device or "cpu")
+        if cfg.quant is not None:
+            return self._fp8_expert_weights(layer, pin_memory, work_device)
         mats = {}
         for name, shape in (
             ("w1", (n, inter, hidden)),
@@ -334,6 +345,25 @@ class RandomWeights:
             else:
                 host.copy_(self._normal(tensor_name, shape, work_device, dtype))
             mats[name] = host
+        return ExpertWeights(**mats)
+
+    def _fp8_expert_weights(
+        self, layer: int, pin_memory: bool, work_device: torch.device
+    ) -> ExpertWeights:
+        """A block-FP8 preset's experts: the seeded weights in the model's dtype, quantized
+        block-wise as an -FP8 release's are (on `work_device`, then copied to the host)."""
+        cfg = self._config
+        n, inter, hidden = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        mats = {}
+        for name, shape in (
+            ("w1", (n, inter, hidden)),
+            ("w3", (n, inter, hidden)),
+            ("w2", (n, hidden, inter)),
+        ):
+            tensor_name = f"model.layers.{layer}.mlp.experts.{name}"
+            q, scale = quantize(self._normal(tensor_name, shape, work_device, cfg.dtype))
+            mats[name] = host_empty(shape, FP8_DTYPE, pin_memory).copy_(q)
+            mats[name + "_scale"] = scale.cpu()
         return ExpertWeights(**mats)
 
     def _fetcher(self, device: torch.device, dtype: torch.dtype) -> Fetch:

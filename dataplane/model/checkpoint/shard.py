@@ -81,6 +81,12 @@ def check_shardable(mc: ModelConfig, size: int) -> None:
     """Raise ValueError, saying which size does not divide, unless `size` ranks can split it."""
     if size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {size}")
+    if mc.quant is not None and size > 1:
+        # Each rank's experts would be a slice of the 128-row scale blocks: not built yet.
+        raise ValueError(
+            f"--tensor-parallel-size {size} with a block-FP8 ({mc.quant}) model is not "
+            f"supported yet: serve it on one GPU (--tensor-parallel-size 1)"
+        )
     bad = _unshardable(mc, size)
     if bad:
         fits = [n for n in range(1, mc.num_heads + 1) if not _unshardable(mc, n)]
