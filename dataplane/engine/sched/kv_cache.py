@@ -58,7 +58,7 @@ class KVCacheManager:
     def cached_prefix(self, request: Request) -> PrefixHit:
         """What a request with no pages yet may start from (NO_HIT: nothing, or caching
         off). Changes nothing: `allocate_slots` takes it."""
-        if self.prefix_cache is None or len(request.block_table) or request.num_computed_tokens:
+        if self.prefix_cache is None or not self._first_admission(request):
             return NO_HIT
         return self.prefix_cache.lookup(request)
 
@@ -83,7 +83,10 @@ class KVCacheManager:
         False, with nothing changed, if any of the pages are short. `hit`: what
         `cached_prefix` found, held first and counted computed."""
         needed = self.num_pages_needed(request, num_new_tokens, hit)
-        if hit.blocks:
+        if self.prefix_cache is not None and self._first_admission(request):
+            # Checked before the hit is held, so the allocation below cannot fail (KV
+            # pages only: no states with a prefix cache); held first, so it drops none of
+            # the hit's cached pages.
             if needed > self.allocator.num_free(PageType.KV) - hit.num_cached_free_pages:
                 return False
             self._take_hit(request, hit)
@@ -110,6 +113,11 @@ class KVCacheManager:
             request.state_pages = StatePages(tuple(got[PageType.SSM]), tuple(got[PageType.CONV]))
         return True
 
+    @staticmethod
+    def _first_admission(request: Request) -> bool:
+        """No pages and nothing computed: admitted now, or again after a preemption."""
+        return not len(request.block_table) and not request.num_computed_tokens
+
     def _take_hit(self, request: Request, hit: PrefixHit) -> None:
         self.prefix_cache.take(hit, request.num_tokens)
         for block in hit.blocks:
@@ -125,8 +133,8 @@ class KVCacheManager:
         cache = self.prefix_cache
         if cache is None or request.shares_no_more:
             return
-        if request.num_cached_tokens is None:  # admitted without a hit
-            request.num_cached_tokens = 0
+        if request.num_shared_blocks == len(request.block_hashes):  # decode: all named
+            return
         full = min(len(request.block_hashes), request.num_computed_tokens // self.block_size)
         table = request.block_table.array()
         for i in range(request.num_shared_blocks, full):

@@ -107,7 +107,8 @@ class PrefixCache:
         return PrefixHit(tuple(blocks), self.block_size) if blocks else NO_HIT
 
     def take(self, hit: PrefixHit, num_queried_tokens: int) -> None:
-        """Hold the hit's blocks (cached-free ones leave the allocator's cache)."""
+        """A request is admitted with `hit` (maybe empty): hold its blocks (cached-free
+        ones leave the allocator's cache) and count the query."""
         for block in hit.blocks:
             if block.ref_count == 0:
                 self.allocator.uncache(block.block_hash, PREFIX_OWNER)
