@@ -163,3 +163,26 @@ def test_async_scheduling_with_caching_gives_the_tokens_of_sync_without(mode, ma
     assert engine.prefix_cache.num_hit_tokens > 0
     engine.check_invariants()
     assert engine.num_leaked_pages() == 0
+
+
+@pytest.mark.parametrize(
+    "argv, want",
+    [([], None), (["--enable-prefix-caching"], True), (["--no-enable-prefix-caching"], False),
+     (["--enable-prefix-caching", "off"], False)],
+)  # fmt: skip
+def test_flags_take_vllms_spellings(argv, want):
+    import argparse
+
+    from rimuru.dataplane.engine.flags import add_engine_arguments, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_config_from_args(parser.parse_args(argv)).enable_prefix_caching is want
+
+
+def test_hybrid_models_run_without_it_and_say_so(caplog):
+    with caplog.at_level("INFO", logger="rimuru.engine"):
+        engine = small_engine(model="tiny-hybrid")
+    assert engine.prefix_cache is None and engine.kv.prefix_cache is None
+    assert "prefix caching is off" in caplog.text
+    assert small_engine().prefix_cache is not None  # attention-only: on by default
