@@ -140,8 +140,10 @@ class Engine:
             log.info("prefix caching is off: not built yet for hybrid models' GDN states")
         elif config.enable_prefix_caching is not False:
             self.prefix_cache = PrefixCache(self.allocator, self.reclaim, BLOCK_SIZE)
-            # what else makes a block's KV: the weights (model, seed) and the dtype
-            self._chain_seed = chain_seed(config.model, config.seed, str(self.dtype))
+            # what else makes a block's KV: the weights (model; a preset's seed and skew), dtype
+            self._chain_seed = chain_seed(
+                config.model, config.seed, config.router_skew, str(self.dtype)
+            )
         self.kv = KVCacheManager(
             self.allocator, self.reclaim, mc.num_kv_layers, BLOCK_SIZE,
             num_state_layers=len(mc.linear_attention_layers), prefix_cache=self.prefix_cache,
