@@ -186,3 +186,42 @@ def test_hybrid_models_run_without_it_and_say_so(caplog):
     assert engine.prefix_cache is None and engine.kv.prefix_cache is None
     assert "prefix caching is off" in caplog.text
     assert small_engine().prefix_cache is not None  # attention-only: on by default
+
+
+def test_a_finished_chain_is_reclaimed_from_its_end():
+    """LRU order: a request's blocks go cached tail first, so allocation drops the last
+    block of a chain before its first, and the rest still hits."""
+    from rimuru.dataplane.engine.sched.kv_cache import KVCacheManager
+    from rimuru.dataplane.engine.sched.prefix_cache import PrefixCache
+    from rimuru.dataplane.engine.sched.request import Request
+    from rimuru.dataplane.memory.allocator import PageAllocator
+    from rimuru.dataplane.memory.geometry import MemoryShape, PageGeometry, PageType
+    from rimuru.dataplane.memory.reclaim import DeferredReclaim
+
+    shape = MemoryShape(num_layers=1, num_experts=4, hidden_size=16, moe_intermediate_size=16,
+                        num_kv_heads=1, head_dim=2, dtype_bytes=4)  # fmt: skip
+    allocator = PageAllocator(PageGeometry.from_shape(shape), num_huge_pages=3)  # 12 KV pages
+    reclaim = DeferredReclaim(allocator)
+    cache = PrefixCache(allocator, reclaim, 16)
+    kv = KVCacheManager(allocator, reclaim, 1, 16, prefix_cache=cache)
+    prompt = list(range(65))
+    seed = chain_seed("test")
+
+    def request(rid: str) -> Request:
+        r = Request(rid, prompt, GREEDY, 1)
+        r.block_hashes = block_hashes(seed, prompt, 16)
+        return r
+
+    first = request("a")
+    assert kv.allocate_slots(first, 65, kv.cached_prefix(first))
+    first.num_computed_tokens = 65
+    kv.cache_blocks(first)
+    assert first.num_shared_blocks == 4
+    kv.free(first, last_step=-1)
+    assert allocator.num_cached() == 4 and allocator.num_free(PageType.KV) == 12
+    assert allocator.allocate(PageType.KV, 8, "filler") is not None  # truly free pages first
+    assert len(cache.index) == 4
+    assert allocator.allocate(PageType.KV, 1, "filler") is not None
+    assert set(cache.index) == set(first.block_hashes[:3])  # the chain's last block went
+    second = request("b")
+    assert kv.cached_prefix(second).num_tokens == 48

@@ -161,7 +161,9 @@ class KVCacheManager:
         its shared blocks are let go of instead (cached-free once no one holds them)."""
         num_shared, request.num_shared_blocks = request.num_shared_blocks, 0
         request.shares_no_more = False
-        for h in request.block_hashes[:num_shared]:
+        # the chain's tail first: it becomes the least recently used, so allocation drops
+        # a chain from its end, and what stays cached is still a reachable prefix (vLLM)
+        for h in reversed(request.block_hashes[:num_shared]):
             self.prefix_cache.release(h, last_step)
         pages = request.block_table.pop_blocks()[num_shared * self.num_layers :]
         owner = request.request_id

@@ -17,6 +17,9 @@ attention layer) are in one of three states:
                  hit takes it back; allocation drops the least recently used one, and
                  `on_drop` removes it from the index
 
+A request lets go of its shared blocks tail first, so a chain is dropped from its end and
+what stays cached is a prefix a later request can still reach.
+
 A request's shared blocks are always its first `num_shared_blocks` blocks: a hit gives
 the longest chain of held or cached-free blocks, and registration goes on from there in
 order and stops at the first block whose hash is already named (another request computed
