@@ -446,7 +446,7 @@ class Engine:
             status = take_sampled(r, token, now, self.model_config.eos_token_ids)
             if status is not None:
                 self._finish(r, status, self.step_id, now)
-            outputs.append(token_output(r.request_id, token, status))
+            outputs.append(token_output(r.request_id, token, status, r.num_cached_tokens))
         return outputs
 
     def _record(self, out, moves: RoundMoves, step: int, running: int, seconds: float) -> None:

@@ -34,6 +34,9 @@ def test_a_second_identical_prompt_computes_only_its_last_partial_block():
     assert engine.prefix_cache.num_hit_tokens == 64
     assert engine.prefix_cache.num_queried_tokens == 140
     assert [r.num_cached_tokens for r in engine.requests.values()] == [0, 64]
+    rid = engine.add_request(prompt, GREEDY)
+    outputs = [o for _ in range(4) for o in engine.step() if o.request_id == rid]
+    assert [o.num_cached_tokens for o in outputs] == [64] * 4 and outputs[-1].finished
     engine.check_invariants()
     assert engine.num_leaked_pages() == 0
 
