@@ -37,6 +37,7 @@ from rimuru.dataplane.engine.sched.kv_cache import KVCacheManager
 from rimuru.dataplane.engine.sched.liveness import LivenessGuard, Refusal
 from rimuru.dataplane.engine.sched.outputs import RequestOutput, StepStats
 from rimuru.dataplane.engine.sched.policy_state import PolicyState
+from rimuru.dataplane.engine.sched.prefix_cache import PrefixCache, block_hashes, chain_seed
 from rimuru.dataplane.engine.sched.request import (
     Request,
     RequestStatus,
@@ -136,9 +137,19 @@ class Engine:
             self.model = loaded.model.with_backends(self.attention, self.moe_backend, self.states)
         else:
             self.model = loaded.model.with_backends(self.attention, self.moe_backend)
+        self.prefix_cache: PrefixCache | None = None
+        self._chain_seed = b""
+        if config.enable_prefix_caching is not False and mc.is_hybrid:
+            log.info("prefix caching is off: not built yet for hybrid models' GDN states")
+        elif config.enable_prefix_caching is not False:
+            self.prefix_cache = PrefixCache(self.allocator, self.reclaim, BLOCK_SIZE)
+            # what else makes a block's KV: the weights (model; a preset's seed and skew), dtype
+            self._chain_seed = chain_seed(
+                config.model, config.seed, config.router_skew, str(self.dtype)
+            )
         self.kv = KVCacheManager(
             self.allocator, self.reclaim, mc.num_kv_layers, BLOCK_SIZE,
-            num_state_layers=len(mc.linear_attention_layers),
+            num_state_layers=len(mc.linear_attention_layers), prefix_cache=self.prefix_cache,
         )  # fmt: skip
         self.block_tables = DeviceBlockTables.for_engine(
             mc.num_kv_layers, config.max_num_seqs, self.max_model_len, BLOCK_SIZE,
@@ -271,6 +282,8 @@ class Engine:
         if request_id in self.requests and not self.requests[request_id].status.finished:
             raise ValueError(f"request id {request_id!r} is already in use")
         request = Request(request_id, ids, params, self.model_config.num_kv_layers)
+        if self.prefix_cache is not None:
+            request.block_hashes = block_hashes(self._chain_seed, ids, BLOCK_SIZE)
         if arrival_time is not None:
             request.arrival_time = arrival_time
         self.requests[request_id] = request
@@ -436,7 +449,7 @@ class Engine:
             status = take_sampled(r, token, now, self.model_config.eos_token_ids)
             if status is not None:
                 self._finish(r, status, self.step_id, now)
-            outputs.append(token_output(r.request_id, token, status))
+            outputs.append(token_output(r.request_id, token, status, r.num_cached_tokens))
         return outputs
 
     def _record(self, out, moves: RoundMoves, step: int, running: int, seconds: float) -> None:
@@ -524,9 +537,12 @@ class Engine:
             num_state_layers=self.kv.num_state_layers,
             pages_per_expert=EXPERT_MATRICES,
         )  # fmt: skip
+        if self.prefix_cache is not None:
+            self.prefix_cache.check_invariants(self.requests.values())
 
     def num_leaked_pages(self) -> int:
-        """After all requests finished: KV and state pages still owned (should be 0)."""
+        """After all requests finished: KV and state pages still owned (should be 0;
+        cached-free pages are not owned)."""
         return num_leaked_request_pages(
             self.allocator, self.reclaim, self.geometry, self.cuda_graphs.num_pad_pages
         )

@@ -37,6 +37,7 @@ class EngineFlag:
     env_aliases: tuple[str, ...] = ()  # the operator's ConfigMap names, read after RIMURU_<FLAG>
     field: str = ""  # the field's name where it is not dest
     short: str = ""  # another spelling, such as vLLM's -tp
+    negated: bool = False  # a switch that also takes --no-<flag> for off (vLLM's spelling)
     # Retired: a knob that had this one valid value. Old scripts and older operators'
     # ConfigMaps still give it, so it is taken (and sets nothing), hidden from --help; any
     # other value is refused. `help` says why the value is fixed.
@@ -130,6 +131,10 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
                "before reading this one's tokens back, overlapping host and device (one "
                "GPU; fixed and elastic need --expert-copy device); auto = on where it "
                "overlaps anything (CUDA, one rank)", switch=True),
+    EngineFlag("enable_prefix_caching", "on, off or auto: reuse the KV pages of a prompt's "
+               "longest cached prefix of full 16-token blocks; auto = on for attention-only "
+               "models (hybrids: off, not built yet); --no-enable-prefix-caching = off",
+               switch=True, negated=True),
 )  # fmt: skip
 
 ENGINE_DESTS = frozenset(f.dest for f in ENGINE_FLAGS)
@@ -179,6 +184,11 @@ def add_engine_arguments(
         names = (flag.flag, flag.short) if flag.short else (flag.flag,)
         text = argparse.SUPPRESS if flag.only is not None else flag.help + shown + env_note
         parser.add_argument(*names, dest=flag.dest, help=text, **kwargs)
+        if flag.negated:
+            parser.add_argument(
+                "--no-" + flag.flag[2:], dest=flag.dest, action="store_const", const="off",
+                help=f"the same as {flag.flag} off",
+            )  # fmt: skip
 
 
 def engine_config_from_args(args: argparse.Namespace, mode: str | None = None) -> EngineConfig:

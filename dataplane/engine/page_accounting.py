@@ -10,8 +10,9 @@ from collections.abc import Collection
 
 from rimuru.dataplane.engine.experts.residency_table import ResidencyTable
 from rimuru.dataplane.engine.graphs.cuda_graphs import GRAPH_PADDING
+from rimuru.dataplane.engine.sched.prefix_cache import PREFIX_OWNER
 from rimuru.dataplane.engine.sched.request import Request
-from rimuru.dataplane.memory.allocator import PageAllocator
+from rimuru.dataplane.memory.allocator import CACHED, PageAllocator
 from rimuru.dataplane.memory.geometry import PageGeometry, PageType
 from rimuru.dataplane.memory.reclaim import DeferredReclaim, Pending
 
@@ -31,9 +32,9 @@ def check_page_owners(
     residency needs. Raises AssertionError naming what is wrong."""
     live = {r.request_id for r in requests if not r.status.finished}
     owners = {o for t, _, o in allocator.owned_pages() if t in REQUEST_PAGES}
-    leaked = {
-        o for o in owners if o not in live and not isinstance(o, Pending) and o != GRAPH_PADDING
-    }
+    # (held shared blocks and cached-free pages: prefix_cache.py checks them)
+    leaked = owners - live - {GRAPH_PADDING, PREFIX_OWNER, CACHED}
+    leaked = {o for o in leaked if not isinstance(o, Pending)}
     if leaked:
         raise AssertionError(
             f"KV or state pages leaked by finished requests: {sorted(map(str, leaked))}"

@@ -20,13 +20,37 @@ Rules (the Rimuru paper's multi-level allocator):
   * Exhaustion is expected: `allocate` returns None and changes nothing. Misuse (double
     free, freeing a page one does not own, unknown types) raises ValueError and changes
     nothing either: every call validates fully before it mutates.
+
+Cached-free KV pages (prefix caching, engine/sched/prefix_cache.py): pages no request
+holds whose contents a later request may reuse. `cache` hands them to the CACHED owner in
+groups (one 16-token block of every attention layer) under a key the caller chose; the
+group stays whole until a hit takes it back (`uncache`) or allocation drops it (`on_drop`
+tells the caller). They are capacity, not waste:
+
+  * `num_free(KV)` counts them, and `allocate(KV)` takes the truly free pages first
+    (free KV pages, then free expert and huge pages split), and only then drops cached
+    groups, least recently cached first.
+  * `num_free(EXPERT)` counts an expert page whose KV pages are all free or cached (and
+    at least one cached), and `allocate(EXPERT)` drops the cached groups in such a page,
+    so it merges back, once truly free expert pages run out. So any expert placement
+    (the adjuster's loads, loading slots, start-up residency) may take cached pages.
+
+The rule this makes: a cached prefix is given up before any resident expert (a KV
+shortfall is counted after them, so no expert is evicted while cached pages remain) and
+for any expert that would be loaded. A cached prefix saves a prefill on its next hit, a
+resident expert saves a copy on every step that routes to it; weighing the two by measured
+value is not done. The pages counted are only those a caller handed over after their
+last reader finished (memory/reclaim.py does so), so dropping one frees it at once.
+Conv pages (hybrids) are cut from expert pages too, yet `num_free(CONV)` does not count
+cached pages: prefix caching is off for hybrid models, so the two never meet.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from rimuru.dataplane.memory.geometry import PARENT, PageGeometry, PageType
@@ -76,18 +100,41 @@ class PageAllocator:
         self._num_owned: dict[PageType, int] = {t: 0 for t in geometry.page_bytes}  # no split marks
         # owner -> child type -> parent id -> number of that owner's pages under it
         self._affinity: dict[Owner, dict[PageType, dict[int, int]]] = {}
+        # Cached-free KV pages (module docstring): groups in LRU order (oldest first), the
+        # group of each page, and per expert page the number of its KV pages cached.
+        # `_mergeable`: expert pages split into KV pages that are all free or cached.
+        self._cached_groups: OrderedDict[Hashable, tuple[int, ...]] = OrderedDict()
+        self._cached_key: dict[int, Hashable] = {}
+        self._cached_under: dict[int, int] = {}
+        self._mergeable: set[int] = set()
+        self.on_drop: Callable[[Hashable], None] | None = None  # told each group dropped
         self.stats = _Stats()
 
     # ------------------------------------------------------------------ queries
     def num_free(self, page_type: PageType) -> int:
-        """Pages of this type that `allocate` could hand out right now."""
+        """Pages of this type that `allocate` could hand out right now, cached-free KV
+        pages dropped where needed (module docstring) included."""
         self._check_type(page_type)
+        if page_type is PageType.KV:
+            return self._num_truly_free(page_type) + len(self._cached_key)
+        if page_type is PageType.EXPERT:
+            return self._num_truly_free(page_type) + len(self._mergeable)
+        return self._num_truly_free(page_type)
+
+    def _num_truly_free(self, page_type: PageType) -> int:
+        """Pages of this type free without dropping any cached page."""
         if page_type is PageType.HUGE:
             return len(self._free_huge)
         parent = PARENT[page_type]
-        return self._num_free_children[page_type] + self.num_free(parent) * self.geometry.ratio(
-            page_type
-        )
+        ratio = self.geometry.ratio(page_type)
+        return self._num_free_children[page_type] + self._num_truly_free(parent) * ratio
+
+    def num_cached(self) -> int:
+        """Cached-free KV pages."""
+        return len(self._cached_key)
+
+    def is_cached(self, key: Hashable) -> bool:
+        return key in self._cached_groups
 
     def can_allocate(self, page_type: PageType, n: int) -> bool:
         return n <= self.num_free(page_type)
@@ -108,7 +155,10 @@ class PageAllocator:
             raise ValueError(f"cannot count a demand for {unknown[0].value} pages here")
 
         def beyond_free_children(t: PageType) -> int:  # parents needed after free children
-            n = demand.get(t, 0) - self._num_free_children[t]
+            # (cached pages count as free KV pages; for conv and SSM pages they are not
+            # counted: they never meet, the module docstring says why)
+            cached = len(self._cached_key) if t is PageType.KV else 0
+            n = demand.get(t, 0) - self._num_free_children[t] - cached
             return -(-max(0, n) // g.ratio(t))
 
         experts = beyond_free_children(PageType.KV) if PageType.KV in demand else 0
@@ -145,6 +195,7 @@ class PageAllocator:
             raise ValueError("owner must not be None")
         if n > self.num_free(page_type):
             return None
+        self._drop_cached_for(page_type, n)
         pages: list[int] = []
         while len(pages) < n:
             pages += self._take_from_one_parent(page_type, n - len(pages), owner)
@@ -169,6 +220,8 @@ class PageAllocator:
             self._num_owned[page_type] += k
         by_parent = self._affinity.setdefault(owner, {}).setdefault(page_type, {})
         by_parent[parent_id] = by_parent.get(parent_id, 0) + k
+        if page_type is PageType.KV:
+            self._update_mergeable(parent_id)
         return taken
 
     def _pick_parent(self, page_type: PageType, owner: Owner) -> int:
@@ -228,15 +281,14 @@ class PageAllocator:
         self, page_type: PageType, page_ids: Iterable[int], owner: Owner, new_owner: Owner
     ) -> None:
         """Hand owned pages to another owner (e.g. a deferred-reclaim pending list)."""
-        if new_owner is None:
-            raise ValueError("new_owner must not be None")
+        if new_owner is None or new_owner is CACHED:
+            raise ValueError(f"cannot transfer pages to {new_owner!r} (cache them instead)")
         ids = self._validated(page_type, page_ids, owner)
         for page_id in ids:
             self._owner[page_type][page_id] = new_owner
-            parent_id = page_id // self.geometry.ratio(page_type)
-            self._drop_affinity(owner, page_type, parent_id)
-            by_parent = self._affinity.setdefault(new_owner, {}).setdefault(page_type, {})
-            by_parent[parent_id] = by_parent.get(parent_id, 0) + 1
+            self._move_affinity(
+                page_type, page_id // self.geometry.ratio(page_type), owner, new_owner
+            )
 
     def _validated(self, page_type: PageType, page_ids: Iterable[int], owner: Owner) -> list[int]:
         self._check_type(page_type)
@@ -258,7 +310,7 @@ class PageAllocator:
 
     def _release_one(self, page_type: PageType, page_id: int, owner: Owner) -> None:
         del self._owner[page_type][page_id]
-        if owner is not _SPLIT:
+        if owner is not _SPLIT and owner is not CACHED:
             self._num_owned[page_type] -= 1
         parent_type = PARENT[page_type]
         parent_id = page_id // self.geometry.ratio(page_type)
@@ -271,6 +323,8 @@ class PageAllocator:
             self._merge(parent_type, parent_id, page_type)
         else:
             self._mark_partial(page_type, parent_id)
+        if page_type is PageType.KV:
+            self._update_mergeable(parent_id)
 
     def _merge(self, parent_type: PageType, parent_id: int, child_type: PageType) -> None:
         """All children free: the parent page is whole again and itself freed upward."""
@@ -282,6 +336,96 @@ class PageAllocator:
             self._free_huge_set.add(parent_id)
         else:
             self._release_one(parent_type, parent_id, _SPLIT)
+
+    # ------------------------------------------------------------------ cached-free pages
+    def cache(
+        self, page_type: PageType, page_ids: Iterable[int], owner: Owner, key: Hashable
+    ) -> None:
+        """`owner`'s KV pages become one cached-free group under `key` (most recent)."""
+        if page_type is not PageType.KV:
+            raise ValueError(f"only KV pages are cached, not {page_type.value} pages")
+        if key in self._cached_groups:
+            raise ValueError(f"a group is already cached under {key!r}")
+        ids = self._validated(page_type, page_ids, owner)
+        if not ids:
+            raise ValueError("a cached group needs at least one page")
+        ratio = self.geometry.ratio(page_type)
+        for page_id in ids:
+            self._owner[page_type][page_id] = CACHED
+            self._num_owned[page_type] -= 1
+            self._move_affinity(page_type, page_id // ratio, owner, CACHED)
+            self._cached_key[page_id] = key
+            parent_id = page_id // ratio
+            self._cached_under[parent_id] = self._cached_under.get(parent_id, 0) + 1
+            self._update_mergeable(parent_id)
+        self._cached_groups[key] = tuple(ids)
+
+    def uncache(self, key: Hashable, new_owner: Owner) -> tuple[int, ...]:
+        """A hit: the group cached under `key` goes to `new_owner`; its pages."""
+        if new_owner is None or new_owner is CACHED or new_owner is _SPLIT:
+            raise ValueError(f"cannot hand cached pages to {new_owner!r}")
+        ids = self._cached_groups.pop(key, None)
+        if ids is None:
+            raise ValueError(f"nothing is cached under {key!r}")
+        ratio = self.geometry.ratio(PageType.KV)
+        for page_id in ids:
+            self._owner[PageType.KV][page_id] = new_owner
+            self._num_owned[PageType.KV] += 1
+            self._move_affinity(PageType.KV, page_id // ratio, CACHED, new_owner)
+            self._forget_cached(page_id)
+        return ids
+
+    def _forget_cached(self, page_id: int) -> None:
+        del self._cached_key[page_id]
+        parent_id = page_id // self.geometry.ratio(PageType.KV)
+        self._cached_under[parent_id] -= 1
+        if not self._cached_under[parent_id]:
+            del self._cached_under[parent_id]
+        self._update_mergeable(parent_id)
+
+    def _drop_group(self, key: Hashable) -> None:
+        for page_id in self._cached_groups.pop(key):
+            self._forget_cached(page_id)
+            self._release_one(PageType.KV, page_id, CACHED)
+        if self.on_drop is not None:
+            self.on_drop(key)
+
+    def _drop_cached_for(self, page_type: PageType, n: int) -> None:
+        """Drop cached groups until `n` pages of `page_type` are truly free (`allocate`
+        has checked that they will be): KV takes the least recently cached groups; an
+        expert page, every group in the mergeable page holding the oldest cached group."""
+        if page_type is PageType.KV:
+            while self._num_truly_free(page_type) < n:
+                self._drop_group(next(iter(self._cached_groups)))
+        elif page_type is PageType.EXPERT:
+            ratio = self.geometry.ratio(PageType.KV)
+            while self._num_truly_free(page_type) < n:
+                parent_id = next(
+                    p // ratio
+                    for ids in self._cached_groups.values()
+                    for p in ids
+                    if p // ratio in self._mergeable
+                )
+                children = range(parent_id * ratio, (parent_id + 1) * ratio)
+                keys = dict.fromkeys(self._cached_key[c] for c in children if c in self._cached_key)
+                for key in keys:
+                    self._drop_group(key)
+
+    def _update_mergeable(self, parent_id: int) -> None:
+        split = self._splits.get((PageType.EXPERT, parent_id))
+        cached = self._cached_under.get(parent_id, 0)
+        ratio = self.geometry.ratio(PageType.KV)
+        if split is not None and cached and split.num_free + cached == ratio:
+            self._mergeable.add(parent_id)
+        else:
+            self._mergeable.discard(parent_id)
+
+    def _move_affinity(
+        self, page_type: PageType, parent_id: int, owner: Owner, new_owner: Owner
+    ) -> None:
+        self._drop_affinity(owner, page_type, parent_id)
+        by_parent = self._affinity.setdefault(new_owner, {}).setdefault(page_type, {})
+        by_parent[parent_id] = by_parent.get(parent_id, 0) + 1
 
     def _drop_affinity(self, owner: Owner, page_type: PageType, parent_id: int) -> None:
         per_type = self._affinity[owner]
@@ -323,7 +467,8 @@ class PageAllocator:
         owned_splits = {(t, p) for t, d in self._owner.items() for p, v in d.items() if v is _SPLIT}
         split_children = {k for k in self._splits if k[0] is not PageType.HUGE}
         for t, owners in self._owner.items():
-            if self._num_owned[t] != sum(1 for o in owners.values() if o is not _SPLIT):
+            held = sum(1 for o in owners.values() if o is not _SPLIT and o is not CACHED)
+            if self._num_owned[t] != held:
                 raise AssertionError(f"owned-page counter of {t.value} pages is off")
         if owned_splits != split_children:
             raise AssertionError("split marks disagree with split pages")
@@ -339,7 +484,39 @@ class PageAllocator:
         }
         if flat != counts:
             raise AssertionError("affinity counts disagree with page owners")
+        self._check_cached()
         self._check_bytes_tile_the_pool()
+
+    def _check_cached(self) -> None:
+        """The cached groups are exactly the pages CACHED owns, each in one group; the
+        per-expert-page counts and the mergeable set follow from them."""
+        kv_owners = self._owner.get(PageType.KV, {})
+        owned = {p for p, o in kv_owners.items() if o is CACHED}
+        grouped = [p for ids in self._cached_groups.values() for p in ids]
+        if len(grouped) != len(set(grouped)) or set(grouped) != owned:
+            raise AssertionError("cached groups disagree with the pages CACHED owns")
+        keys = {p: k for k, ids in self._cached_groups.items() for p in ids}
+        if keys != self._cached_key:
+            raise AssertionError("a cached page's group key is wrong")
+        if not owned:
+            if self._cached_under or self._mergeable:
+                raise AssertionError("cache counts left with nothing cached")
+            return
+        ratio = self.geometry.ratio(PageType.KV)
+        under: dict[int, int] = {}
+        for p in owned:
+            under[p // ratio] = under.get(p // ratio, 0) + 1
+        if under != self._cached_under:
+            raise AssertionError("cached pages per expert page are off")
+        mergeable = {
+            parent
+            for parent, n in under.items()
+            if self._splits[(PageType.EXPERT, parent)].num_free + n == ratio
+        }
+        if mergeable != self._mergeable:
+            raise AssertionError(
+                f"mergeable expert pages {sorted(self._mergeable)}, not {sorted(mergeable)}"
+            )
 
     def _check_bytes_tile_the_pool(self) -> None:
         """Byte ranges, from ids alone: page p of slot size S covers [p*S, (p+1)*S). The
@@ -392,3 +569,4 @@ class _Marker:
 
 _FREE = _Marker("<free>")
 _SPLIT = _Marker("<split>")  # owner of a page that is itself cut into children
+CACHED = _Marker("<cached>")  # owner of cached-free KV pages (module docstring)

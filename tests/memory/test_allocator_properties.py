@@ -64,6 +64,10 @@ class Model:
         self.step = 0
         self.rng = random.Random(seed)
         self.next_owner = 0
+        # keys of KV groups handed to the prefix cache (cached-free or pending reclaim);
+        # allocation drops cached ones and says so
+        self.cached: set[tuple] = set()
+        self.a.on_drop = self.cached.remove
 
     def _owner(self, kind: str) -> tuple:
         self.next_owner += 1
@@ -109,12 +113,35 @@ class Model:
             else:
                 self.a.free(page_type, pages, owner)
 
+    def cache(self, deferred: bool) -> None:
+        """An owner of KV pages lets them go into the prefix cache, as one group."""
+        owners = sorted(o for o, by_type in self.held.items() if list(by_type) == [KV])
+        if not owners:
+            return
+        owner = self.rng.choice(owners)
+        pages = self.held.pop(owner)[KV]
+        step = self.step if deferred else self.reclaim.last_completed_step
+        self.reclaim.release(KV, pages, owner, step, cache_key=owner)
+        self.cached.add(owner)
+
+    def hit(self) -> None:
+        """A new owner takes a cached group back whole."""
+        keys = sorted(k for k in self.cached if self.a.is_cached(k))
+        if keys:
+            key = self.rng.choice(keys)
+            self.cached.remove(key)
+            owner = self._owner("hit")
+            self.held[owner] = {KV: list(self.a.uncache(key, owner))}
+
     def complete_step(self) -> None:
         self.reclaim.complete(self.step)
         self.step += 1
 
     def check(self) -> None:
         self.a.check_invariants()
+        for key in self.cached:
+            assert self.a.is_cached(key) != self.reclaim.is_pending(key)
+        assert sum(map(self.a.is_cached, self.cached)) == len(self.a._cached_groups)
         for owner, by_type in self.held.items():
             for page_type, pages in by_type.items():
                 assert all(self.a.owner_of(page_type, p) == owner for p in pages)
@@ -129,6 +156,9 @@ class Model:
                 self.a.free(page_type, pages, owner)
         self.held.clear()
         self.reclaim.complete(self.step)
+        for key in sorted(self.cached):
+            self.a.free(KV, self.a.uncache(key, key), key)
+        self.cached.clear()
         self.a.check_invariants()
         # nothing leaked: every huge page merged back whole
         assert self.a.num_free(HUGE) == self.a.num_huge_pages
@@ -159,6 +189,14 @@ def machine_for(geometry: PageGeometry, num_huge: int) -> type[RuleBasedStateMac
         @rule(deferred=st.booleans())
         def free(self, deferred):
             self.m.free(deferred)
+
+        @rule(deferred=st.booleans())
+        def cache(self, deferred):
+            self.m.cache(deferred)
+
+        @rule()
+        def hit(self):
+            self.m.hit()
 
         @rule()
         def complete_step(self):
@@ -195,6 +233,8 @@ def test_fifty_thousand_random_operations(name, seed):
         m.grow,
         lambda: m.free(deferred=True),
         lambda: m.free(deferred=False),
+        lambda: m.cache(deferred=m.rng.random() < 0.5),
+        m.hit,
         m.complete_step,
     ]
     for i in range(50_000):

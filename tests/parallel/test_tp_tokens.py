@@ -4,6 +4,7 @@ rank's expert page table equals rank 0's after every step (it checks each StepMe
 digest and would exit, stopping the run) and at the end (Engine.close compares reports)."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -208,3 +209,23 @@ def test_tp2_replicates_a_single_kv_head_and_gives_transformers_tokens(
                 torch.tensor([prompt]), do_sample=False, max_new_tokens=16, attention_mask=None
             )[0, len(prompt) :].tolist()
         assert tokens == ref
+
+
+@pytest.mark.parametrize("mode", ["resident", "elastic"])
+def test_tp2_with_prefix_caching_gives_tp1_tokens_without_it(workers, mode):
+    """Prompts sharing prefixes: rank 1 reads the blocks rank 0's prefix cache shares (the
+    same page ids in several requests' rows)."""
+    rng = random.Random(3)
+    systems = [[rng.randrange(151_000) for _ in range(n)] for n in (40, 70)]
+    prompts = [systems[i % 2] + [rng.randrange(151_000) for _ in range(9 + i)] for i in range(8)]
+    prompts += prompts[:2]
+    params = PARAMS["greedy"]
+    want = build(None, replace(tiny(mode), enable_prefix_caching=False), POOL).generate(
+        prompts, params
+    )
+    two = build(workers, tiny(mode), POOL)
+    assert two.generate(prompts, params) == want
+    assert two.prefix_cache.num_hit_tokens > 0
+    two.check_invariants()
+    assert two.num_leaked_pages() == 0
+    two.close()

@@ -48,7 +48,9 @@ def stop_status(
     return None
 
 
-def token_output(request_id: str, token: int, status: RequestStatus | None) -> RequestOutput:
+def token_output(
+    request_id: str, token: int, status: RequestStatus | None, num_cached_tokens: int | None
+) -> RequestOutput:
     """The delta a request's sampled token makes: finish_reason "stopped", "length" or
     "aborted" (the status without its "finished_" prefix) once it finished."""
     return RequestOutput(
@@ -56,4 +58,5 @@ def token_output(request_id: str, token: int, status: RequestStatus | None) -> R
         (token,),
         status is not None,
         status.value.removeprefix("finished_") if status else None,
+        num_cached_tokens=num_cached_tokens,
     )

@@ -17,6 +17,9 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None = None  # "stopped", "length", "aborted", "refused", "error"
     error: str | None = None  # why, when "refused" (it can never fit) or "error"
+    # prompt tokens its first admission found in the prefix cache (None: caching off);
+    # the serve layer's prompt_tokens_details.cached_tokens, as vLLM's num_cached_tokens
+    num_cached_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

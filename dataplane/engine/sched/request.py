@@ -111,6 +111,13 @@ class Request:
     block_table: BlockTable = field(init=False)
     state_pages: StatePages | None = None  # a hybrid model's, while it has a place
     error: str | None = None  # why it finished refused or in error
+    # Prefix caching (prefix_cache.py): the hash of each full prompt block, set when it is
+    # added; its first num_shared_blocks blocks are shared (held in the prefix cache);
+    # shares_no_more: one of its blocks was named already, so it registers none after it.
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_shared_blocks: int = 0
+    shares_no_more: bool = False
+    num_cached_tokens: int | None = None  # prompt tokens found cached when first admitted
 
     def __post_init__(self) -> None:
         self.block_table = BlockTable(self.num_layers)

@@ -11,7 +11,8 @@ One round (vLLM V1 semantics):
      on the load (docs/benchmarks.md); `EngineConfig.evict_to_admit` chooses.
   2. Waiting requests are admitted, oldest first, only if nothing was preempted this round,
      while `max_num_seqs` (and `admit_limit`, when given) and the token budget allow and
-     their pages fit.
+     their pages fit; with prefix caching, one starts after its longest cached prefix
+     (kv_cache.py), and only the rest counts against the budget.
   3. The shortfall — KV pages that were needed but could not be had, a request's state
      pages counted with them — is reported in the output; the engine converts it to expert
      pages for the adjuster. A request that can never get its pages is refused, never
@@ -138,9 +139,10 @@ class Scheduler:
                 cap = min(cap, self.admit_limit(self.round_state(step)))
             while self.waiting and len(self.running) < cap and budget > 0:
                 request = self.waiting[0]
-                num_new = min(request.num_tokens_to_compute, budget)
-                if not self.kv.allocate_slots(request, num_new):
-                    short += self.kv.pages_lacking(request, num_new)
+                hit = self.kv.cached_prefix(request)  # its cached blocks are not computed
+                num_new = min(request.num_tokens_to_compute - hit.num_tokens, budget)
+                if not self.kv.allocate_slots(request, num_new, hit):
+                    short += self.kv.pages_lacking(request, num_new, hit)
                     break
                 self.waiting.popleft()
                 request.status = RequestStatus.RUNNING
@@ -154,6 +156,7 @@ class Scheduler:
         step queued after it (the forward read the counts before they move)."""
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
+            self.kv.cache_blocks(s.request)  # full prompt blocks become shared
 
     def _preempt(self, request: Request, step: int) -> None:
         # The previous forward is the last that read these pages: synchronous scheduling

@@ -73,6 +73,11 @@ class EngineConfig:
     # None = on wherever it can overlap anything (`schedules_async`): a CUDA device, one
     # rank, and device copy-in or the resident policy. On the CPU the host is the device.
     async_scheduling: bool | None = None
+    # Automatic prefix caching (engine/sched/prefix_cache.py, vLLM's name): a request
+    # reuses the KV pages of the longest cached chain of its prompt's full 16-token blocks.
+    # None = on for attention-only models; hybrid models run without it (not built for
+    # their GDN states), and say so at start-up.
+    enable_prefix_caching: bool | None = None
 
     def __post_init__(self) -> None:
         check_device_name(self.device)
