@@ -320,3 +320,21 @@ async def test_a_non_streaming_client_that_leaves_aborts_its_request(dp, eventua
         return dp.handle.plane.num_streams == 0 and await dp.leak_check() == (0, 0)
 
     await eventually(released, what="the abandoned request released")
+
+
+async def test_a_repeated_prompt_reports_its_cached_tokens_on_both_apis_and_in_metrics(dp, client):
+    rng = random.Random(3)
+    prompt = [rng.randrange(1_000, 150_000) for _ in range(70)]  # 4 full blocks and 6 tokens
+    first = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    second = await client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=2, temperature=0
+    )
+    assert second.usage.prompt_tokens_details.cached_tokens == 64  # the partial block is computed
+    assert second.choices[0].text == first.choices[0].text
+    _, final = await dp.generate(prompt, max_tokens=2)
+    assert (final.usage.prompt_tokens, final.usage.cached_tokens) == (70, 64)
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(_url(dp, "/metrics"))).text
+    assert 'rimuru_prefix_cache_hits_total{model_name="tiny"} 128.0' in metrics
+    assert "rimuru_prefix_cache_queries_total" in metrics

@@ -128,6 +128,7 @@ def final_response(request_id: str, event: FinishedEvent) -> pb.GenerateResponse
                 prompt_tokens=u.prompt_tokens,
                 completion_tokens=u.completion_tokens,
                 num_preemptions=u.num_preemptions,
+                cached_tokens=u.cached_tokens,
             ),
             timing=pb.Timing(
                 queue_seconds=t.queue_seconds,

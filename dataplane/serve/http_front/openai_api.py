@@ -93,6 +93,7 @@ class _Choice:
     token_ids: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
+    num_cached_tokens: int = 0  # from the engine's final event (0 if a stop string ended it)
 
     def take(self, event: Event) -> _Delta:
         if isinstance(event, RejectedEvent):
@@ -106,6 +107,7 @@ class _Choice:
             ids = event.token_ids
         else:
             assert isinstance(event, FinishedEvent)
+            self.num_cached_tokens = event.usage.cached_tokens
             released = self.stop.add(self.flush()) + self.stop.flush()
             self.finish_reason = self.finish_reason or FINISH_REASONS.get(
                 event.finish_reason, event.finish_reason
@@ -429,7 +431,11 @@ def _check_num_choices(num_prompts: int, body: CompletionRequest | ChatCompletio
 
 def _usage(choices: list[_Choice]) -> dict:
     # Every choice counts its prompt, as OpenAI does for n > 1.
-    return usage(sum(c.num_prompt_tokens for c in choices), sum(len(c.token_ids) for c in choices))
+    return usage(
+        sum(c.num_prompt_tokens for c in choices),
+        sum(len(c.token_ids) for c in choices),
+        sum(c.num_cached_tokens for c in choices),
+    )
 
 
 def _whole(c: _Choice, chat: bool, token_ids: bool) -> dict:

@@ -378,7 +378,12 @@ def _finished(stream: _Stream, finish_reason: str) -> FinishedEvent:
     scheduled = stream.scheduled_time if stream.scheduled_time is not None else last
     return FinishedEvent(
         finish_reason,
-        Usage(len(r.prompt_token_ids), len(r.output_token_ids), r.num_preemptions),
+        Usage(
+            len(r.prompt_token_ids),
+            len(r.output_token_ids),
+            r.num_preemptions,
+            r.num_cached_tokens or 0,
+        ),
         Timing(
             queue_seconds=scheduled - r.arrival_time,
             time_to_first_token_seconds=r.ttft or 0.0,

@@ -44,6 +44,7 @@ def warm_up(engine: Engine) -> ModelInfo:
 
 def take_snapshot(engine: Engine, policy_version: int) -> EngineSnapshot:
     allocator, g, c = engine.allocator, engine.geometry, engine.expert_counters
+    cache = engine.prefix_cache
     last = engine.stats[-1] if engine.stats else None
     kv_used = last.num_kv_pages_used if last is not None else allocator.num_owned(PageType.KV)
     kv_free = allocator.num_free(PageType.KV)
@@ -70,4 +71,6 @@ def take_snapshot(engine: Engine, policy_version: int) -> EngineSnapshot:
         kv_pool_bytes=kv_used * g.kv_page_bytes,
         expert_pool_bytes=expert_pages * g.expert_page_bytes,
         routing_counts=engine.moe_backend.routing_counts.clone(),
+        prefix_cache_queries=cache.num_queried_tokens if cache is not None else 0,
+        prefix_cache_hits=cache.num_hit_tokens if cache is not None else 0,
     )

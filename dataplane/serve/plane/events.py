@@ -40,6 +40,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     num_preemptions: int
+    cached_tokens: int = 0  # prompt tokens the prefix cache held (engine/sched/prefix_cache.py)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,10 @@ class EngineSnapshot:
     kv_pool_bytes: int  # bytes of the pool in KV pages
     expert_pool_bytes: int  # bytes of the pool in resident experts
     routing_counts: torch.Tensor  # [L, E] int64, cumulative tokens routed; never mutated
+    # prompt tokens looked up in the prefix cache and those found (0 with it off), as vLLM's
+    # prefix_cache_queries / prefix_cache_hits
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
     @property
     def predictor_hit_rate(self) -> float:

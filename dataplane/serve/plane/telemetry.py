@@ -14,6 +14,8 @@ Names (Prometheus spelling; OpenTelemetry's dots become underscores, counters ge
     rimuru_generation_tokens_total                 rimuru_host_to_device_bytes_total
     rimuru_request_success_total{finished_reason}  rimuru_predictor_hit_rate
     rimuru_num_preemptions_total                   rimuru_pool_pages{kind=kv|expert|free}
+    rimuru_prefix_cache_queries_total
+    rimuru_prefix_cache_hits_total
                                                    rimuru_pool_bytes{kind=kv|expert}
                                                    rimuru_policy_version
                                                    rimuru_request_aborted_total{reason=
@@ -117,6 +119,11 @@ class ServeMetrics(Observer):
             "rimuru.expert_evictions": ("Experts evicted to host memory.", "{expert}"),
             "rimuru.expert_loads": ("Experts loaded back into pool pages.", "{expert}"),
             "rimuru.host_to_device": ("Bytes copied host to device for experts.", "By"),
+            "rimuru.prefix_cache_queries": (
+                "Prompt tokens looked up in the prefix cache.",
+                "{token}",
+            ),
+            "rimuru.prefix_cache_hits": ("Prompt tokens found in the prefix cache.", "{token}"),
         }
         for name, (description, unit) in counters.items():
             meter.create_observable_counter(
@@ -180,6 +187,8 @@ def _observations(name: str, s: EngineSnapshot, model: str) -> Iterable[Observat
         "rimuru.expert_evictions": s.num_expert_evictions,
         "rimuru.expert_loads": s.num_expert_loads,
         "rimuru.host_to_device": s.bytes_host_to_device,
+        "rimuru.prefix_cache_queries": s.prefix_cache_queries,
+        "rimuru.prefix_cache_hits": s.prefix_cache_hits,
     }
     if name in simple:
         yield Observation(simple[name], labels)

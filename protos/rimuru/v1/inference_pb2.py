@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19rimuru/v1/inference.proto\x12\trimuru.v1\"\xe6\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x07\n\x05_seedB\r\n\x0b_max_tokens\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x95\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.rimuru.v1.TokenIdsH\x00\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.rimuru.v1.SamplingParamsB\x07\n\x05input\"-\n\nTokenDelta\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\"R\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x17\n\x0fnum_preemptions\x18\x03 \x01(\x05\"{\n\x06Timing\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12#\n\x1btime_to_first_token_seconds\x18\x02 \x01(\x01\x12 \n\x18mean_inter_token_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x65\x32\x65_seconds\x18\x04 \x01(\x01\"\x83\x01\n\rGenerateFinal\x12.\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x17.rimuru.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.rimuru.v1.Usage\x12!\n\x06timing\x18\x03 \x01(\x0b\x32\x11.rimuru.v1.Timing\"\x82\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x15.rimuru.v1.TokenDeltaH\x00\x12)\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x18.rimuru.v1.GenerateFinalH\x00\x42\x07\n\x05\x65vent\";\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x12\n\x10ModelInfoRequest\"\xdd\x02\n\x11ModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0e\n\x06preset\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\x05\x12\x15\n\rmax_model_len\x18\x05 \x01(\x05\x12\x12\n\nnum_layers\x18\x06 \x01(\x05\x12\x13\n\x0bhidden_size\x18\x07 \x01(\x05\x12\x13\n\x0bnum_experts\x18\x08 \x01(\x05\x12\x1d\n\x15num_experts_per_token\x18\t \x01(\x05\x12\x1d\n\x15moe_intermediate_size\x18\n \x01(\x05\x12\x14\n\x0cnum_kv_heads\x18\x0b \x01(\x05\x12\x10\n\x08head_dim\x18\x0c \x01(\x05\x12\x15\n\rkv_block_size\x18\r \x01(\x05\x12\x15\n\reos_token_ids\x18\x0e \x03(\x05\x12\x18\n\x10\x61sync_scheduling\x18\x0f \x01(\x08\"\x14\n\x12\x45ngineStatsRequest\"\xa4\x03\n\x13\x45ngineStatsResponse\x12\x1c\n\x14num_requests_running\x18\x01 \x01(\x05\x12\x1c\n\x14num_requests_waiting\x18\x02 \x01(\x05\x12\x16\n\x0enum_pool_pages\x18\x03 \x01(\x03\x12\x16\n\x0enum_free_pages\x18\x04 \x01(\x03\x12\x14\n\x0cnum_kv_pages\x18\x05 \x01(\x03\x12\x18\n\x10num_expert_pages\x18\x06 \x01(\x03\x12\x1b\n\x13kv_cache_usage_perc\x18\x07 \x01(\x01\x12\x1c\n\x14num_experts_resident\x18\x08 \x03(\x05\x12\x1c\n\x14num_expert_evictions\x18\t \x01(\x03\x12\x18\n\x10num_expert_loads\x18\n \x01(\x03\x12\x1c\n\x14\x62ytes_host_to_device\x18\x0b \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\x0c \x01(\x03\x12\x1a\n\x12predictor_hit_rate\x18\r \x01(\x01\x12\x16\n\x0epolicy_version\x18\x0e \x01(\x04\x12\x13\n\x0bpolicy_mode\x18\x0f \x01(\t*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xad\x02\n\tInference\x12\x45\n\x08Generate\x12\x1a.rimuru.v1.GenerateRequest\x1a\x1b.rimuru.v1.GenerateResponse0\x01\x12\x43\n\x08Tokenize\x12\x1a.rimuru.v1.TokenizeRequest\x1a\x1b.rimuru.v1.TokenizeResponse\x12\x46\n\tModelInfo\x12\x1b.rimuru.v1.ModelInfoRequest\x1a\x1c.rimuru.v1.ModelInfoResponse\x12L\n\x0b\x45ngineStats\x12\x1d.rimuru.v1.EngineStatsRequest\x1a\x1e.rimuru.v1.EngineStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19rimuru/v1/inference.proto\x12\trimuru.v1\"\xe6\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x07\n\x05_seedB\r\n\x0b_max_tokens\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x95\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.rimuru.v1.TokenIdsH\x00\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.rimuru.v1.SamplingParamsB\x07\n\x05input\"-\n\nTokenDelta\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\"i\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x17\n\x0fnum_preemptions\x18\x03 \x01(\x05\x12\x15\n\rcached_tokens\x18\x04 \x01(\x05\"{\n\x06Timing\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12#\n\x1btime_to_first_token_seconds\x18\x02 \x01(\x01\x12 \n\x18mean_inter_token_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x65\x32\x65_seconds\x18\x04 \x01(\x01\"\x83\x01\n\rGenerateFinal\x12.\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x17.rimuru.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.rimuru.v1.Usage\x12!\n\x06timing\x18\x03 \x01(\x0b\x32\x11.rimuru.v1.Timing\"\x82\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x15.rimuru.v1.TokenDeltaH\x00\x12)\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x18.rimuru.v1.GenerateFinalH\x00\x42\x07\n\x05\x65vent\";\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x12\n\x10ModelInfoRequest\"\xdd\x02\n\x11ModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0e\n\x06preset\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\x05\x12\x15\n\rmax_model_len\x18\x05 \x01(\x05\x12\x12\n\nnum_layers\x18\x06 \x01(\x05\x12\x13\n\x0bhidden_size\x18\x07 \x01(\x05\x12\x13\n\x0bnum_experts\x18\x08 \x01(\x05\x12\x1d\n\x15num_experts_per_token\x18\t \x01(\x05\x12\x1d\n\x15moe_intermediate_size\x18\n \x01(\x05\x12\x14\n\x0cnum_kv_heads\x18\x0b \x01(\x05\x12\x10\n\x08head_dim\x18\x0c \x01(\x05\x12\x15\n\rkv_block_size\x18\r \x01(\x05\x12\x15\n\reos_token_ids\x18\x0e \x03(\x05\x12\x18\n\x10\x61sync_scheduling\x18\x0f \x01(\x08\"\x14\n\x12\x45ngineStatsRequest\"\xa4\x03\n\x13\x45ngineStatsResponse\x12\x1c\n\x14num_requests_running\x18\x01 \x01(\x05\x12\x1c\n\x14num_requests_waiting\x18\x02 \x01(\x05\x12\x16\n\x0enum_pool_pages\x18\x03 \x01(\x03\x12\x16\n\x0enum_free_pages\x18\x04 \x01(\x03\x12\x14\n\x0cnum_kv_pages\x18\x05 \x01(\x03\x12\x18\n\x10num_expert_pages\x18\x06 \x01(\x03\x12\x1b\n\x13kv_cache_usage_perc\x18\x07 \x01(\x01\x12\x1c\n\x14num_experts_resident\x18\x08 \x03(\x05\x12\x1c\n\x14num_expert_evictions\x18\t \x01(\x03\x12\x18\n\x10num_expert_loads\x18\n \x01(\x03\x12\x1c\n\x14\x62ytes_host_to_device\x18\x0b \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\x0c \x01(\x03\x12\x1a\n\x12predictor_hit_rate\x18\r \x01(\x01\x12\x16\n\x0epolicy_version\x18\x0e \x01(\x04\x12\x13\n\x0bpolicy_mode\x18\x0f \x01(\t*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xad\x02\n\tInference\x12\x45\n\x08Generate\x12\x1a.rimuru.v1.GenerateRequest\x1a\x1b.rimuru.v1.GenerateResponse0\x01\x12\x43\n\x08Tokenize\x12\x1a.rimuru.v1.TokenizeRequest\x1a\x1b.rimuru.v1.TokenizeResponse\x12\x46\n\tModelInfo\x12\x1b.rimuru.v1.ModelInfoRequest\x1a\x1c.rimuru.v1.ModelInfoResponse\x12L\n\x0b\x45ngineStats\x12\x1d.rimuru.v1.EngineStatsRequest\x1a\x1e.rimuru.v1.EngineStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rimuru.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1890
-  _globals['_FINISHREASON']._serialized_end=2010
+  _globals['_FINISHREASON']._serialized_start=1913
+  _globals['_FINISHREASON']._serialized_end=2033
   _globals['_SAMPLINGPARAMS']._serialized_start=41
   _globals['_SAMPLINGPARAMS']._serialized_end=271
   _globals['_TOKENIDS']._serialized_start=273
@@ -42,25 +42,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENDELTA']._serialized_start=450
   _globals['_TOKENDELTA']._serialized_end=495
   _globals['_USAGE']._serialized_start=497
-  _globals['_USAGE']._serialized_end=579
-  _globals['_TIMING']._serialized_start=581
-  _globals['_TIMING']._serialized_end=704
-  _globals['_GENERATEFINAL']._serialized_start=707
-  _globals['_GENERATEFINAL']._serialized_end=838
-  _globals['_GENERATERESPONSE']._serialized_start=841
-  _globals['_GENERATERESPONSE']._serialized_end=971
-  _globals['_TOKENIZEREQUEST']._serialized_start=973
-  _globals['_TOKENIZEREQUEST']._serialized_end=1032
-  _globals['_TOKENIZERESPONSE']._serialized_start=1034
-  _globals['_TOKENIZERESPONSE']._serialized_end=1071
-  _globals['_MODELINFOREQUEST']._serialized_start=1073
-  _globals['_MODELINFOREQUEST']._serialized_end=1091
-  _globals['_MODELINFORESPONSE']._serialized_start=1094
-  _globals['_MODELINFORESPONSE']._serialized_end=1443
-  _globals['_ENGINESTATSREQUEST']._serialized_start=1445
-  _globals['_ENGINESTATSREQUEST']._serialized_end=1465
-  _globals['_ENGINESTATSRESPONSE']._serialized_start=1468
-  _globals['_ENGINESTATSRESPONSE']._serialized_end=1888
-  _globals['_INFERENCE']._serialized_start=2013
-  _globals['_INFERENCE']._serialized_end=2314
+  _globals['_USAGE']._serialized_end=602
+  _globals['_TIMING']._serialized_start=604
+  _globals['_TIMING']._serialized_end=727
+  _globals['_GENERATEFINAL']._serialized_start=730
+  _globals['_GENERATEFINAL']._serialized_end=861
+  _globals['_GENERATERESPONSE']._serialized_start=864
+  _globals['_GENERATERESPONSE']._serialized_end=994
+  _globals['_TOKENIZEREQUEST']._serialized_start=996
+  _globals['_TOKENIZEREQUEST']._serialized_end=1055
+  _globals['_TOKENIZERESPONSE']._serialized_start=1057
+  _globals['_TOKENIZERESPONSE']._serialized_end=1094
+  _globals['_MODELINFOREQUEST']._serialized_start=1096
+  _globals['_MODELINFOREQUEST']._serialized_end=1114
+  _globals['_MODELINFORESPONSE']._serialized_start=1117
+  _globals['_MODELINFORESPONSE']._serialized_end=1466
+  _globals['_ENGINESTATSREQUEST']._serialized_start=1468
+  _globals['_ENGINESTATSREQUEST']._serialized_end=1488
+  _globals['_ENGINESTATSRESPONSE']._serialized_start=1491
+  _globals['_ENGINESTATSRESPONSE']._serialized_end=1911
+  _globals['_INFERENCE']._serialized_start=2036
+  _globals['_INFERENCE']._serialized_end=2337
 # @@protoc_insertion_point(module_scope)
