@@ -138,7 +138,7 @@ class StepRecord:
 
     Gauges describe the state after scheduling the step; the counters marked "this step"
     are increments, not running totals. Bytes are the unified pool's split: kv_bytes +
-    expert_bytes + free_bytes = pool size.
+    expert_bytes + cached_bytes + free_bytes = pool size.
     """
 
     step: int
@@ -157,6 +157,8 @@ class StepRecord:
     predictor_hits: int  # predicted experts that the router then chose, this step
     predictor_total: int  # experts the router chose on layers with a prediction, this step
     num_preemptions: int  # requests preempted this step
+    # KV pages the prefix cache keeps for later requests (reclaimable; 0 before it existed)
+    cached_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from rimuru.dataplane.bench.slo import SLO
 
 GIB = float(1 << 30)
 # Memory split colours: expert weights, KV cache, free pool pages.
-_SPLIT_COLORS = ("#d62728", "#1f77b4", "#d9d9d9")
+_SPLIT_COLORS = ("#d62728", "#1f77b4", "#9ecae1", "#d9d9d9")
 _LATENCY_STATS = ("mean", "median", "p99")
 
 
@@ -30,7 +30,7 @@ def plot_memory_split(
     labels: Sequence[str] | None = None,
 ) -> Path:
     """Fig. 4: one panel per policy; x = forward step; stacked pool split (expert weights /
-    KV / free, GiB, left axis) and the number of running requests (right axis). `labels`
+    KV / cached prefixes / free, GiB, left axis) and the number of running requests (right axis). `labels`
     names the panels (default: each run's policy)."""
     if not results:
         raise ValueError("plot_memory_split needs at least one result")
@@ -40,7 +40,9 @@ def plot_memory_split(
         if not result.steps:
             raise ValueError(f"policy {result.policy!r} has no step records to plot")
     peak_gib = max(
-        (s.kv_bytes + s.expert_bytes + s.free_bytes) / GIB for r in results for s in r.steps
+        (s.kv_bytes + s.expert_bytes + s.cached_bytes + s.free_bytes) / GIB
+        for r in results
+        for s in r.steps
     )
     peak_running = max(r.step_metrics.peak_running for r in results)
 
@@ -51,9 +53,11 @@ def plot_memory_split(
         split = (
             [s.expert_bytes / GIB for s in result.steps],
             [s.kv_bytes / GIB for s in result.steps],
+            [s.cached_bytes / GIB for s in result.steps],
             [s.free_bytes / GIB for s in result.steps],
         )
-        ax.stackplot(x, *split, colors=_SPLIT_COLORS, labels=("expert weights", "KV cache", "free"))
+        names = ("expert weights", "KV cache", "cached prefixes", "free")
+        ax.stackplot(x, *split, colors=_SPLIT_COLORS, labels=names)
         ax.set_ylim(0, peak_gib * 1.02)
         ax.set_xlim(x[0], x[-1] if len(x) > 1 else x[0] + 1)
         ax.set_xlabel("forward step")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -166,7 +166,13 @@ def _read_document(path: str | Path) -> dict[str, Any]:
 
 
 def _rows(columns: Mapping[str, list], names: Sequence[str]) -> list[tuple]:
-    return list(zip(*(columns[n] for n in names), strict=True))
+    """Rows of the named columns; a column that files written before it existed lack takes
+    its field's default (StepRecord.cached_bytes)."""
+    length = len(next(iter(columns.values()), []))
+    defaults = {f.name: f.default for f in fields(StepRecord) if f.default is not MISSING}
+    return list(
+        zip(*(columns[n] if n in columns else [defaults[n]] * length for n in names), strict=True)
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -147,7 +147,7 @@ def _step_records(
                     num_expert_pages_used=s.num_expert_pages_used,
                     kv_bytes=s.kv_bytes,
                     expert_bytes=s.expert_bytes,
-                    free_bytes=s.num_free_bytes,
+                    free_bytes=s.num_free_bytes - s.cached_bytes,
                     num_experts_resident=s.num_experts_resident,
                     num_evictions=inc("evictions"),
                     num_loads=inc("loads") + inc("buffer_copies"),
@@ -155,6 +155,7 @@ def _step_records(
                     predictor_hits=inc("predictor_hits"),
                     predictor_total=inc("predictor_needed"),
                     num_preemptions=inc("preemptions"),
+                    cached_bytes=s.cached_bytes,
                 )
             )
             prev = s

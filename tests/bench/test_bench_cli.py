@@ -412,3 +412,30 @@ def test_bench_refuses_max_concurrency_with_a_closed_loop(tmp_path, capsys):
     args = ["--multi-turn", "2", "--max-concurrency", "4", "--output-dir", str(tmp_path)]
     assert main(["bench", *args]) == 2
     assert "--max-concurrency caps an in-process open-loop run" in capsys.readouterr().err
+
+
+def test_cached_prefixes_are_their_own_band_of_the_pool_split(tmp_path, capsys):
+    from rimuru.dataplane.bench.results import read_results
+
+    out = tmp_path / "shared"
+    args = ["--num-prompts", "8", "--system-prompt-tokens", "64", "--policies", "resident"]
+    assert main(["bench", *args, "--output-dir", str(out)]) == 0, capsys.readouterr().err
+    document = json.loads((out / "results.json").read_text())
+    steps = document["results"][0]["steps"]
+    assert max(steps["cached_bytes"]) > 0  # finished requests' prompt blocks stay cached
+    pool = {
+        k + e + c + f
+        for k, e, c, f in zip(
+            steps["kv_bytes"],
+            steps["expert_bytes"],
+            steps["cached_bytes"],
+            steps["free_bytes"],
+            strict=True,
+        )
+    }
+    assert len(pool) == 1  # the four bands always add up to the pool
+    # a results file written before the band existed still reads, with no cached bytes
+    del document["results"][0]["steps"]["cached_bytes"]
+    (out / "old.json").write_text(json.dumps(document))
+    (old,) = read_results(out / "old.json")
+    assert {s.cached_bytes for s in old.steps} == {0}

@@ -46,6 +46,7 @@ class StepStats:
     # boundary in this step, where `evictions` and `loads` count since start-up
     evicted: int = 0
     loaded: int = 0
+    cached_bytes: int = 0  # of num_free_bytes: KV pages the prefix cache keeps (reclaimable)
 
     @classmethod
     def capture(
@@ -80,4 +81,5 @@ class StepStats:
             scheduler.num_preemptions,
             evicted=moves.num_evicted,
             loaded=moves.num_loaded,
+            cached_bytes=allocator.num_cached() * g.kv_page_bytes,
         )
