@@ -111,7 +111,8 @@ class FollowerRank:
         self.copy_in.begin_step()
         batch = replace(message.batch, slices=slices)
         run_forward(batch, self.model, None, None, self.device_tables)
-        self.copy_in.sync_counters()
+        if (count := self.copy_in.device_count()) is not None:
+            count.sync()
         if self.device.type == "cuda":  # the forward has read its pages: see _RankZeroReclaims
             torch.cuda.synchronize(self.device)
         self.num_steps += 1

@@ -76,13 +76,9 @@ class CopyIn(Protocol):
         """Whether a step can be a CUDA graph now (no host decision inside it)."""
         ...
 
-    def device_counters(self) -> torch.Tensor | None: ...
-
-    def add_device_copies(self, copies: int) -> None: ...
-
-    def restart_device_count(self) -> None: ...
-
-    def sync_counters(self) -> None: ...
+    def device_count(self) -> DeviceCopyCount | None:
+        """The copies counted on the device (device copy-in), or None: counted on the host."""
+        ...
 
 
 def _expert_bytes(w1: torch.Tensor) -> int:
@@ -242,17 +238,8 @@ class HostBufferCopyIn:
         self.counters.bytes_h2d += _expert_bytes(self.host[layer].w1[expert])
 
     # Host copies are counted on the host, as they are made: nothing to read back.
-    def device_counters(self) -> None:
-        return None
-
-    def add_device_copies(self, copies: int) -> None:
-        raise RuntimeError("host copies are counted on the host: no device count to add")
-
-    def restart_device_count(self) -> None:
-        pass
-
-    def sync_counters(self) -> None:
-        pass
+    def device_count(self) -> None:
+        return None  # each copy is counted on the host as it is made (_copy_to_buffer)
 
 
 class DeviceCopyIn:
@@ -282,8 +269,7 @@ class DeviceCopyIn:
                 3, inter * hidden, dtype=residency.pool.expert_dtype, device=residency.device
             )
         ]
-        # experts copied in, counted on the device, read once per step
-        self._device_copies = torch.zeros(1, dtype=torch.int32, device=residency.device)
+        self.count = DeviceCopyCount(counters, _expert_bytes(self.host[0].w1[0]), residency.device)
 
     @property
     def buffer_bytes(self) -> int:
@@ -299,7 +285,7 @@ class DeviceCopyIn:
         offloaded = self.slots.offloaded()[layer]  # [S]
         w, rows = self.host[layer], self.slots.slot_rows()
         self.copy_kernel(
-            counts, offloaded, w.w1, w.w3, w.w2, self._pages, rows, self._device_copies
+            counts, offloaded, w.w1, w.w3, w.w2, self._pages, rows, self.count.on_device
         )
         if host_routed:  # the CPU path
             return torch.nonzero(counts.cpu()).flatten().tolist()
@@ -315,24 +301,30 @@ class DeviceCopyIn:
         """Its slot's pool pages, filled by this step's copy."""
         return self._pages, self.slots.pages_of(layer, expert)
 
-    def device_counters(self) -> torch.Tensor:
-        """[1] int32, the experts copied in since the last `restart_device_count`, counted
-        on the device (read with the step's sampled tokens, in one wait)."""
-        return self._device_copies
+    def device_count(self) -> DeviceCopyCount:
+        return self.count
 
-    def add_device_copies(self, copies: int) -> None:
-        """Count `copies`, read from `device_counters()` on the host (after
-        `restart_device_count` was queued behind that read)."""
+
+class DeviceCopyCount:
+    """The experts device copy-in copied, counted on the device by the copy kernel and read
+    back once a step with the sampled tokens (one wait; forward/in_flight.py)."""
+
+    def __init__(self, counters: ExpertCounters, expert_bytes: int, device: torch.device):
+        self.counters = counters
+        self.expert_bytes = expert_bytes
+        self.on_device = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def restart(self) -> None:
+        """Zero the count, queued behind the read of it: the next step's kernels add after."""
+        self.on_device.zero_()
+
+    def add(self, copies: int) -> None:
+        """Count `copies`, read from `on_device` (restarted behind that read)."""
         self.counters.buffer_copies += copies
-        self.counters.bytes_h2d += copies * _expert_bytes(self.host[0].w1[0])
+        self.counters.bytes_h2d += copies * self.expert_bytes
 
-    def restart_device_count(self) -> None:
-        """Zero the device's count, queued behind the read of it: the kernels of the next
-        step launched add after it."""
-        self._device_copies.zero_()
-
-    def sync_counters(self) -> None:
-        """Add the copies counted on the device to the host counters (a wait on the device;
-        the engine folds it into its read of the tokens instead)."""
-        self.add_device_copies(int(self._device_copies.item()))
-        self.restart_device_count()
+    def sync(self) -> None:
+        """Read and restart now (a wait on the device; the engine folds the read into its
+        read of the tokens instead)."""
+        self.add(int(self.on_device.item()))
+        self.restart()

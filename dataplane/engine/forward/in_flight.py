@@ -46,7 +46,8 @@ class Readback:
         `sampled`: the tokens [R] and, per row, whether its logits held a NaN or an
         infinity [R] bool (read beside the tokens, so reporting them costs no wait)."""
         tokens, nonfinite = sampled if sampled is not None else (None, None)
-        counter = copy_in.device_counters()
+        count = copy_in.device_count()
+        counter = count.on_device if count is not None else None
         parts = [t.to(torch.int64) for t in (tokens, nonfinite, counter) if t is not None]
         values, done = None, None
         if parts:
@@ -56,8 +57,8 @@ class Readback:
                 values.copy_(on_device, non_blocking=True)
             else:
                 values = on_device
-            if counter is not None:
-                copy_in.restart_device_count()
+            if count is not None:
+                count.restart()
         if device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
@@ -74,7 +75,7 @@ class Readback:
             return [], []
         values = self.values.tolist()
         if self.counts_copies:
-            copy_in.add_device_copies(values.pop())
+            copy_in.device_count().add(values.pop())
         n = self.num_tokens
         return values[:n], [bool(v) for v in values[n : 2 * n]]
 
